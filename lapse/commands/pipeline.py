@@ -1,0 +1,123 @@
+"""`lapse sweep`, `lapse process`, `lapse relay`, `lapse run`: the pipeline's long-running jobs."""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import asdict
+
+import click
+
+from lapse.cli import main
+from lapse.cli_options import connection_options, emit, pass_settings, setting_option
+
+
+def _exit_when_idle():
+    return click.option("--exit-when-idle", type=float, default=None, metavar="SECONDS",
+                        help="Stop after this long with nothing to do (default: run until stopped).")
+
+
+@main.command()
+@connection_options
+@setting_option("sweep_page_size", "--page-size")
+@setting_option("sweep_interval_s", "--interval")
+@click.option("--once", is_flag=True, help="One pass, then exit.")
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+@pass_settings
+def sweep(settings, once: bool, as_json: bool) -> None:
+    """Emit expiry events for due business rows that have no ledger row yet."""
+    from lapse.codec import Codec
+    from lapse.database import engine_from_settings
+    from lapse.kafka_clients import make_producer
+    from lapse.kinds import registry
+    from lapse.supervisor import run_sweep_role
+    from producers.sweep import sweep_once
+
+    if not once:
+        run_sweep_role(settings, {})
+        return
+    engine = engine_from_settings(settings)
+    producer = make_producer(settings)
+    try:
+        report = sweep_once(engine, producer, Codec.from_settings(settings), settings,
+                            registry(settings.extra_kinds))
+    finally:
+        engine.dispose()
+    emit(asdict(report), as_json,
+         lambda r: f"swept {r['pages']} pages: {r['found']} due, {r['emitted']} events emitted")
+
+
+@main.command()
+@connection_options
+@setting_option("batch_size")
+@setting_option("session_timeout_ms")
+@_exit_when_idle()
+@click.option("--json", "as_json", is_flag=True, help="Print the final counts as JSON.")
+@pass_settings
+def process(settings, exit_when_idle: float | None, as_json: bool) -> None:
+    """Consume lapse.expiry in group lapse-cleanup and apply each cleanup once."""
+    from processors.worker import CleanupWorker, install_signal_handlers
+
+    worker = CleanupWorker(settings)
+    install_signal_handlers(worker.stop)
+    stats = worker.run(exit_when_idle=exit_when_idle)
+    data = {k: v for k, v in asdict(stats).items() if k != "started"}
+    emit(data, as_json, lambda d: " ".join(f"{k}={v}" for k, v in d.items()))
+
+
+@main.command()
+@connection_options
+@setting_option("relay_batch_size", "--batch-size")
+@_exit_when_idle()
+@pass_settings
+def relay(settings, exit_when_idle: float | None) -> None:
+    """Publish outbox rows (outcomes, dead letters) to Kafka in order."""
+    import signal
+
+    from lapse.codec import Codec
+    from lapse.database import engine_from_settings
+    from lapse.kafka_clients import make_producer
+    from producers.relay import run_relay
+
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    engine = engine_from_settings(settings)
+    producer = make_producer(settings)
+    try:
+        total = run_relay(engine, producer, Codec.from_settings(settings),
+                          limit=settings.relay_batch_size, idle_s=settings.relay_interval_s,
+                          stop=stop, exit_when_idle=exit_when_idle)
+    finally:
+        producer.flush(10)
+        engine.dispose()
+    click.echo(f"relayed {total} outbox rows")
+
+
+def pipeline_roles(workers: int) -> list:
+    """The smallest topology: a sweep, `workers` processors and a relay."""
+    from lapse.supervisor import Role, run_relay_role, run_sweep_role, run_worker
+
+    roles = [Role("sweep", run_sweep_role, {}), Role("relay", run_relay_role, {})]
+    roles += [Role(f"process-{i}", run_worker, {}) for i in range(workers)]
+    return roles
+
+
+@main.command()
+@connection_options
+@click.option("--workers", type=click.IntRange(1, 64), default=2, show_default=True,
+              help="Processor processes.")
+@pass_settings
+def run(settings, workers: int) -> None:
+    """Run sweep, processors and relay in one process tree until interrupted."""
+    import signal
+
+    from lapse.supervisor import Supervisor
+
+    sup = Supervisor(settings, pipeline_roles(workers))
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: sup.stop.set())
+    sup.start()
+    try:
+        sup.watch()
+    finally:
+        sup.shutdown()

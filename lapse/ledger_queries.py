@@ -1,0 +1,110 @@
+"""SQL shared by every room that writes the ledger: pending rows, transitions, outbox rows.
+
+Statements are SQLAlchemy Core and work on PostgreSQL and SQLite; each call is one round trip
+for the whole batch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import Connection, insert
+from sqlalchemy.dialects import postgresql, sqlite
+
+from lapse.ledger import PENDING, ExpiryEvent
+from lapse.models import cleanup_ledger, ledger_transitions, outbox
+
+
+def insert_ignoring_conflicts(conn: Connection, table, rows: Sequence[dict], returning=None):
+    """`INSERT … ON CONFLICT DO NOTHING [RETURNING …]`: only the rows inserted come back."""
+    if not rows:
+        return []
+    dialect = postgresql if conn.dialect.name == "postgresql" else sqlite
+    stmt = dialect.insert(table).values(list(rows)).on_conflict_do_nothing()
+    if returning is not None:
+        return conn.execute(stmt.returning(*returning)).all()
+    conn.execute(stmt)
+    return []
+
+
+def pending_row(event: ExpiryEvent, now: datetime) -> dict[str, Any]:
+    return {
+        "op_key": event.op_key,
+        "kind": event.kind,
+        "tenant": event.tenant,
+        "subject_id": event.subject_id,
+        "state": PENDING,
+        "attempt": event.attempt,
+        "due_at": event.due_at,
+        "correlation_id": event.correlation_id,
+        "source": event.source,
+        "replay_id": event.replay_id,
+        "duplicates": 0,
+        "created_at": now,
+        "updated_at": now,
+    }
+
+
+def insert_pending(conn: Connection, events: Sequence[ExpiryEvent], now: datetime) -> list[str]:
+    """Create `pending` ledger rows for events that have none; returns the op keys created."""
+    rows = [pending_row(e, now) for e in events]
+    return [r.op_key for r in insert_ignoring_conflicts(
+        conn, cleanup_ledger, rows, returning=[cleanup_ledger.c.op_key])]
+
+
+def record_transitions(conn: Connection, rows: Sequence[dict]) -> None:
+    """Append transitions (op_key, from_state, to_state, attempt, actor, at, …) in one statement."""
+    if rows:
+        conn.execute(insert(ledger_transitions), list(rows))
+
+
+def transition(
+    op_key: str,
+    from_state: str | None,
+    to_state: str,
+    attempt: int,
+    actor: str,
+    at: datetime,
+    *,
+    failure_class: str | None = None,
+    reason: str | None = None,
+    replay_id: str | None = None,
+    correlation_id: str | None = None,
+) -> dict[str, Any]:
+    return {
+        "op_key": op_key,
+        "from_state": from_state,
+        "to_state": to_state,
+        "attempt": attempt,
+        "failure_class": failure_class,
+        "reason": reason,
+        "actor": actor,
+        "replay_id": replay_id,
+        "correlation_id": correlation_id,
+        "at": at,
+    }
+
+
+def outbox_row(
+    topic: str, key: str, schema: str, payload: dict, now: datetime, headers: dict | None = None
+) -> dict[str, Any]:
+    """An outbox row; datetimes in `payload` must already be epoch milliseconds (JSON column)."""
+    return {
+        "topic": topic,
+        "key": key,
+        "schema": schema,
+        "payload": payload,
+        "headers": headers or {},
+        "created_at": now,
+    }
+
+
+def insert_outbox(conn: Connection, rows: Sequence[dict]) -> None:
+    if rows:
+        conn.execute(insert(outbox), list(rows))
+
+
+def millis(ts: datetime) -> int:
+    return int(ts.timestamp() * 1000)

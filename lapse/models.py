@@ -1,0 +1,142 @@
+"""Table definitions (SQLAlchemy Core): the demo business tables, the cleanup ledger, its
+transitions, and the outbox. Alembic migrations create exactly these; a test compares them.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    Column,
+    DateTime,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Table,
+    Text,
+    text,
+)
+from sqlalchemy.types import TypeDecorator
+
+metadata = MetaData(
+    naming_convention={
+        "ix": "ix_%(table_name)s_%(column_0_N_name)s",
+        "uq": "uq_%(table_name)s_%(column_0_N_name)s",
+        "ck": "ck_%(table_name)s_%(constraint_name)s",
+        "pk": "pk_%(table_name)s",
+    }
+)
+
+# BIGINT on PostgreSQL, INTEGER (the rowid alias, so it autoincrements) on SQLite.
+Id = BigInteger().with_variant(Integer(), "sqlite")
+
+
+class UTCDateTime(TypeDecorator):
+    """Timestamps stored in UTC and always returned timezone-aware, on PostgreSQL and SQLite."""
+
+    impl = DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect):
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            raise ValueError("naive datetime given to a UTC column")
+        value = value.astimezone(UTC)
+        return value.replace(tzinfo=None) if dialect.name == "sqlite" else value
+
+    def process_result_value(self, value: datetime | None, dialect):
+        if value is None:
+            return None
+        return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+
+
+reservations = Table(
+    "reservations",
+    metadata,
+    Column("id", Id, primary_key=True, autoincrement=True),
+    Column("tenant", String(64), nullable=False),
+    Column("status", String(16), nullable=False),  # held | paid | cancelled | released
+    Column("expires_at", UTCDateTime(), nullable=False),
+    Column("released_at", UTCDateTime()),
+    Index("ix_reservations_held_due", "expires_at", "id", postgresql_where=text("status = 'held'"),
+          sqlite_where=text("status = 'held'")),
+)
+
+artifacts = Table(
+    "artifacts",
+    metadata,
+    Column("id", Id, primary_key=True, autoincrement=True),
+    Column("tenant", String(64), nullable=False),
+    Column("object_key", String(512), nullable=False),
+    Column("status", String(16), nullable=False),  # live | deleted
+    Column("retain_until", UTCDateTime(), nullable=False),
+    Column("deleted_at", UTCDateTime()),
+    Index("ix_artifacts_live_due", "retain_until", "id", postgresql_where=text("status = 'live'"),
+          sqlite_where=text("status = 'live'")),
+)
+
+# One row per business operation; the op key is the idempotency key.
+cleanup_ledger = Table(
+    "cleanup_ledger",
+    metadata,
+    Column("op_key", String(200), primary_key=True),
+    Column("kind", String(64), nullable=False),
+    Column("tenant", String(64), nullable=False),
+    Column("subject_id", String(128), nullable=False),
+    Column("state", String(16), nullable=False),
+    Column("attempt", Integer, nullable=False, server_default="0"),
+    Column("due_at", UTCDateTime(), nullable=False),
+    Column("claim_owner", String(128)),
+    Column("claim_until", UTCDateTime()),
+    Column("last_failure_class", String(32)),
+    Column("last_failure", Text),
+    Column("replay_id", String(64)),
+    Column("correlation_id", String(64), nullable=False),
+    Column("source", String(16), nullable=False),
+    Column("duplicates", Integer, nullable=False, server_default="0"),
+    Column("created_at", UTCDateTime(), nullable=False),
+    Column("updated_at", UTCDateTime(), nullable=False),
+    Column("finished_at", UTCDateTime()),
+    Index("ix_cleanup_ledger_kind_subject", "kind", "subject_id", unique=True),
+    Index("ix_cleanup_ledger_state_due", "state", "due_at"),
+    Index("ix_cleanup_ledger_finished", "finished_at"),
+)
+
+# Append-only history of every ledger transition, for operators and audits.
+ledger_transitions = Table(
+    "ledger_transitions",
+    metadata,
+    Column("id", Id, primary_key=True, autoincrement=True),
+    Column("op_key", String(200), nullable=False),
+    Column("from_state", String(16)),
+    Column("to_state", String(16), nullable=False),
+    Column("attempt", Integer, nullable=False),
+    Column("failure_class", String(32)),
+    Column("reason", Text),
+    Column("actor", String(128), nullable=False),
+    Column("replay_id", String(64)),
+    Column("correlation_id", String(64)),
+    Column("at", UTCDateTime(), nullable=False),
+    Index("ix_ledger_transitions_op_key", "op_key", "id"),
+    Index("ix_ledger_transitions_at", "at"),
+)
+
+# Records to publish, written in the same transaction as the change they describe.
+outbox = Table(
+    "outbox",
+    metadata,
+    Column("id", Id, primary_key=True, autoincrement=True),
+    Column("topic", String(249), nullable=False),
+    Column("key", String(200), nullable=False),
+    Column("schema", String(64), nullable=False),
+    Column("payload", JSON, nullable=False),
+    Column("headers", JSON, nullable=False),
+    Column("created_at", UTCDateTime(), nullable=False),
+    Column("sent_at", UTCDateTime()),
+    Index("ix_outbox_unsent", "id", postgresql_where=text("sent_at IS NULL"),
+          sqlite_where=text("sent_at IS NULL")),
+)

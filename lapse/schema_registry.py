@@ -1,0 +1,106 @@
+"""A small Confluent schema registry client: register a schema, fetch a schema by id.
+
+Only the two calls the codec needs, over urllib so Lapse takes no extra dependency. Results are
+cached (a schema id never changes its schema), and every HTTP or network failure becomes one
+`SchemaRegistryError` with a one-line message.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import threading
+import urllib.error
+import urllib.parse
+import urllib.request
+from typing import Any
+
+CONTENT_TYPE = "application/vnd.schemaregistry.v1+json"
+
+
+class SchemaRegistryError(Exception):
+    """A registry call failed; `status` is the HTTP status (None for network errors/timeouts)."""
+
+    def __init__(self, message: str, status: int | None = None, error_code: int | None = None):
+        super().__init__(message)
+        self.status = status
+        self.error_code = error_code
+
+    @property
+    def not_found(self) -> bool:
+        return self.status == 404
+
+    @property
+    def transient(self) -> bool:
+        """True when retrying later may help (network error, timeout, 5xx, 429)."""
+        return self.status is None or self.status >= 500 or self.status == 429
+
+
+class SchemaRegistryClient:
+    """Registers schemas under a subject and resolves schema ids, caching both directions."""
+
+    def __init__(self, url: str, auth: str | None = None, timeout_s: float = 5.0):
+        self.url = url.rstrip("/")
+        self.timeout_s = timeout_s
+        self._headers = {"Accept": CONTENT_TYPE, "Content-Type": CONTENT_TYPE}
+        if auth:
+            token = base64.b64encode(auth.encode()).decode("ascii")
+            self._headers["Authorization"] = f"Basic {token}"
+        self._ids: dict[tuple[str, str], int] = {}
+        self._schemas: dict[int, str] = {}
+        self._lock = threading.Lock()
+
+    def register(self, subject: str, schema_json: str) -> int:
+        """The id of `schema_json` under `subject`, registering it if needed (idempotent)."""
+        key = (subject, schema_json)
+        cached = self._ids.get(key)
+        if cached is not None:
+            return cached
+        path = f"/subjects/{urllib.parse.quote(subject, safe='')}/versions"
+        body = self._call("POST", path, {"schema": schema_json, "schemaType": "AVRO"})
+        schema_id = body.get("id")
+        if not isinstance(schema_id, int):
+            raise SchemaRegistryError(f"schema registry: no id in the answer to POST {path}")
+        with self._lock:
+            self._ids[key] = schema_id
+            self._schemas.setdefault(schema_id, schema_json)
+        return schema_id
+
+    def schema_by_id(self, schema_id: int) -> str:
+        """The schema text registered under `schema_id` (raises with status 404 if unknown)."""
+        cached = self._schemas.get(schema_id)
+        if cached is not None:
+            return cached
+        path = f"/schemas/ids/{schema_id}"
+        schema_json = self._call("GET", path, None).get("schema")
+        if not isinstance(schema_json, str):
+            raise SchemaRegistryError(f"schema registry: no schema in the answer to GET {path}")
+        with self._lock:
+            self._schemas[schema_id] = schema_json
+        return schema_json
+
+    def _call(self, method: str, path: str, payload: dict[str, Any] | None) -> dict[str, Any]:
+        data = json.dumps(payload).encode() if payload is not None else None
+        request = urllib.request.Request(self.url + path, data=data, method=method, headers=self._headers)
+        try:
+            with urllib.request.urlopen(request, timeout=self.timeout_s) as response:
+                return json.loads(response.read() or b"{}")
+        except urllib.error.HTTPError as exc:
+            message, code = _error_detail(exc)
+            raise SchemaRegistryError(
+                f"schema registry {method} {path}: HTTP {exc.code}: {message}", exc.code, code
+            ) from None
+        except (urllib.error.URLError, OSError) as exc:  # refused, DNS, timeout, reset
+            reason = getattr(exc, "reason", exc)
+            raise SchemaRegistryError(f"schema registry {self.url} unreachable: {reason}") from None
+        except ValueError as exc:  # the answer was not JSON
+            raise SchemaRegistryError(f"schema registry {method} {path}: bad answer: {exc}") from None
+
+
+def _error_detail(exc: urllib.error.HTTPError) -> tuple[str, int | None]:
+    """The registry's own error message and error_code, or the HTTP reason when it sent none."""
+    try:
+        body = json.loads(exc.read() or b"{}")
+        return str(body.get("message") or exc.reason), body.get("error_code")
+    except (ValueError, OSError, AttributeError):
+        return str(exc.reason), None

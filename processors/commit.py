@@ -1,0 +1,144 @@
+"""The commit order of one batch, in one place.
+
+Offsets move only after everything the batch caused is durable: the database transaction, then
+any record produced for the batch. A crash anywhere before step 3 means redelivery, which the
+ledger turns into absorbed duplicates.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+
+from confluent_kafka import Consumer, Producer, TopicPartition
+from sqlalchemy import Engine
+from sqlalchemy.exc import OperationalError
+
+from lapse.codec import Codec
+from lapse.delays import TARGET_HEADER, choose_tier, due_header
+from lapse.kafka_clients import DeliveryTracker
+from lapse.kinds import CleanupKind
+from lapse.ledger import ExpiryEvent
+from lapse.ledger_queries import millis
+from lapse.settings import Settings
+from processors.decode import Poison
+from processors.rules import BatchResult, Topics, apply_batch
+
+DEADLOCK_RETRIES = 3
+
+
+@dataclass
+class BatchContext:
+    """What a batch needs besides its records; built once per worker."""
+
+    settings: Settings
+    engine: Engine
+    codec: Codec
+    kinds: dict[str, CleanupKind]
+    producer: Producer
+    delivery: DeliveryTracker
+    tiers: list[tuple[str, int]]
+    clock: Callable[[], datetime] = lambda: datetime.now(UTC)
+
+    @property
+    def topics(self) -> Topics:
+        return Topics(outcomes=self.settings.outcomes_topic, dlq=self.settings.dlq_topic)
+
+
+def commit_batch(
+    ctx: BatchContext,
+    consumer: Consumer,
+    owned: set[tuple[str, int]],
+    messages: list,
+    events: list[ExpiryEvent],
+    positions: dict,
+    poison: list[Poison],
+) -> BatchResult:
+    """Make one batch durable, then move its offsets.
+
+    1. DB commit: one transaction claims the ledger rows, runs the in-database effects, and writes
+       transitions and outbox rows (outcomes and ledger-backed dead letters); retried on deadlock.
+    2. Produce what has no ledger row: poison records to `lapse.dlq`, early events back to a delay
+       tier; then flush, and raise if any record was not acknowledged (offsets stay put).
+    3. Store and commit, synchronously, the next offset (last + 1) of every partition in the batch
+       that this consumer still owns; a revoked partition's offsets are never committed.
+    """
+    now = ctx.clock()
+    result = BatchResult()
+    if events:
+        result = _apply_with_retry(ctx, events, positions, now)
+    _crash_if("after_db_commit", ctx.settings)
+
+    for item in poison:
+        _produce_poison(ctx, item, now)
+    for event in result.not_due:
+        _produce_delayed(ctx, event, now)
+    if poison or result.not_due:
+        ctx.delivery.flush(ctx.producer)
+    _crash_if("after_produce", ctx.settings)
+
+    commit_offsets(consumer, owned, messages)
+    return result
+
+
+def _apply_with_retry(ctx: BatchContext, events, positions, now) -> BatchResult:
+    for attempt in range(DEADLOCK_RETRIES):
+        try:
+            with ctx.engine.begin() as conn:
+                return apply_batch(
+                    conn, events, kinds=ctx.kinds, topics=ctx.topics,
+                    worker=ctx.settings.worker_id, now=now,
+                    lease=timedelta(seconds=ctx.settings.lease_seconds), positions=positions,
+                )
+        except OperationalError as exc:
+            if "deadlock" not in str(exc).lower() or attempt == DEADLOCK_RETRIES - 1:
+                raise
+    raise AssertionError("unreachable")
+
+
+def commit_offsets(consumer: Consumer, owned: set[tuple[str, int]], messages: list) -> list[TopicPartition]:
+    """Store and commit last+1 per owned partition seen in `messages`; returns what was committed."""
+    nxt: dict[tuple[str, int], int] = {}
+    for msg in messages:
+        tp = (msg.topic(), msg.partition())
+        nxt[tp] = max(nxt.get(tp, -1), msg.offset() + 1)
+    offsets = [TopicPartition(t, p, o) for (t, p), o in nxt.items() if (t, p) in owned]
+    if offsets:
+        consumer.store_offsets(offsets=offsets)
+        consumer.commit(offsets=offsets, asynchronous=False)
+    return offsets
+
+
+def _produce_poison(ctx: BatchContext, item: Poison, now: datetime) -> None:
+    record = {
+        "op_key": None, "kind": None, "tenant": None, "subject_id": None,
+        "failure_class": "poison", "reason": f"{item.reason_code}: {item.reason}"[:2000],
+        "attempt": 0, "history": [],
+        "source_topic": item.topic, "source_partition": item.partition, "source_offset": item.offset,
+        "original_key": item.key, "original_value": item.value,
+        "original_headers": {k: (v or b"") for k, v in item.headers},
+        "dead_lettered_at": millis(now), "correlation_id": None, "replay_id": None,
+    }
+    ctx.producer.produce(
+        ctx.settings.dlq_topic, key=item.key, value=ctx.codec.encode("dead_letter", record),
+        headers=[("failure_class", b"poison"), ("reason", item.reason_code.encode())],
+        on_delivery=ctx.delivery,
+    )
+
+
+def _produce_delayed(ctx: BatchContext, event: ExpiryEvent, now: datetime) -> None:
+    tier = choose_tier(ctx.tiers, (event.due_at - now).total_seconds())
+    ctx.producer.produce(
+        ctx.settings.delay_topic(tier), key=event.op_key.encode(),
+        value=ctx.codec.encode("expiry_event", event.to_record(now)),
+        headers=[due_header(event.due_at), (TARGET_HEADER, ctx.settings.expiry_topic.encode())],
+        on_delivery=ctx.delivery,
+    )
+
+
+def _crash_if(point: str, settings: Settings) -> None:
+    """Test hook: die without cleanup at a named point, as a killed process would."""
+    if settings.crash_point == point:
+        os._exit(17)

@@ -1,0 +1,148 @@
+"""The cleanup worker: consume a batch, decode it, hand it to `commit_batch`, repeat.
+
+Partition ownership comes from the rebalance callbacks; a batch's offsets are committed before
+the next consume call, so a revoke (which only happens inside consume) finds nothing pending.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+import time
+from dataclasses import dataclass, field
+
+from confluent_kafka import KafkaError, KafkaException
+
+from lapse.codec import Codec
+from lapse.database import engine_from_settings
+from lapse.kafka_clients import DeliveryTracker, make_consumer, make_producer
+from lapse.kinds import registry
+from lapse.logs import get_logger
+from lapse.settings import Settings
+from lapse.topics import delay_tiers
+from processors.commit import BatchContext, commit_batch
+from processors.decode import decode_batch
+
+log = get_logger("processor")
+
+
+@dataclass
+class WorkerStats:
+    batches: int = 0
+    consumed: int = 0
+    applied: int = 0
+    skipped: int = 0
+    dead_lettered: int = 0
+    duplicates: int = 0
+    conflicts: int = 0
+    poison: int = 0
+    delayed: int = 0
+    started: float = field(default_factory=time.monotonic)
+
+
+class CleanupWorker:
+    """One consumer in group `lapse-cleanup`; run several for more partitions in parallel."""
+
+    def __init__(self, settings: Settings, *, stop: threading.Event | None = None) -> None:
+        self.settings = settings
+        self.stop = stop or threading.Event()
+        self.stats = WorkerStats()
+        self.owned: set[tuple[str, int]] = set()
+        self.at_eof: set[tuple[str, int]] = set()
+        self.engine = engine_from_settings(settings)
+        self.ctx = BatchContext(
+            settings=settings,
+            engine=self.engine,
+            codec=Codec.from_settings(settings),
+            kinds=registry(settings.extra_kinds),
+            producer=make_producer(settings),
+            delivery=DeliveryTracker(),
+            tiers=delay_tiers(settings),
+        )
+        self.consumer = make_consumer(settings, settings.cleanup_group)
+
+    def _on_assign(self, consumer, partitions) -> None:
+        self.owned |= {(p.topic, p.partition) for p in partitions}
+        log.info("partitions assigned", extra={"partitions": sorted(p.partition for p in partitions)})
+
+    def _on_revoke(self, consumer, partitions) -> None:
+        # Every batch commits before the next consume, so there is nothing done-but-uncommitted.
+        revoked = {(p.topic, p.partition) for p in partitions}
+        self.owned -= revoked
+        self.at_eof -= revoked
+        log.info("partitions revoked", extra={"partitions": sorted(p for _, p in revoked)})
+
+    def run(self, exit_when_idle: float | None = None) -> WorkerStats:
+        """Process until stopped (SIGTERM/SIGINT or `stop`), or idle for `exit_when_idle` seconds."""
+        self.consumer.subscribe(
+            [self.settings.expiry_topic], on_assign=self._on_assign,
+            on_revoke=self._on_revoke, on_lost=self._on_revoke,
+        )
+        last_activity = time.monotonic()
+        try:
+            while not self.stop.is_set():
+                messages = self._consume()
+                if messages:
+                    last_activity = time.monotonic()
+                    self._process(messages)
+                elif exit_when_idle is not None and self._idle(last_activity, exit_when_idle):
+                    break
+        finally:
+            self.close()
+        return self.stats
+
+    def _idle(self, last_activity: float, idle_s: float) -> bool:
+        caught_up = not self.owned or self.owned <= self.at_eof
+        return caught_up and time.monotonic() - last_activity >= idle_s
+
+    def _consume(self) -> list:
+        batch = self.consumer.consume(self.settings.batch_size, self.settings.poll_timeout_s)
+        messages = []
+        for msg in batch:
+            err = msg.error()
+            tp = (msg.topic(), msg.partition())
+            if err is None:
+                if tp in self.owned:
+                    self.at_eof.discard(tp)
+                    messages.append(msg)
+            elif err.code() == KafkaError._PARTITION_EOF:
+                self.at_eof.add(tp)
+            elif err.fatal():
+                raise KafkaException(err)
+            else:
+                log.warning("consumer error", extra={"error": err.str()})
+        return messages
+
+    def _process(self, messages: list) -> None:
+        started = time.monotonic()
+        events, positions, poison = decode_batch(messages, self.ctx.codec, self.ctx.kinds)
+        for item in poison:
+            log.warning("poison record dead-lettered", extra={
+                "partition": item.partition, "offset": item.offset, "reason": item.reason_code})
+        result = commit_batch(self.ctx, self.consumer, self.owned, messages, events, positions, poison)
+        s = self.stats
+        s.batches += 1
+        s.consumed += len(messages)
+        s.applied += len(result.applied)
+        s.skipped += len(result.skipped)
+        s.dead_lettered += len(result.dead_lettered)
+        s.duplicates += result.duplicates
+        s.conflicts += len(result.conflicts)
+        s.poison += len(poison)
+        s.delayed += len(result.not_due)
+        log.debug("batch committed", extra={
+            "records": len(messages), "applied": len(result.applied),
+            "duplicates": result.duplicates, "ms": round((time.monotonic() - started) * 1000, 1)})
+
+    def close(self) -> None:
+        try:
+            self.consumer.close()
+        finally:
+            self.ctx.producer.flush(10)
+            self.engine.dispose()
+
+
+def install_signal_handlers(stop: threading.Event) -> None:
+    """SIGTERM and SIGINT finish the current batch, then stop."""
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())

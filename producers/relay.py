@@ -1,0 +1,74 @@
+"""The outbox relay: publish outbox rows in id order, then mark them sent.
+
+Rows are locked while they are produced and flushed, and marked sent in the same transaction, so
+two relays never publish a row twice at once; a crash between flush and commit republishes the
+batch (at-least-once). Each outcome carries its outbox id as `outcome_id`, which lets readers drop
+such repeats.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
+
+from confluent_kafka import Producer
+from sqlalchemy import Engine
+
+from lapse.codec import Codec
+from lapse.kafka_clients import DeliveryTracker
+from lapse.logs import get_logger
+from producers import relay_queries
+
+log = get_logger("relay")
+
+
+def relay_batch(engine: Engine, producer: Producer, codec: Codec, delivery: DeliveryTracker,
+                limit: int, clock: Callable[[], datetime] = lambda: datetime.now(UTC)) -> int:
+    """Publish up to `limit` unsent outbox rows; returns how many were published."""
+    with engine.begin() as conn:
+        rows = relay_queries.lock_unsent(conn, limit)
+        if not rows:
+            return 0
+        for row in rows:
+            payload = dict(row.payload)
+            if row.schema == "cleanup_outcome":
+                payload["outcome_id"] = row.id
+            headers = [(k, str(v).encode()) for k, v in (row.headers or {}).items()]
+            headers.append(("lapse-outbox-id", str(row.id).encode()))
+            producer.produce(row.topic, key=row.key.encode(), value=codec.encode(row.schema, payload),
+                             headers=headers, on_delivery=delivery)
+            producer.poll(0)
+        delivery.flush(producer)
+        relay_queries.mark_sent(conn, [r.id for r in rows], clock())
+    return len(rows)
+
+
+def relay_until_empty(engine, producer, codec, limit: int) -> int:
+    delivery = DeliveryTracker()
+    total = 0
+    while n := relay_batch(engine, producer, codec, delivery, limit):
+        total += n
+    return total
+
+
+def run_relay(engine: Engine, producer: Producer, codec: Codec, *, limit: int, idle_s: float,
+              stop, exit_when_idle: float | None = None, keep_sent: timedelta = timedelta(days=1)) -> int:
+    """Relay until stopped; sent rows older than `keep_sent` are purged now and then."""
+    delivery = DeliveryTracker()
+    total, idle_since, last_purge = 0, time.monotonic(), 0.0
+    while not stop.is_set():
+        n = relay_batch(engine, producer, codec, delivery, limit)
+        total += n
+        now = time.monotonic()
+        if n:
+            idle_since = now
+            continue
+        if exit_when_idle is not None and now - idle_since >= exit_when_idle:
+            break
+        if now - last_purge > 60:
+            with engine.begin() as conn:
+                relay_queries.purge_sent(conn, datetime.now(UTC) - keep_sent)
+            last_purge = now
+        stop.wait(idle_s)
+    return total

@@ -1,0 +1,32 @@
+"""SQL of the outbox relay: take the oldest unsent rows under a lock, mark them sent."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from sqlalchemy import Connection, delete, select, update
+
+from lapse.models import outbox
+
+
+def lock_unsent(conn: Connection, limit: int) -> list:
+    """The oldest unsent rows, locked (FOR UPDATE on PostgreSQL; SQLite's write lock serialises),
+    so a second relay waits instead of publishing the same rows out of order."""
+    stmt = (
+        select(outbox.c.id, outbox.c.topic, outbox.c.key, outbox.c.schema, outbox.c.payload,
+               outbox.c.headers)
+        .where(outbox.c.sent_at.is_(None))
+        .order_by(outbox.c.id)
+        .limit(limit)
+        .with_for_update()
+    )
+    return conn.execute(stmt).all()
+
+
+def mark_sent(conn: Connection, ids: list[int], now: datetime) -> None:
+    conn.execute(update(outbox).where(outbox.c.id.in_(ids)).values(sent_at=now))
+
+
+def purge_sent(conn: Connection, before: datetime) -> int:
+    """Delete rows published before `before`; the topics keep the history."""
+    return conn.execute(delete(outbox).where(outbox.c.sent_at < before)).rowcount

@@ -1,0 +1,123 @@
+"""The cleanup rules on a real database, no broker: claim, effect, ledger, outbox."""
+
+from __future__ import annotations
+
+import threading
+from datetime import UTC, datetime, timedelta
+
+from sqlalchemy import func, select, update
+
+from lapse.database import make_engine
+from lapse.demo_data import add_reservations
+from lapse.kinds import RELEASE_RESERVATION, registry
+from lapse.ledger import ExpiryEvent
+from lapse.models import cleanup_ledger, ledger_transitions, outbox, reservations
+from processors.rules import Topics, apply_batch
+
+NOW = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
+TOPICS = Topics(outcomes="lapse.outcomes", dlq="lapse.dlq")
+
+
+def event(rid: int | str, **kw) -> ExpiryEvent:
+    return ExpiryEvent(op_key=f"release-reservation:{rid}", kind="release-reservation",
+                       tenant="t1", subject_id=str(rid), due_at=NOW - timedelta(minutes=5),
+                       correlation_id=f"c-{rid}", **kw)
+
+
+def run(engine, events, worker="w1", now=NOW):
+    with engine.begin() as conn:
+        return apply_batch(conn, events, kinds=registry(), topics=TOPICS, worker=worker, now=now,
+                           lease=timedelta(seconds=30))
+
+
+def ledger(engine, rid):
+    with engine.connect() as conn:
+        return conn.execute(select(cleanup_ledger).where(
+            cleanup_ledger.c.op_key == f"release-reservation:{rid}")).mappings().one()
+
+
+def test_duplicates_in_and_across_batches_apply_once(db_url):
+    engine = make_engine(db_url)
+    with engine.begin() as conn:
+        (rid,) = add_reservations(conn, 1, expires_at=NOW - timedelta(minutes=10))
+    first = run(engine, [event(rid), event(rid)])
+    second = run(engine, [event(rid)])
+    assert (first.applied, first.duplicates) == ([f"release-reservation:{rid}"], 1)
+    assert (second.applied, second.duplicates) == ([], 1)
+    row = ledger(engine, rid)
+    assert (row["state"], row["attempt"], row["duplicates"]) == ("applied", 1, 2)
+    with engine.connect() as conn:
+        assert conn.execute(select(reservations.c.status)).scalar() == "released"
+        assert conn.execute(select(func.count()).select_from(outbox)).scalar() == 1
+        assert conn.execute(select(func.count()).select_from(ledger_transitions)).scalar() == 1
+
+
+def test_payment_that_won_the_race_is_skipped(db_url):
+    engine = make_engine(db_url)
+    with engine.begin() as conn:
+        (rid,) = add_reservations(conn, 1, expires_at=NOW - timedelta(minutes=10))
+        conn.execute(update(reservations).values(status="paid"))
+    result = run(engine, [event(rid)])
+    assert result.skipped == [f"release-reservation:{rid}"]
+    assert ledger(engine, rid)["state"] == "skipped"
+    with engine.connect() as conn:
+        assert conn.execute(select(reservations.c.status)).scalar() == "paid"
+        payload = conn.execute(select(outbox.c.payload)).scalar()
+    assert payload["status"] == "skipped"
+
+
+def test_not_yet_expired_hold_is_not_released(db_url):
+    engine = make_engine(db_url)
+    with engine.begin() as conn:
+        (rid,) = add_reservations(conn, 1, expires_at=NOW + timedelta(minutes=10))
+    run(engine, [event(rid)])
+    with engine.connect() as conn:
+        assert conn.execute(select(reservations.c.status)).scalar() == "held"
+    assert ledger(engine, rid)["state"] == "skipped"
+
+
+def test_malformed_subject_is_dead_lettered_with_reason(db_url):
+    engine = make_engine(db_url)
+    result = run(engine, [event("abc")])
+    assert result.dead_lettered == ["release-reservation:abc"]
+    row = ledger(engine, "abc")
+    assert (row["state"], row["last_failure_class"]) == ("dead_letter", "invalid")
+    assert "not a numeric id" in row["last_failure"]
+    with engine.connect() as conn:
+        topics = sorted(conn.execute(select(outbox.c.topic)).scalars())
+    assert topics == ["lapse.dlq", "lapse.outcomes"]
+
+
+def test_future_wakeup_is_handed_back_not_applied(db_url):
+    engine = make_engine(db_url)
+    with engine.begin() as conn:
+        (rid,) = add_reservations(conn, 1, expires_at=NOW - timedelta(minutes=10))
+    early = ExpiryEvent(op_key=f"release-reservation:{rid}", kind="release-reservation", tenant="t",
+                        subject_id=str(rid), due_at=NOW + timedelta(minutes=1), correlation_id="c")
+    result = run(engine, [early])
+    assert [e.op_key for e in result.not_due] == [early.op_key]
+    assert ledger(engine, rid)["state"] == "pending"
+
+
+def test_two_workers_racing_on_one_batch_apply_once(pg_url):
+    """Two transactions claim the same keys at once on PostgreSQL: each key applies exactly once."""
+    engine = make_engine(pg_url)
+    with engine.begin() as conn:
+        ids = add_reservations(conn, 200, expires_at=NOW - timedelta(minutes=10))
+    events = [event(i) for i in ids]
+    results = {}
+    barrier = threading.Barrier(2)
+
+    def worker(name):
+        barrier.wait()
+        results[name] = run(engine, events, worker=name)
+
+    threads = [threading.Thread(target=worker, args=(n,)) for n in ("a", "b")]
+    [t.start() for t in threads]
+    [t.join() for t in threads]
+    applied = results["a"].applied + results["b"].applied
+    assert sorted(applied) == sorted(e.op_key for e in events)
+    with engine.connect() as conn:
+        assert conn.execute(select(func.count()).where(reservations.c.status == "released")).scalar() == 200
+        assert conn.execute(select(func.count()).select_from(outbox)).scalar() == 200
+    assert RELEASE_RESERVATION.name == "release-reservation"
