@@ -10,6 +10,7 @@ from sqlalchemy import (
     JSON,
     BigInteger,
     Column,
+    Date,
     DateTime,
     Index,
     Integer,
@@ -104,6 +105,7 @@ cleanup_ledger = Table(
     Index("ix_cleanup_ledger_kind_subject", "kind", "subject_id", unique=True),
     Index("ix_cleanup_ledger_state_due", "state", "due_at"),
     Index("ix_cleanup_ledger_finished", "finished_at"),
+    Index("ix_cleanup_ledger_state_due_key", "state", "due_at", "op_key"),  # reconciler keyset
 )
 
 # Append-only history of every ledger transition, for operators and audits.
@@ -139,4 +141,19 @@ outbox = Table(
     Column("sent_at", UTCDateTime()),
     Index("ix_outbox_unsent", "id", postgresql_where=text("sent_at IS NULL"),
           sqlite_where=text("sent_at IS NULL")),
+)
+
+# One row per daily report, keyed `daily-report:YYYY-MM-DD`; undelivered rows are its outbox.
+daily_reports = Table(
+    "daily_reports",
+    metadata,
+    Column("report_key", String(64), primary_key=True),
+    Column("report_date", Date, nullable=False),
+    Column("payload", JSON, nullable=False),
+    Column("created_at", UTCDateTime(), nullable=False),
+    Column("delivered_at", UTCDateTime()),
+    Column("attempts", Integer, nullable=False, server_default="0"),
+    Column("last_error", Text),
+    Index("ix_daily_reports_undelivered", "report_key", postgresql_where=text("delivered_at IS NULL"),
+          sqlite_where=text("delivered_at IS NULL")),
 )

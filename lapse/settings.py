@@ -80,10 +80,32 @@ class Settings(BaseSettings):
     relay_batch_size: int = Field(500, ge=1, le=100_000, description="Outbox rows per relay batch.")
     relay_interval_s: float = Field(0.2, gt=0, description="Relay pause when the outbox is empty.")
 
+    # Reconciler and daily report.
+    reconcile_page_size: int = Field(1000, ge=1, le=100_000, description="Rows per reconciler page.")
+    reconcile_grace_s: float = Field(
+        300.0, ge=0, description="How long work may look stuck before the reconciler re-emits it (s)."
+    )
+    reconcile_rate: float = Field(500.0, gt=0, description="Most events the reconciler re-emits per second.")
+    reconcile_interval_s: float = Field(60.0, gt=0, description="Pause between reconciler passes.")
+    report_notifier: Literal["file", "smtp"] = Field("file", description="Where daily reports go.")
+    report_dir: Path = Field(DEFAULT_STATE_DIR / "reports", description="Folder of the file notifier.")
+    smtp_host: str | None = Field(None, description="SMTP host of the smtp report notifier.")
+    smtp_port: int = Field(25, ge=1, le=65535, description="SMTP port of the smtp report notifier.")
+    report_mail_from: str = Field("lapse@localhost", description="Sender of daily report mails.")
+    report_mail_to: str | None = Field(None, description="Comma-separated recipients of report mails.")
+
     # Cleanup kinds and effects.
     extra_kinds: list[str] = Field(
         default_factory=list, description="Extra cleanup kinds as JSON list of module:ATTRIBUTE."
     )
+
+    object_store_dir: Path = Field(
+        DEFAULT_STATE_DIR / "objects", description="Folder of the filesystem object store (artifact-delete)."
+    )
+    object_store_fault_rate: float = Field(
+        0.0, ge=0, le=1, description="Share of object deletes that fail on purpose (demo: 429, 503, invalid key)."
+    )
+    effect_concurrency: int = Field(8, ge=1, le=256, description="External effects run at once per worker.")
 
     # Operations.
     worker_id: str = Field(default_factory=default_worker_id, description="Claim owner name.")
