@@ -1,0 +1,63 @@
+"""Click parameter types for points in time and durations given on the command line.
+
+A timestamp is ISO 8601 (a naive one is UTC) or epoch milliseconds; a duration is `<n><unit>`
+with unit ms, s, m, h or d.
+"""
+
+from __future__ import annotations
+
+import re
+from datetime import UTC, datetime, timedelta
+
+import click
+
+_DURATION = re.compile(r"^(\d+)\s*(ms|s|m|h|d)$")
+_UNITS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def parse_timestamp(text: str) -> datetime:
+    """An aware UTC datetime from ISO 8601 or epoch milliseconds; ValueError with a one-line reason."""
+    value = text.strip()
+    if value.isdigit():
+        return datetime.fromtimestamp(int(value) / 1000, UTC)
+    try:
+        parsed = datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        raise ValueError(f"{text!r} is not an ISO 8601 timestamp or epoch milliseconds") from None
+    return parsed.replace(tzinfo=UTC) if parsed.tzinfo is None else parsed.astimezone(UTC)
+
+
+def parse_duration(text: str) -> timedelta:
+    match = _DURATION.match(text.strip())
+    if not match:
+        raise ValueError(f"{text!r} is not a duration like 30s, 15m, 2h or 1d")
+    return timedelta(seconds=int(match[1]) * _UNITS[match[2]])
+
+
+class Timestamp(click.ParamType):
+    name = "TS"
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, datetime):
+            return value
+        try:
+            return parse_timestamp(value)
+        except ValueError as exc:
+            self.fail(str(exc), param, ctx)
+
+
+class Duration(click.ParamType):
+    name = "DURATION"
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, timedelta):
+            return value
+        try:
+            return parse_duration(value)
+        except ValueError as exc:
+            self.fail(str(exc), param, ctx)
+
+
+TIMESTAMP = Timestamp()
+DURATION = Duration()
+
