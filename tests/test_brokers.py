@@ -1,0 +1,95 @@
+"""The brokers the tests and the demo start: data survives an Apache Kafka restart, the embedded
+broker round-trips a record, and missing prerequisites are one-line how-to errors."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
+
+from lapse.brokers import ApacheKafkaServer, BrokerUnavailable, find_kafka_jars
+from tests.fixtures_kafka import admin, create_topics
+
+
+def _produce(bootstrap: str, topic: str, key: bytes, value: bytes) -> None:
+    delivered = []
+    producer = Producer({"bootstrap.servers": bootstrap, "acks": "all", "enable.idempotence": True})
+    producer.produce(topic, value, key, on_delivery=lambda err, msg: delivered.append(err))
+    assert producer.flush(30) == 0
+    assert delivered == [None]
+
+
+def _read_first(bootstrap: str, topic: str, deadline_polls: int = 300):
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"{topic}-reader",
+                         "enable.auto.commit": False})
+    consumer.assign([TopicPartition(topic, 0, OFFSET_BEGINNING)])
+    try:
+        for _ in range(deadline_polls):  # a guard against hanging, not a timing assertion
+            msg = consumer.poll(0.2)
+            if msg is not None and not msg.error():
+                return msg.key(), msg.value(), msg.offset()
+        raise AssertionError(f"no record read back from {topic}")
+    finally:
+        consumer.close()
+
+
+def test_restart_keeps_a_produced_record(kafka_server, unique):
+    topic = unique("topic")
+    create_topics(kafka_server.bootstrap, {topic: 1})
+    _produce(kafka_server.bootstrap, topic, b"op-1", b"payload-1")
+    bootstrap = kafka_server.bootstrap
+
+    kafka_server.restart()
+
+    assert kafka_server.bootstrap == bootstrap
+    assert _read_first(bootstrap, topic) == (b"op-1", b"payload-1", 0)
+
+
+@pytest.mark.embedded
+def test_embedded_broker_round_trips_a_record(embedded_bootstrap, unique):
+    topic = unique("topic")
+    create_topics(embedded_bootstrap, {topic: 1})
+    _produce(embedded_bootstrap, topic, b"op-2", b"payload-2")
+    assert _read_first(embedded_bootstrap, topic) == (b"op-2", b"payload-2", 0)
+
+
+def test_missing_jars_is_a_one_line_how_to(tmp_path):
+    missing = tmp_path / "no-jars"
+    with pytest.raises(BrokerUnavailable) as err:
+        find_kafka_jars(missing)
+    assert str(missing) in str(err.value) and "make kafka-jars" in str(err.value)
+    assert "\n" not in str(err.value)
+
+    server = ApacheKafkaServer(tmp_path / "data", jars_dir=missing)
+    with pytest.raises(BrokerUnavailable, match="make kafka-jars"):
+        server.start()
+    assert server.proc is None
+
+
+def test_a_broker_that_cannot_start_says_why(tmp_path):
+    server = ApacheKafkaServer(tmp_path / "data", overrides={"num.partitions": "many"})
+    with pytest.raises(BrokerUnavailable) as err:
+        server.start()
+    assert "num.partitions" in str(err.value) and "\n" not in str(err.value)
+    assert server.proc is None
+
+
+@pytest.mark.embedded
+def test_broker_command_prints_bootstrap_first_and_stops_on_sigterm():
+    proc = subprocess.Popen(
+        [sys.executable, "-c", "from lapse.cli import main; main()", "broker", "--kind", "embedded"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    try:
+        bootstrap = proc.stdout.readline().strip()
+        assert bootstrap.startswith("127.0.0.1:")
+        assert admin(bootstrap).list_topics(timeout=10).brokers
+        proc.terminate()
+        assert proc.wait(30) == 0
+        assert "broker stopped" in proc.stderr.read()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()

@@ -1,0 +1,115 @@
+"""`lapse topics apply` against real brokers: creates what is missing, is idempotent, reports drift
+it must not fix, and rejects a malformed topics.yaml with one line."""
+
+from __future__ import annotations
+
+import pytest
+from click.testing import CliRunner
+from confluent_kafka.admin import ConfigResource, ResourceType
+
+from lapse.cli import main
+from lapse.topics import TopicsFileError, apply, declared_groups, delay_tiers, load_topics, plan
+from tests.fixtures_kafka import admin, create_topics
+
+DAY_MS = 86_400_000
+
+
+def _configs(client, names):
+    futures = client.describe_configs([ConfigResource(ResourceType.TOPIC, n) for n in names])
+    return {res.name: {k: e.value for k, e in f.result(30).items()} for res, f in futures.items()}
+
+
+def _partitions(client, name):
+    return len(client.list_topics(name, timeout=10).topics[name].partitions)
+
+
+def test_apply_twice_creates_everything_then_reports_no_change(kafka_bootstrap, unique):
+    prefix = unique("t") + "."
+    declared = load_topics(name_prefix=prefix, replication_factor=1)
+    client = admin(kafka_bootstrap)
+
+    first = apply(client, plan(client, declared))
+    assert [(a.kind, a.status) for a in first] == [("create", "done")] * len(declared)
+    assert {a.topic for a in first} == {spec.name for spec in declared}
+
+    assert plan(client, declared) == []
+
+    configs = _configs(client, [spec.name for spec in declared])
+    for spec in declared:
+        assert _partitions(client, spec.name) == spec.partitions
+        assert {k: configs[spec.name][k] for k in spec.config} == spec.config
+    assert configs[prefix + "lapse.expiry"]["retention.ms"] == str(14 * DAY_MS)
+    assert configs[prefix + "lapse.outcomes"]["retention.ms"] == str(30 * DAY_MS)
+    assert configs[prefix + "lapse.dlq"]["retention.ms"] == str(90 * DAY_MS)
+    assert configs[prefix + "lapse.dlq"]["cleanup.policy"] == "delete"
+    assert configs[prefix + "lapse.dlq"]["min.insync.replicas"] == "1"  # lowered to the RF of 1
+
+
+def test_drift_is_reported_and_left_alone_while_configs_are_fixed(kafka_bootstrap, unique):
+    prefix = unique("t") + "."
+    client = admin(kafka_bootstrap)
+    create_topics(kafka_bootstrap, {prefix + "lapse.dlq": 1, prefix + "lapse.delay.30s": 8})
+    create_topics(kafka_bootstrap, {prefix + "lapse.outcomes": 6}, config={"retention.ms": "1000"})
+    declared = load_topics(name_prefix=prefix, replication_factor=1)
+
+    results = apply(client, plan(client, declared))
+    drift = {(a.topic, a.status) for a in results if a.kind == "drift"}
+    assert drift == {(prefix + "lapse.dlq", "not fixed"), (prefix + "lapse.delay.30s", "not fixed")}
+    altered = [a for a in results if a.kind == "alter_config" and a.topic == prefix + "lapse.outcomes"]
+    assert altered[0].status == "done"
+    assert altered[0].changes["retention.ms"] == ["1000", str(30 * DAY_MS)]
+
+    assert _partitions(client, prefix + "lapse.dlq") == 1
+    assert _partitions(client, prefix + "lapse.delay.30s") == 8
+    assert _configs(client, [prefix + "lapse.outcomes"])[prefix + "lapse.outcomes"]["retention.ms"] == str(30 * DAY_MS)
+    again = plan(client, declared)
+    assert {(a.kind, a.topic) for a in again} == {("drift", prefix + "lapse.dlq"),
+                                                  ("drift", prefix + "lapse.delay.30s")}
+
+
+def test_cli_apply_is_idempotent(kafka_bootstrap, unique):
+    args = ["topics", "apply", "--bootstrap-servers", kafka_bootstrap, "--replication-factor", "1",
+            "--name-prefix", unique("t") + "."]
+    first = CliRunner().invoke(main, [*args, "--json"])
+    assert first.exit_code == 0, first.output
+    second = CliRunner().invoke(main, args)
+    assert second.exit_code == 0, second.output
+    assert second.output.strip() == "no change"
+
+
+@pytest.mark.embedded
+def test_apply_twice_on_the_embedded_broker(embedded_bootstrap, unique):
+    declared = load_topics(name_prefix=unique("t") + ".", replication_factor=1)
+    client = admin(embedded_bootstrap)
+    assert {a.status for a in apply(client, plan(client, declared))} == {"done"}
+    assert plan(client, declared) == []
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("topics: [lapse.expiry", "not valid YAML"),
+    ("topics:\n  lapse.expiry:\n    partitions: 0\n", "topics.lapse.expiry.partitions"),
+    ("topics:\n  lapse.expiry:\n    partitions: 3\n    retention: two weeks\n", "retention"),
+    ("topics:\n  lapse.expiry:\n    partitions: 3\n    partitons: 4\n", "partitons: unknown key"),
+    ("topics:\n  'bad name!':\n    partitions: 3\n", "topic names use only"),
+    ("tpoics: {}\n", "unknown key"),
+])
+def test_malformed_topics_file_is_a_one_line_error(tmp_path, text, expected):
+    bad = tmp_path / "topics.yaml"
+    bad.write_text(text)
+    with pytest.raises(TopicsFileError) as err:
+        load_topics(bad)
+    assert expected in str(err.value) and str(bad) in str(err.value)
+    assert "\n" not in str(err.value)
+
+    result = CliRunner().invoke(main, ["topics", "apply", "--file", str(bad), "--dry-run"])
+    assert result.exit_code == 1
+    assert result.output.strip().splitlines() == [f"Error: {err.value}"]
+
+
+def test_delay_tiers_and_groups_come_from_the_file():
+    assert delay_tiers() == [("30s", 30), ("2m", 120), ("10m", 600), ("1h", 3600)]
+    assert declared_groups() == ["lapse-analytics", "lapse-cleanup", "lapse-delay", "lapse-reports"]
+    by_name = {spec.name: spec for spec in load_topics()}
+    assert by_name["lapse.expiry"].manual_readers == ("audit",)
+    assert by_name["lapse.expiry"].replication_factor == 3
+    assert by_name["lapse.expiry"].config["min.insync.replicas"] == "2"
