@@ -92,8 +92,12 @@ class CleanupWorker:
         return self.stats
 
     def _idle(self, last_activity: float, idle_s: float) -> bool:
-        caught_up = not self.owned or self.owned <= self.at_eof
-        return caught_up and time.monotonic() - last_activity >= idle_s
+        """Caught up on every owned partition for `idle_s`; a worker with no partitions waits a
+        further two session timeouts, since a rebalance may still hand it some."""
+        quiet = time.monotonic() - last_activity
+        if self.owned:
+            return self.owned <= self.at_eof and quiet >= idle_s
+        return quiet >= idle_s + 2 * self.settings.session_timeout_ms / 1000
 
     def _consume(self) -> list:
         batch = self.consumer.consume(self.settings.batch_size, self.settings.poll_timeout_s)

@@ -1,0 +1,3 @@
+from lapse.cli import main
+
+main()

@@ -1,0 +1,171 @@
+"""Issue 2 end to end on Apache Kafka and PostgreSQL: sweep → lapse.expiry → processor → outbox → outcomes."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+from collections import Counter
+from datetime import UTC, datetime, timedelta
+
+from sqlalchemy import func, select, update
+
+from lapse.demo_data import add_reservations
+from lapse.kafka_clients import DeliveryTracker, make_producer
+from lapse.kinds import registry
+from lapse.ledger import ExpiryEvent
+from lapse.models import cleanup_ledger, ledger_transitions, reservations
+from processors.worker import CleanupWorker
+from producers.relay import relay_until_empty
+from producers.sweep import emit_events, sweep_once
+from tests.pipeline_env import EXPIRY_PARTITIONS, committed, end_offsets, pipeline, read_topic  # noqa: F401
+
+PAST = datetime.now(UTC) - timedelta(minutes=5)
+
+
+def expiry_event(rid: int) -> ExpiryEvent:
+    return ExpiryEvent(op_key=f"release-reservation:{rid}", kind="release-reservation", tenant="t1",
+                       subject_id=str(rid), due_at=PAST, correlation_id=f"corr-{rid}")
+
+
+def produce(p, events):
+    producer = make_producer(p.settings)
+    emit_events(producer, p.codec, DeliveryTracker(), p.settings.expiry_topic, events,
+                datetime.now(UTC))
+
+
+def process(settings, idle=2.0):
+    return CleanupWorker(settings).run(exit_when_idle=idle)
+
+
+def seed(p, n, **kw) -> list[int]:
+    with p.engine.begin() as conn:
+        return add_reservations(conn, n, expires_at=kw.pop("expires_at", PAST - timedelta(minutes=1)), **kw)
+
+
+def outcomes(p) -> list[dict]:
+    relay_until_empty(p.engine, make_producer(p.settings), p.codec, 500)
+    return [p.codec.decode_expected("cleanup_outcome", m.value())
+            for m in read_topic(p.settings.bootstrap_servers, p.settings.outcomes_topic)]
+
+
+def ledger_row(p, rid):
+    with p.engine.connect() as conn:
+        return conn.execute(select(cleanup_ledger).where(
+            cleanup_ledger.c.op_key == f"release-reservation:{rid}")).mappings().one()
+
+
+def all_committed(p):
+    """Every partition's committed offset is its end (an empty partition may have none)."""
+    s = p.settings
+    done = committed(s.bootstrap_servers, s.cleanup_group, s.expiry_topic, EXPIRY_PARTITIONS)
+    ends = end_offsets(s.bootstrap_servers, s.expiry_topic, EXPIRY_PARTITIONS)
+    return all(done[part] == end or (end == 0 and done[part] < 0) for part, end in ends.items())
+
+
+def test_duplicate_delivery_applies_once_and_absorbs_the_rest(pipeline):
+    (rid,) = seed(pipeline, 1)
+    produce(pipeline, [expiry_event(rid)] * 3)
+    stats = process(pipeline.settings)
+    assert (stats.applied, stats.duplicates) == (1, 2)
+    row = ledger_row(pipeline, rid)
+    assert (row["state"], row["duplicates"]) == ("applied", 2)
+    published = outcomes(pipeline)
+    assert [(o["op_key"], o["status"]) for o in published] == [(f"release-reservation:{rid}", "applied")]
+    assert all_committed(pipeline)
+
+
+def test_crash_after_db_commit_before_offset_commit(pipeline):
+    """The worker dies between the DB commit and the offset commit; the next one skips the effect."""
+    (rid,) = seed(pipeline, 1)
+    produce(pipeline, [expiry_event(rid)])
+    env = {**os.environ, "LAPSE_BOOTSTRAP_SERVERS": pipeline.settings.bootstrap_servers,
+           "LAPSE_DATABASE_URL": pipeline.settings.database_url_plain(),
+           "LAPSE_EXPIRY_TOPIC": pipeline.settings.expiry_topic,
+           "LAPSE_OUTCOMES_TOPIC": pipeline.settings.outcomes_topic,
+           "LAPSE_DLQ_TOPIC": pipeline.settings.dlq_topic,
+           "LAPSE_DELAY_TOPIC_PREFIX": pipeline.settings.delay_topic_prefix,
+           "LAPSE_CLEANUP_GROUP": pipeline.settings.cleanup_group,
+           "LAPSE_SESSION_TIMEOUT_MS": "6000", "LAPSE_CRASH_POINT": "after_db_commit"}
+    crashed = subprocess.run([sys.executable, "-m", "lapse", "process", "--exit-when-idle", "20"],
+                             env=env, capture_output=True, timeout=120)
+    assert crashed.returncode == 17, crashed.stderr.decode()[-2000:]
+    first = ledger_row(pipeline, rid)
+    assert first["state"] == "applied"
+    with pipeline.engine.connect() as conn:
+        released_at = conn.execute(select(reservations.c.released_at)).scalar()
+    s = pipeline.settings
+    assert set(committed(s.bootstrap_servers, s.cleanup_group, s.expiry_topic, EXPIRY_PARTITIONS).values()) == {-1001}
+
+    stats = process(pipeline.settings)
+    assert (stats.applied, stats.duplicates) == (0, 1)
+    with pipeline.engine.connect() as conn:
+        assert conn.execute(select(reservations.c.released_at)).scalar() == released_at
+        assert conn.execute(select(func.count()).select_from(ledger_transitions)).scalar() == 1
+    assert ledger_row(pipeline, rid)["duplicates"] == 1
+    assert all_committed(pipeline)
+
+
+def test_payment_after_the_event_was_produced_wins(pipeline):
+    (rid,) = seed(pipeline, 1)
+    produce(pipeline, [expiry_event(rid)])
+    with pipeline.engine.begin() as conn:
+        conn.execute(update(reservations).where(reservations.c.id == rid).values(status="paid"))
+    process(pipeline.settings)
+    assert ledger_row(pipeline, rid)["state"] == "skipped"
+    with pipeline.engine.connect() as conn:
+        assert conn.execute(select(reservations.c.status)).scalar() == "paid"
+    assert [o["status"] for o in outcomes(pipeline)] == ["skipped"]
+
+
+def test_two_workers_over_six_partitions_apply_every_event_once(pipeline):
+    ids = seed(pipeline, 3000)
+    produce(pipeline, [expiry_event(i) for i in ids])
+    stats = []
+    threads = [threading.Thread(target=lambda: stats.append(process(pipeline.settings, idle=4)))
+               for _ in range(2)]
+    [t.start() for t in threads]
+    [t.join(180) for t in threads]
+    assert sum(s.applied for s in stats) == 3000
+    with pipeline.engine.connect() as conn:
+        per_key = Counter(conn.execute(select(ledger_transitions.c.op_key)).scalars())
+        released = conn.execute(select(func.count()).where(reservations.c.status == "released")).scalar()
+    assert released == 3000
+    assert len(per_key) == 3000 and set(per_key.values()) == {1}
+    assert all_committed(pipeline)
+
+
+def test_sweep_pages_through_due_rows_and_emits_each_once(pipeline):
+    seed(pipeline, 10_000)
+    seed(pipeline, 50, expires_at=datetime.now(UTC) + timedelta(hours=1))  # not due
+    settings = pipeline.with_(sweep_page_size=500)
+    producer = make_producer(settings)
+    kinds = registry()
+    first = sweep_once(pipeline.engine, producer, pipeline.codec, settings, kinds)
+    second = sweep_once(pipeline.engine, producer, pipeline.codec, settings, kinds)
+    assert (first.pages, first.emitted) == (20, 10_000)
+    assert second.emitted == 0
+    keys = [m.key() for m in read_topic(settings.bootstrap_servers, settings.expiry_topic)]
+    assert len(keys) == len(set(keys)) == 10_000
+    with pipeline.engine.connect() as conn:
+        assert conn.execute(select(func.count()).select_from(cleanup_ledger)).scalar() == 10_000
+
+
+def test_undecodable_bytes_are_dead_lettered_and_the_partition_moves_on(pipeline):
+    (rid,) = seed(pipeline, 1)
+    event = expiry_event(rid)
+    producer = make_producer(pipeline.settings)
+    producer.produce(pipeline.settings.expiry_topic, key=event.op_key.encode(), value=b"\x00garbage")
+    producer.flush(10)
+    produce(pipeline, [event])  # same key, same partition, after the poison record
+    stats = process(pipeline.settings)
+    assert (stats.poison, stats.applied) == (1, 1)
+    dead = read_topic(pipeline.settings.bootstrap_servers, pipeline.settings.dlq_topic)
+    assert len(dead) == 1
+    letter = pipeline.codec.decode_expected("dead_letter", dead[0].value())
+    assert letter["failure_class"] == "poison"
+    assert letter["reason"].startswith(("malformed_body", "registry_unavailable", "bad_magic"))
+    assert letter["original_value"] == b"\x00garbage"
+    assert dict(dead[0].headers())["failure_class"] == b"poison"
+    assert all_committed(pipeline)
