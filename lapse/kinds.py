@@ -16,7 +16,7 @@ from typing import Any
 from sqlalchemy import Column, ColumnElement, Connection, Select, Table, and_, exists, select, tuple_, update
 
 from lapse.ledger import op_key
-from lapse.models import cleanup_ledger, reservations
+from lapse.models import artifacts, cleanup_ledger, reservations
 
 
 @dataclass(frozen=True, slots=True)
@@ -27,6 +27,18 @@ class EligibleRow:
     tenant: str
     due_at: datetime
     cursor: tuple
+
+
+@dataclass(frozen=True)
+class ExternalEffect:
+    """An effect outside the database, run under a lease. `targets` reads, for the subjects still
+    eligible, what to act on (subject_id → target, e.g. an object key); `action` names what the
+    processor does with each target ("delete-object"); `complete` records the done effect on the
+    business rows in the completion transaction and returns the subject ids it changed."""
+
+    action: str
+    targets: Callable[[Connection, list[Any], datetime], dict[str, str]]
+    complete: Callable[[Connection, list[Any], datetime], set[str]]
 
 
 @dataclass(frozen=True)
@@ -43,11 +55,12 @@ class CleanupKind:
     still_eligible: ColumnElement  # the business condition, without the due time
     parse_subject: Callable[[str], Any]
     apply_in_db: Callable[[Connection, list[Any], datetime], set[str]] | None = None
-    external_effect: Any = None
+    external_effect: ExternalEffect | None = None
     max_attempts: int = 6
     retry_base_s: float = 5.0
     retry_cap_s: float = 3600.0
     idempotent_effect: bool = True
+    effect_rate_per_s: float = 100.0  # token-bucket rate of external effects, per worker
 
     def op_key(self, subject_id: Any) -> str:
         return op_key(self.name, subject_id)
@@ -115,6 +128,46 @@ RELEASE_RESERVATION = CleanupKind(
     apply_in_db=release_reservations,
 )
 
+def artifact_targets(conn: Connection, ids: list[int], now: datetime) -> dict[str, str]:
+    """Object keys of the artifacts still live and past their retention."""
+    if not ids:
+        return {}
+    stmt = select(artifacts.c.id, artifacts.c.object_key).where(
+        artifacts.c.id.in_(ids), artifacts.c.status == "live", artifacts.c.retain_until <= now)
+    return {str(i): key for i, key in conn.execute(stmt)}
+
+
+def mark_artifacts_deleted(conn: Connection, ids: list[int], now: datetime) -> set[str]:
+    """Record the deletion on the artifacts still live; returns the ids it changed."""
+    if not ids:
+        return set()
+    stmt = (
+        update(artifacts)
+        .where(artifacts.c.id.in_(ids), artifacts.c.status == "live")
+        .values(status="deleted", deleted_at=now)
+        .returning(artifacts.c.id)
+    )
+    return {str(i) for i in conn.execute(stmt).scalars()}
+
+
+ARTIFACT_DELETE = CleanupKind(
+    name="artifact-delete",
+    table=artifacts,
+    id_column=artifacts.c.id,
+    tenant_column=artifacts.c.tenant,
+    due_column=artifacts.c.retain_until,
+    still_eligible=artifacts.c.status == "live",
+    parse_subject=_parse_int_id,
+    external_effect=ExternalEffect("delete-object", artifact_targets, mark_artifacts_deleted),
+    max_attempts=5,
+    retry_base_s=2.0,
+    retry_cap_s=600.0,
+    idempotent_effect=True,  # delete-if-present
+    effect_rate_per_s=200.0,
+)
+
+BUILT_IN = (RELEASE_RESERVATION, ARTIFACT_DELETE)
+
 _REGISTRY: dict[str, CleanupKind] = {}
 
 
@@ -137,7 +190,7 @@ def load_kind(dotted: str) -> CleanupKind:
 
 def registry(extra: Iterable[str] = ()) -> dict[str, CleanupKind]:
     """Every known kind by name: the built-ins, those registered in code, and `extra` dotted paths."""
-    kinds = {RELEASE_RESERVATION.name: RELEASE_RESERVATION, **_REGISTRY}
+    kinds = {**{kind.name: kind for kind in BUILT_IN}, **_REGISTRY}
     for dotted in extra:
         kind = load_kind(dotted)
         kinds[kind.name] = kind

@@ -8,8 +8,9 @@ ledger turns into absorbed duplicates.
 from __future__ import annotations
 
 import os
+import random
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
 from confluent_kafka import Consumer, Producer, TopicPartition
@@ -24,6 +25,7 @@ from lapse.ledger import ExpiryEvent
 from lapse.ledger_queries import millis
 from lapse.settings import Settings
 from processors.decode import Poison
+from processors.leased import EffectRunner, effect_runner, run_leased
 from processors.rules import BatchResult, Topics, apply_batch
 
 DEADLOCK_RETRIES = 3
@@ -41,10 +43,14 @@ class BatchContext:
     delivery: DeliveryTracker
     tiers: list[tuple[str, int]]
     clock: Callable[[], datetime] = lambda: datetime.now(UTC)
+    effects: EffectRunner | None = None  # built from settings on first use
+    rng: random.Random = field(default_factory=random.Random)  # retry jitter
 
     @property
     def topics(self) -> Topics:
-        return Topics(outcomes=self.settings.outcomes_topic, dlq=self.settings.dlq_topic)
+        return Topics(outcomes=self.settings.outcomes_topic, dlq=self.settings.dlq_topic,
+                      expiry=self.settings.expiry_topic,
+                      delay_prefix=self.settings.delay_topic_prefix, tiers=tuple(self.tiers))
 
 
 def commit_batch(
@@ -59,9 +65,19 @@ def commit_batch(
     """Make one batch durable, then move its offsets.
 
     1. DB commit: one transaction claims the ledger rows, runs the in-database effects, and writes
-       transitions and outbox rows (outcomes and ledger-backed dead letters); retried on deadlock.
-    2. Produce what has no ledger row: poison records to `lapse.dlq`, early events back to a delay
-       tier; then flush, and raise if any record was not acknowledged (offsets stay put).
+       transitions and outbox rows (outcomes, ledger-backed dead letters, and the wake-up records
+       of scheduled retries); retried on deadlock. Kinds with an external effect are only claimed
+       under a lease here; their effects then run outside any transaction and a second
+       transaction records them applied or schedules their retry / dead letter
+       (`processors.leased`). A crash between the two leaves the row claimed: the redelivered
+       record backs off until the lease ends, then redoes the idempotent effect and completes.
+       Retry wake-ups go through the outbox, not step 2, so the retry schedule and its wake-up
+       commit together: a crash after the commit cannot lose the wake-up (the relay sends it at
+       least once; the reconciler still re-emits retry rows past due as a backstop).
+    2. Produce what has no ledger change: poison records to `lapse.dlq`, early events back to a
+       delay tier at the ledger's due time, events held under another worker's lease back to a
+       tier until that lease ends; then flush, and raise if any record was not acknowledged
+       (offsets stay put).
     3. Store and commit, synchronously, the next offset (last + 1) of every partition in the batch
        that this consumer still owns; a revoked partition's offsets are never committed.
     """
@@ -69,13 +85,15 @@ def commit_batch(
     result = BatchResult()
     if events:
         result = _apply_with_retry(ctx, events, positions, now)
+        if result.leased:
+            _run_leased(ctx, result, positions)
     _crash_if("after_db_commit", ctx.settings)
 
     for item in poison:
         _produce_poison(ctx, item, now)
-    for event in result.not_due:
+    for event in result.not_due + result.backed_off:
         _produce_delayed(ctx, event, now)
-    if poison or result.not_due:
+    if poison or result.not_due or result.backed_off:
         ctx.delivery.flush(ctx.producer)
     _crash_if("after_produce", ctx.settings)
 
@@ -91,11 +109,25 @@ def _apply_with_retry(ctx: BatchContext, events, positions, now) -> BatchResult:
                     conn, events, kinds=ctx.kinds, topics=ctx.topics,
                     worker=ctx.settings.worker_id, now=now,
                     lease=timedelta(seconds=ctx.settings.lease_seconds), positions=positions,
+                    rng=ctx.rng,
                 )
         except OperationalError as exc:
             if "deadlock" not in str(exc).lower() or attempt == DEADLOCK_RETRIES - 1:
                 raise
     raise AssertionError("unreachable")
+
+
+def _run_leased(ctx: BatchContext, result: BatchResult, positions) -> None:
+    """Run the leased external effects and record them (the second transaction)."""
+    if ctx.effects is None:
+        ctx.effects = effect_runner(ctx.settings)
+    done = run_leased(ctx.engine, ctx.effects, result.leased, result.targets, kinds=ctx.kinds,
+                      topics=ctx.topics, worker=ctx.settings.worker_id, clock=ctx.clock,
+                      lease=timedelta(seconds=ctx.settings.lease_seconds), rng=ctx.rng,
+                      positions=positions)
+    result.applied += done.applied
+    result.retried += done.retried
+    result.dead_lettered += done.dead_lettered
 
 
 def commit_offsets(consumer: Consumer, owned: set[tuple[str, int]], messages: list) -> list[TopicPartition]:

@@ -7,14 +7,15 @@ never touches Kafka, so it is tested against a real database with no broker.
 
 from __future__ import annotations
 
+import random
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 
 from sqlalchemy import Connection
 
 from lapse.kinds import CleanupKind
-from lapse.ledger import APPLIED, CLAIMED, DEAD_LETTER, SKIPPED, TERMINAL, ExpiryEvent
+from lapse.ledger import APPLIED, CLAIMED, RETRY_SCHEDULED, SKIPPED, TERMINAL, ExpiryEvent
 from lapse.ledger_queries import (
     insert_outbox,
     insert_pending,
@@ -24,12 +25,20 @@ from lapse.ledger_queries import (
     transition,
 )
 from processors import queries
+from processors.failures import INVALID, EffectFailure
+from processors.retries import FailedAttempt, record_failures
 
 
 @dataclass(frozen=True)
 class Topics:
+    """Where the rules send records: outcomes, dead letters, and retry wake-ups (a delay tier
+    `delay_prefix + tier`, forwarded to `expiry` when due)."""
+
     outcomes: str
     dlq: str
+    expiry: str = "lapse.expiry"
+    delay_prefix: str = "lapse.delay."
+    tiers: tuple[tuple[str, int], ...] = (("30s", 30), ("2m", 120), ("10m", 600), ("1h", 3600))
 
 
 @dataclass
@@ -43,6 +52,9 @@ class BatchResult:
     conflicts: list[str] = field(default_factory=list)
     not_due: list[ExpiryEvent] = field(default_factory=list)
     leased: list[ExpiryEvent] = field(default_factory=list)
+    retried: list[str] = field(default_factory=list)
+    backed_off: list[ExpiryEvent] = field(default_factory=list)  # due_at = the other lease's end
+    targets: dict[str, str] = field(default_factory=dict)  # leased op key → effect target
 
     @property
     def completed(self) -> int:
@@ -119,29 +131,23 @@ def apply_batch(
     now: datetime,
     lease: timedelta,
     positions: dict[str, tuple[str, int, int]] | None = None,
+    rng: random.Random | None = None,
 ) -> BatchResult:
     """Claim, apply and record one batch of decoded events in the caller's transaction.
 
-    Events must name known kinds (the decoder dead-letters the others before this point)."""
+    Events must name known kinds (the decoder dead-letters the others before this point).
+    Kinds with an external effect are only claimed here (lease until now + `lease`) and returned
+    in `leased` with their targets; `processors.leased` runs and completes them."""
     result = BatchResult()
+    rng = rng or random.Random()
     unique, extra = collapse(events)
     if not unique:
         return result
     insert_pending(conn, list(unique.values()), now)
     before = queries.read_states(conn, unique)
     claimed = queries.claim(conn, list(unique), worker, now, now + lease)
-
     duplicates = Counter(extra)
-    for key, event in unique.items():
-        if key in claimed:
-            continue
-        state, attempt, due_at, owner, claim_until, *_ = before[key]
-        if state in TERMINAL or event.attempt < attempt:
-            duplicates[key] += 1  # already done, or a stale wake-up of an earlier attempt
-        elif state == CLAIMED:
-            result.conflicts.append(key)  # another worker holds a live lease
-        else:
-            result.not_due.append(event)  # early: goes back through a delay tier
+    classify_unclaimed(conn, unique, claimed, result, duplicates)
     result.duplicates = sum(duplicates.values())
 
     by_kind: dict[str, list[ExpiryEvent]] = {}
@@ -153,18 +159,20 @@ def apply_batch(
     invalid: list[tuple[ExpiryEvent, str]] = []
     for kind_name, batch in by_kind.items():
         kind = kinds[kind_name]
-        if kind.apply_in_db is None:
-            result.leased.extend(batch)
-            continue
         subjects: dict[str, object] = {}
         for event in batch:
             try:
                 subjects[event.subject_id] = kind.parse_subject(event.subject_id)
             except ValueError as exc:
                 invalid.append((event, str(exc)))
-        changed = kind.apply_in_db(conn, list(subjects.values()), now)
+        if kind.apply_in_db is None:
+            lease_external(conn, kind, batch, subjects, result, before=before, worker=worker,
+                           now=now, transitions=transitions)
+            changed: set[str] = set()  # subjects without a target are already clean: skipped
+        else:
+            changed = kind.apply_in_db(conn, list(subjects.values()), now)
         for event in batch:
-            if event.subject_id not in subjects:
+            if event.subject_id not in subjects or event.op_key in result.targets:
                 continue
             status = APPLIED if event.subject_id in changed else SKIPPED
             (result.applied if status == APPLIED else result.skipped).append(event.op_key)
@@ -178,35 +186,60 @@ def apply_batch(
     queries.finish(conn, result.applied, worker, APPLIED, now)
     queries.finish(conn, result.skipped, worker, SKIPPED, now)
     if invalid:
-        dead_letter_invalid(conn, invalid, result, topics=topics, worker=worker, now=now,
-                            before=before, positions=positions or {}, transitions=transitions,
-                            outbox=outbox)
+        dead_letter_invalid(conn, invalid, result, kinds=kinds, topics=topics, worker=worker,
+                            now=now, before=before, positions=positions or {},
+                            transitions=transitions, outbox=outbox, rng=rng)
     record_transitions(conn, transitions)
     insert_outbox(conn, outbox)
     queries.add_duplicates(conn, duplicates)
     return result
 
 
-def dead_letter_invalid(conn, invalid, result, *, topics, worker, now, before, positions,
-                        transitions, outbox) -> None:
+def classify_unclaimed(conn: Connection, unique: dict[str, ExpiryEvent], claimed: set[str],
+                       result: BatchResult, duplicates: Counter) -> None:
+    """Sort events whose row could not be claimed, by the row's state as it is now (read after the
+    claim, so a race lost to a concurrent worker shows its outcome):
+
+    - done, an older attempt's wake-up, or a retry wake-up for another due time: a duplicate;
+    - held under another worker's live lease: backed off until that lease ends;
+    - waiting and not due: handed back through a delay tier with the ledger's due time.
+    """
+    rest = [key for key in unique if key not in claimed]
+    states = queries.read_states(conn, rest) if rest else {}
+    for key in rest:
+        event = unique[key]
+        state, attempt, due_at, _owner, claim_until, *_ = states[key]
+        stale = state == RETRY_SCHEDULED and millis(event.due_at) != millis(due_at)
+        if state in TERMINAL or event.attempt < attempt or stale:
+            duplicates[key] += 1
+        elif state == CLAIMED:
+            result.conflicts.append(key)
+            result.backed_off.append(replace(event, due_at=claim_until))
+        else:
+            result.not_due.append(replace(event, due_at=due_at))
+
+
+def lease_external(conn, kind: CleanupKind, batch: list[ExpiryEvent], subjects: dict, result,
+                   *, before, worker, now, transitions) -> None:
+    """Keep the claims of subjects that still have a target: they go to `leased` with it, and the
+    lease is recorded as a transition. The others are already clean (the caller skips them)."""
+    targets = kind.external_effect.targets(conn, list(subjects.values()), now)
+    for event in batch:
+        if event.subject_id in targets:
+            result.leased.append(event)
+            result.targets[event.op_key] = targets[event.subject_id]
+            transitions.append(transition(
+                event.op_key, before[event.op_key][0], CLAIMED, before[event.op_key][1], worker, now,
+                replay_id=event.replay_id, correlation_id=event.correlation_id))
+
+
+def dead_letter_invalid(conn, invalid, result, *, kinds, topics, worker, now, before, positions,
+                        transitions, outbox, rng) -> None:
     """Invalid work is dead-lettered at once: the ledger row, a transition, a DLQ record and an
     outcome, all in this transaction."""
-    rows = []
-    for event, reason in invalid:
-        attempt = before[event.op_key][1] + 1
-        rows.append({"op_key": event.op_key, "state": DEAD_LETTER, "attempt": attempt,
-                     "due_at": event.due_at, "failure_class": "invalid", "failure": reason,
-                     "finished_at": now})
-        result.dead_lettered.append(event.op_key)
-        transitions.append(transition(
-            event.op_key, before[event.op_key][0], DEAD_LETTER, attempt, worker, now,
-            failure_class="invalid", reason=reason, replay_id=event.replay_id,
-            correlation_id=event.correlation_id))
-        outbox.append(outbox_row(
-            topics.dlq, event.op_key, "dead_letter",
-            dead_letter_payload(event, "invalid", reason, attempt, now, positions.get(event.op_key)),
-            now, headers={"failure_class": "invalid", "reason": reason[:200]}))
-        outbox.append(outbox_row(
-            topics.outcomes, event.op_key, "cleanup_outcome",
-            outcome_payload(event, DEAD_LETTER, attempt, now, worker, "invalid", reason), now))
-    queries.finish_with_failure(conn, rows, worker, now)
+    failed = [FailedAttempt(event, EffectFailure(INVALID, reason), before[event.op_key][0],
+                            before[event.op_key][1], positions.get(event.op_key))
+              for event, reason in invalid]
+    _, dead = record_failures(conn, failed, kinds=kinds, topics=topics, worker=worker, now=now,
+                              rng=rng, transitions=transitions, outbox=outbox)
+    result.dead_lettered.extend(dead)

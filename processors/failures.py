@@ -1,0 +1,91 @@
+"""Failure classification and the retry policy, in one place for every kind.
+
+An effect reports a failure by raising `EffectFailure` with one of four classes; anything else it
+raises is classified here. `decide` turns a failure into the next ledger step: a retry at a
+persisted time (full-jitter exponential backoff, or exactly the server's Retry-After), or a dead
+letter.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from lapse.kinds import CleanupKind
+
+RATE_LIMITED = "rate_limited"  # the far side said "slow down"; retry after it, no attempt burnt
+TEMPORARY = "temporary"        # try again later, up to the kind's attempt cap
+INVALID = "invalid"            # retrying cannot help: dead letter at once
+AMBIGUOUS = "ambiguous"        # the effect may have happened: retry only if it is idempotent
+EXHAUSTED = "exhausted"        # the dead-letter class once the attempt cap is reached
+
+CLASSES = (RATE_LIMITED, TEMPORARY, INVALID, AMBIGUOUS)
+
+
+class EffectFailure(Exception):
+    """A classified failure of an effect; `retry_after` (seconds) only for rate_limited."""
+
+    def __init__(self, failure_class: str, reason: str, retry_after: float | None = None):
+        if failure_class not in CLASSES:
+            raise ValueError(f"unknown failure class {failure_class!r}")
+        super().__init__(reason)
+        self.failure_class = failure_class
+        self.reason = reason
+        self.retry_after = retry_after
+
+
+def classify(exc: BaseException) -> EffectFailure:
+    """An EffectFailure for any exception: timeouts are ambiguous (the effect may have landed),
+    connection and OS errors temporary, value/type errors invalid, anything else ambiguous."""
+    if isinstance(exc, EffectFailure):
+        return exc
+    reason = f"{type(exc).__name__}: {exc}".replace("\n", " ")[:500]
+    if isinstance(exc, TimeoutError):
+        return EffectFailure(AMBIGUOUS, reason)
+    if isinstance(exc, (ConnectionError, OSError)):
+        return EffectFailure(TEMPORARY, reason)
+    if isinstance(exc, (ValueError, TypeError, KeyError)):
+        return EffectFailure(INVALID, reason)
+    return EffectFailure(AMBIGUOUS, reason)
+
+
+@dataclass(frozen=True)
+class Decision:
+    """The next ledger step for a failed attempt: retry at `due_at` with `attempt`, or dead letter."""
+
+    retry: bool
+    attempt: int          # the ledger's attempt count after this failure
+    failure_class: str    # as recorded; EXHAUSTED or the original class for a dead letter
+    reason: str
+    due_at: datetime | None = None
+
+
+def backoff_seconds(kind: CleanupKind, attempt: int, rng: random.Random) -> float:
+    """Full jitter: uniform in [0, min(cap, base * 2**attempt)]."""
+    return rng.uniform(0, min(kind.retry_cap_s, kind.retry_base_s * 2 ** attempt))
+
+
+def to_millis(ts: datetime) -> datetime:
+    """Drop sub-millisecond precision, so a due time survives Avro timestamp-millis unchanged."""
+    return ts.replace(microsecond=ts.microsecond // 1000 * 1000)
+
+
+def decide(kind: CleanupKind, attempt_before: int, failure: EffectFailure, now: datetime,
+           rng: random.Random) -> Decision:
+    """What to do after `failure` on the attempt following `attempt_before` earlier ones."""
+    cls, reason = failure.failure_class, failure.reason
+    if cls == RATE_LIMITED:
+        wait = failure.retry_after if failure.retry_after is not None else backoff_seconds(
+            kind, attempt_before, rng)
+        return Decision(True, attempt_before, cls, reason, to_millis(now + timedelta(seconds=wait)))
+    attempt = attempt_before + 1
+    if cls == INVALID:
+        return Decision(False, attempt, cls, reason)
+    if cls == AMBIGUOUS and not kind.idempotent_effect:
+        return Decision(False, attempt, cls, f"{reason} (effect not idempotent: a person must check)")
+    if attempt >= kind.max_attempts:
+        return Decision(False, attempt, EXHAUSTED,
+                        f"{attempt} attempts failed, last: {cls}: {reason}")
+    wait = backoff_seconds(kind, attempt, rng)
+    return Decision(True, attempt, cls, reason, to_millis(now + timedelta(seconds=wait)))
