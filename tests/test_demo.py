@@ -1,0 +1,27 @@
+"""`lapse demo` on its embedded default: the tansu broker and an SQLite file."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+
+def test_demo_on_embedded_broker_and_sqlite_proves_one_effect_per_op_key(embedded_bootstrap, tmp_path):
+    # The demo starts its own embedded broker; the session fixture proves the binary is there
+    # and fails the run with the reason if it is not.
+    assert embedded_bootstrap
+    run = subprocess.run(
+        [sys.executable, "-m", "lapse", "demo", "--reservations", "300", "--workers", "2",
+         "--state-dir", str(tmp_path), "--json", "--timeout", "120"],
+        capture_output=True, timeout=240, cwd=tmp_path,
+    )
+    assert run.returncode == 0, run.stderr.decode()[-3000:]
+    summary = json.loads(run.stdout)
+    assert summary["ok"] is True
+    assert summary["expired"] == 210
+    assert summary["released"] == 210 - summary["paid_after_event"]
+    assert summary["skipped"] == summary["paid_after_event"] > 0
+    assert summary["duplicates_absorbed"] >= summary["duplicates_injected"] > 0
+    assert summary["outcomes_published"] >= summary["expired"]
+    assert all(summary["checks"].values())
