@@ -1,0 +1,29 @@
+"""The CLI: every setting flag names its env var in --help; a wrong value is one clear line."""
+
+from __future__ import annotations
+
+from click.testing import CliRunner
+
+from lapse.cli import main
+
+
+def test_help_shows_each_flags_env_var():
+    result = CliRunner().invoke(main, ["process", "--help"])
+    assert result.exit_code == 0
+    for var in ("LAPSE_BOOTSTRAP_SERVERS", "LAPSE_DATABASE_URL", "LAPSE_BATCH_SIZE"):
+        assert var in result.output
+
+
+def test_wrong_setting_is_one_line_naming_the_variable():
+    result = CliRunner().invoke(main, ["sweep", "--once", "--page-size", "0"])
+    assert result.exit_code == 2
+    last = result.output.strip().splitlines()[-1]
+    assert "sweep_page_size" in last and "LAPSE_SWEEP_PAGE_SIZE" in last
+
+
+def test_wrong_env_value_is_reported_too(monkeypatch):
+    monkeypatch.setenv("LAPSE_SECURITY_PROTOCOL", "CARRIER_PIGEON")
+    result = CliRunner().invoke(main, ["sweep", "--once"])
+    assert result.exit_code == 2
+    assert "LAPSE_SECURITY_PROTOCOL" in result.output
+    assert "Traceback" not in result.output
