@@ -1,0 +1,219 @@
+"""The reconciler: rescan business tables and the ledger for work that lapsed but was forgotten.
+
+Independently of the sweep's cursor it finds, past a grace period: eligible rows with no ledger row,
+and ledger rows stuck in `pending`, `claimed` (lease long expired) or `retry_scheduled` (due long
+ago). It re-emits them with `source=reconciler` the normal way (ledger first, then produce to
+lapse.expiry and flush), paced by a token bucket. An `applied` or `skipped` row whose business
+record still looks eligible is an anomaly: reported, never fixed here.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime, timedelta
+
+from confluent_kafka import Producer
+from sqlalchemy import Engine
+
+from lapse.codec import Codec
+from lapse.kafka_clients import DeliveryTracker
+from lapse.kinds import CleanupKind
+from lapse.ledger import APPLIED, PENDING, SKIPPED, ExpiryEvent, new_correlation_id
+from lapse.ledger_queries import insert_pending, record_transitions, transition
+from lapse.logs import get_logger
+from lapse.settings import Settings
+from reconciler import queries
+from reconciler.token_bucket import TokenBucket
+
+log = get_logger("reconciler")
+
+SOURCE = "reconciler"
+ACTOR = "reconciler"
+NO_LEDGER = "no_ledger"
+ANOMALY_REASONS = {APPLIED: "applied_but_eligible", SKIPPED: "skipped_but_eligible"}
+MAX_ANOMALY_KEYS = 100
+
+
+@dataclass
+class ReconcileReport:
+    """What one pass saw and did; `anomaly_keys` lists at most MAX_ANOMALY_KEYS op keys."""
+
+    scanned: int = 0
+    ledger_scanned: int = 0
+    pages: int = 0
+    gaps: dict[str, int] = field(default_factory=dict)
+    reemitted: int = 0
+    anomalies: dict[str, int] = field(default_factory=dict)
+    anomaly_keys: list[str] = field(default_factory=list)
+
+    def count(self, bucket: dict[str, int], reason: str, n: int = 1) -> None:
+        bucket[reason] = bucket.get(reason, 0) + n
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+class Reconciler:
+    """One reconciler process's state: clients, kinds, clock and pacing; `run_once` is one pass."""
+
+    def __init__(self, engine: Engine, producer: Producer, codec: Codec, settings: Settings,
+                 kinds: dict[str, CleanupKind], *,
+                 clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+                 bucket: TokenBucket | None = None) -> None:
+        self.engine = engine
+        self.producer = producer
+        self.codec = codec
+        self.settings = settings
+        self.kinds = kinds
+        self.clock = clock
+        self.bucket = bucket or TokenBucket(settings.reconcile_rate)
+        self.delivery = DeliveryTracker()
+        self.page_size = settings.reconcile_page_size
+
+    def run_once(self) -> ReconcileReport:
+        """One full pass: every kind's business table, then the stuck ledger states."""
+        report = ReconcileReport()
+        now = self.clock()
+        cutoff = now - timedelta(seconds=self.settings.reconcile_grace_s)
+        for kind in self.kinds.values():
+            self._scan_kind(kind, cutoff, now, report)
+        for state in queries.STUCK_REASONS:
+            self._scan_stuck(state, cutoff, now, report)
+        log.info("reconcile pass", extra={k: v for k, v in report.to_dict().items() if k != "anomaly_keys"})
+        return report
+
+    def _scan_kind(self, kind: CleanupKind, cutoff: datetime, now: datetime,
+                   report: ReconcileReport) -> None:
+        cursor = None
+        while True:
+            with self.engine.connect() as conn:
+                rows = queries.eligible_page(conn, kind, cutoff, cursor, self.page_size)
+                states = queries.ledger_states(conn, kind.name, [r.subject_id for r in rows])
+            if not rows:
+                return
+            report.pages += 1
+            report.scanned += len(rows)
+            missing = []
+            for row in rows:
+                state = states.get(row.subject_id)
+                if state is None:
+                    missing.append(row)
+                elif state in ANOMALY_REASONS:
+                    self._anomaly(report, ANOMALY_REASONS[state], kind.op_key(row.subject_id))
+            if missing:
+                self._reemit_missing(kind, missing, now, report)
+            cursor = rows[-1].cursor
+            if len(rows) < self.page_size:
+                return
+
+    def _anomaly(self, report: ReconcileReport, reason: str, key: str) -> None:
+        report.count(report.anomalies, reason)
+        if len(report.anomaly_keys) < MAX_ANOMALY_KEYS:
+            report.anomaly_keys.append(key)
+        log.warning("ledger says done but the business row is still eligible",
+                    extra={"op_key": key, "reason": reason})
+
+    def _reemit_missing(self, kind: CleanupKind, rows, now: datetime, report: ReconcileReport) -> None:
+        events = [ExpiryEvent(op_key=kind.op_key(r.subject_id), kind=kind.name, tenant=r.tenant,
+                              subject_id=r.subject_id, due_at=r.due_at,
+                              correlation_id=new_correlation_id(), source=SOURCE) for r in rows]
+        self.bucket.take(len(events))
+        with self.engine.begin() as conn:
+            created = set(insert_pending(conn, events, now))
+            record_transitions(conn, [
+                transition(e.op_key, None, PENDING, 0, ACTOR, now, reason=NO_LEDGER,
+                           correlation_id=e.correlation_id)
+                for e in events if e.op_key in created])
+        fresh = [e for e in events if e.op_key in created]  # the others: the sweep got there first
+        report.count(report.gaps, NO_LEDGER, len(fresh))
+        self._produce(fresh, now, report)
+
+    def _scan_stuck(self, state: str, cutoff: datetime, now: datetime, report: ReconcileReport) -> None:
+        reason = queries.STUCK_REASONS[state]
+        cursor = None
+        while True:
+            with self.engine.connect() as conn:
+                rows = queries.stuck_page(conn, state, cutoff, cursor, self.page_size)
+            if not rows:
+                return
+            report.pages += 1
+            report.ledger_scanned += len(rows)
+            self.bucket.take(len(rows))
+            with self.engine.begin() as conn:
+                marked = queries.touch_if_still_stuck(conn, [r.op_key for r in rows], state, cutoff, now)
+                record_transitions(conn, [
+                    transition(r.op_key, state, state, r.attempt, ACTOR, now, reason=reason,
+                               replay_id=r.replay_id, correlation_id=r.correlation_id)
+                    for r in rows if r.op_key in marked])
+            events = [ExpiryEvent(op_key=r.op_key, kind=r.kind, tenant=r.tenant,
+                                  subject_id=r.subject_id, due_at=r.due_at,
+                                  correlation_id=r.correlation_id, source=SOURCE,
+                                  attempt=r.attempt, replay_id=r.replay_id)
+                      for r in rows if r.op_key in marked]
+            report.count(report.gaps, reason, len(events))
+            self._produce(events, now, report)
+            cursor = (rows[-1].due_at, rows[-1].op_key)
+            if len(rows) < self.page_size:
+                return
+
+    def _produce(self, events: list[ExpiryEvent], now: datetime, report: ReconcileReport) -> None:
+        """Produce to lapse.expiry and flush; a failure raises DeliveryFailed and the ledger rows,
+        already marked, come back to a later pass once the grace period has passed again."""
+        if not events:
+            return
+        for event in events:
+            self.producer.produce(self.settings.expiry_topic, key=event.op_key.encode(),
+                                  value=self.codec.encode("expiry_event", event.to_record(now)),
+                                  on_delivery=self.delivery)
+            self.producer.poll(0)
+        self.delivery.flush(self.producer)
+        report.reemitted += len(events)
+        for event in events:
+            log.debug("re-emitted", extra={"op_key": event.op_key, "correlation_id": event.correlation_id})
+
+
+def reconcile_once(engine: Engine, producer: Producer, codec: Codec, settings: Settings,
+                   kinds: dict[str, CleanupKind], *,
+                   clock: Callable[[], datetime] = lambda: datetime.now(UTC)) -> ReconcileReport:
+    """The reconcile entry point: one pass with the settings' grace, page size and rate."""
+    return Reconciler(engine, producer, codec, settings, kinds, clock=clock).run_once()
+
+
+def scan_rate(engine: Engine, producer: Producer, codec: Codec, settings: Settings,
+              kinds: dict[str, CleanupKind]) -> tuple[ReconcileReport, float]:
+    """One pass and the rows it scanned per second (business plus ledger rows), for benchmarks."""
+    started = time.perf_counter()
+    report = reconcile_once(engine, producer, codec, settings, kinds)
+    elapsed = time.perf_counter() - started
+    return report, (report.scanned + report.ledger_scanned) / elapsed if elapsed > 0 else 0.0
+
+
+def run_reconcile_role(settings: Settings, kwargs: dict) -> None:
+    """The `reconcile` role of `lapse run` (and `lapse reconcile` without --once): a pass every
+    `reconcile_interval_s` until SIGTERM/SIGINT; a failed pass is logged and retried next time."""
+    import signal
+    import threading
+
+    from lapse.database import engine_from_settings
+    from lapse.kafka_clients import make_producer
+    from lapse.kinds import registry
+
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    engine = engine_from_settings(settings)
+    producer = make_producer(settings)
+    reconciler = Reconciler(engine, producer, Codec.from_settings(settings), settings,
+                            registry(settings.extra_kinds))
+    try:
+        while not stop.is_set():
+            try:
+                reconciler.run_once()
+            except Exception:  # noqa: BLE001 - the next pass retries; nothing is lost meanwhile
+                log.exception("reconcile pass failed")
+            stop.wait(settings.reconcile_interval_s)
+    finally:
+        producer.flush(10)
+        engine.dispose()

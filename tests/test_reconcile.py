@@ -1,0 +1,181 @@
+"""The reconciler on Apache Kafka and PostgreSQL: gaps behind the pipeline's back, a sweep whose
+produce failed, a race with the sweep; final state in the ledger, the business rows and the topic."""
+
+from __future__ import annotations
+
+import threading
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from click.testing import CliRunner
+from sqlalchemy import func, insert, select
+
+from lapse.cli import main
+from lapse.codec import Codec
+from lapse.demo_data import add_reservations
+from lapse.kafka_clients import DeliveryFailed, make_producer
+from lapse.kinds import registry
+from lapse.models import cleanup_ledger, ledger_transitions, reservations
+from processors.worker import CleanupWorker
+from producers.sweep import sweep_once
+from reconciler.scan import Reconciler, reconcile_once
+from reconciler.token_bucket import TokenBucket
+from tests.pipeline_env import pipeline, read_topic  # noqa: F401  (fixture)
+
+KIND = "release-reservation"
+
+
+def keys_on_topic(p, topic=None) -> list[str]:
+    records = read_topic(p.settings.bootstrap_servers, topic or p.settings.expiry_topic)
+    return [p.codec.decode_expected("expiry_event", m.value())["op_key"] for m in records]
+
+
+def statuses(engine, ids) -> set[str]:
+    with engine.connect() as conn:
+        return set(conn.execute(select(reservations.c.status).where(reservations.c.id.in_(ids))).scalars())
+
+
+def reconciler(p, settings=None, clock=None) -> Reconciler:
+    settings = settings or p.settings
+    kwargs = {"clock": clock} if clock else {}
+    return Reconciler(p.engine, make_producer(settings), p.codec, settings,
+                      registry(settings.extra_kinds), **kwargs)
+
+
+def test_gaps_behind_the_pipelines_back_are_found_cleaned_and_then_gone(pipeline):
+    p = pipeline
+    now = datetime.now(UTC)
+    with p.engine.begin() as conn:
+        gaps = add_reservations(conn, 5, expires_at=now - timedelta(hours=1))
+        add_reservations(conn, 3, expires_at=now + timedelta(hours=1))  # not due
+        add_reservations(conn, 2, status="paid", expires_at=now - timedelta(hours=1))  # not eligible
+        recent = add_reservations(conn, 2, expires_at=now - timedelta(seconds=10))  # inside grace
+        (odd,) = add_reservations(conn, 1, expires_at=now - timedelta(hours=1))
+        conn.execute(insert(cleanup_ledger).values(
+            op_key=f"{KIND}:{odd}", kind=KIND, tenant="t", subject_id=str(odd), state="applied",
+            due_at=now - timedelta(hours=1), correlation_id="c", source="sweep",
+            created_at=now, updated_at=now))
+
+    first = reconciler(p).run_once()
+    assert first.gaps == {"no_ledger": 5}
+    assert first.reemitted == 5
+    assert first.anomalies == {"applied_but_eligible": 1}
+    assert first.anomaly_keys == [f"{KIND}:{odd}"]
+    assert sorted(keys_on_topic(p)) == sorted(f"{KIND}:{i}" for i in gaps)
+
+    CleanupWorker(p.settings).run(exit_when_idle=1.0)
+    assert statuses(p.engine, gaps) == {"released"}
+    assert statuses(p.engine, recent) == {"held"}  # the sweep's job, not yet the reconciler's
+    with p.engine.connect() as conn:
+        rows = conn.execute(select(cleanup_ledger.c.state, cleanup_ledger.c.source).where(
+            cleanup_ledger.c.subject_id.in_([str(i) for i in gaps]))).all()
+    assert rows == [("applied", "reconciler")] * 5
+
+    second = reconciler(p).run_once()
+    assert (second.gaps, second.reemitted) == ({}, 0)
+    assert second.anomalies == {"applied_but_eligible": 1}  # reported again, never "fixed"
+    assert len(keys_on_topic(p)) == 5
+
+
+def test_sweep_whose_produce_failed_is_recovered_after_the_grace_period_only(pipeline):
+    p = pipeline
+    t0 = datetime.now(UTC).replace(microsecond=0)
+    with p.engine.begin() as conn:
+        ids = add_reservations(conn, 3, expires_at=t0 - timedelta(minutes=1))
+    dead = p.with_(bootstrap_servers="127.0.0.1:1")
+    producer = make_producer(dead, **{"message.timeout.ms": 1000})
+    with pytest.raises(DeliveryFailed):
+        sweep_once(p.engine, producer, p.codec, dead, registry(), clock=lambda: t0)
+    with p.engine.connect() as conn:
+        assert conn.execute(select(func.count()).select_from(cleanup_ledger)
+                            .where(cleanup_ledger.c.state == "pending")).scalar() == 3
+
+    grace = p.settings.reconcile_grace_s
+    early = reconciler(p, clock=lambda: t0 + timedelta(seconds=grace - 1)).run_once()
+    assert (early.gaps, early.reemitted) == ({}, 0)
+    assert keys_on_topic(p) == []
+
+    late = reconciler(p, clock=lambda: t0 + timedelta(seconds=grace + 1)).run_once()
+    assert late.gaps == {"stuck_pending": 3}
+    assert sorted(keys_on_topic(p)) == sorted(f"{KIND}:{i}" for i in ids)
+    with p.engine.connect() as conn:
+        audit = conn.execute(select(ledger_transitions.c.reason, ledger_transitions.c.actor)).all()
+    assert audit == [("stuck_pending", "reconciler")] * 3
+
+    again = reconciler(p, clock=lambda: t0 + timedelta(seconds=grace + 2)).run_once()
+    assert again.reemitted == 0  # just re-emitted: it gets another grace period
+
+
+def test_reconciler_racing_the_sweep_still_gives_one_effect_per_op_key(pipeline):
+    p = pipeline
+    now = datetime.now(UTC)
+    with p.engine.begin() as conn:
+        ids = add_reservations(conn, 300, expires_at=now - timedelta(hours=1))
+    settings = p.with_(reconcile_grace_s=0.0, reconcile_page_size=50, sweep_page_size=50)
+    start = threading.Barrier(2)
+    out = {}
+
+    def sweep():
+        start.wait()
+        out["sweep"] = sweep_once(p.engine, make_producer(settings), p.codec, settings, registry())
+
+    def reconcile():
+        start.wait()
+        out["reconcile"] = reconcile_once(p.engine, make_producer(settings), p.codec, settings,
+                                          registry())
+
+    threads = [threading.Thread(target=sweep), threading.Thread(target=reconcile)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    # ON CONFLICT DO NOTHING: each op key's pending row was created by exactly one of them.
+    assert out["sweep"].emitted + out["reconcile"].gaps.get("no_ledger", 0) == 300
+
+    CleanupWorker(p.settings).run(exit_when_idle=1.0)
+    assert statuses(p.engine, ids) == {"released"}
+    with p.engine.connect() as conn:
+        applied = conn.execute(
+            select(ledger_transitions.c.op_key, func.count())
+            .where(ledger_transitions.c.to_state == "applied")
+            .group_by(ledger_transitions.c.op_key)).all()
+        states = conn.execute(select(cleanup_ledger.c.state, func.count())
+                              .group_by(cleanup_ledger.c.state)).all()
+    assert len(applied) == 300 and {n for _, n in applied} == {1}
+    assert states == [("applied", 300)]
+    assert len(keys_on_topic(p)) >= 300
+
+
+def test_token_bucket_paces_a_burst_without_real_sleeping():
+    now = [0.0]
+    bucket = TokenBucket(100, burst=10, clock=lambda: now[0], sleep=lambda s: now.__setitem__(0, now[0] + s))
+    bucket.take(10)
+    assert now[0] == 0.0
+    bucket.take(50)
+    assert now[0] == pytest.approx(0.5)
+    now[0] += 0.05
+    bucket.take(5)
+    assert now[0] == pytest.approx(0.55)
+
+
+def test_bad_grace_is_a_one_line_error():
+    result = CliRunner().invoke(main, ["reconcile", "--once", "--grace", "five minutes"])
+    assert result.exit_code == 2
+    assert "'five minutes' is not a duration like 30s, 5m, 1h or 2d" in result.output
+    assert "Traceback" not in result.output
+
+
+def test_codec_reads_what_the_reconciler_writes(pipeline):
+    """Guard: the reconciler's records carry source=reconciler and the ledger's correlation id."""
+    p = pipeline
+    now = datetime.now(UTC)
+    with p.engine.begin() as conn:
+        (rid,) = add_reservations(conn, 1, expires_at=now - timedelta(hours=1))
+    reconcile_once(p.engine, make_producer(p.settings), Codec.from_settings(p.settings), p.settings,
+                   registry())
+    (msg,) = read_topic(p.settings.bootstrap_servers, p.settings.expiry_topic)
+    record = p.codec.decode_expected("expiry_event", msg.value())
+    with p.engine.connect() as conn:
+        corr = conn.execute(select(cleanup_ledger.c.correlation_id)).scalar()
+    assert (record["source"], record["correlation_id"], msg.key()) == (
+        "reconciler", corr, f"{KIND}:{rid}".encode())
