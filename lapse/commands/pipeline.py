@@ -94,11 +94,14 @@ def relay(settings, exit_when_idle: float | None) -> None:
 
 
 def pipeline_roles(workers: int) -> list:
-    """The smallest topology: a sweep, `workers` processors and a relay."""
+    """The smallest topology: a sweep, `workers` processors, a relay and a reconciler."""
     from lapse.supervisor import Role, run_relay_role, run_sweep_role, run_worker
 
     roles = [Role("sweep", run_sweep_role, {}), Role("relay", run_relay_role, {})]
     roles += [Role(f"process-{i}", run_worker, {}) for i in range(workers)]
+    from reconciler.scan import run_reconcile_role
+
+    roles.append(Role("reconcile", run_reconcile_role, {}))  # its own, slower interval
     return roles
 
 
