@@ -1,0 +1,83 @@
+"""The application's publish path: schedule a cleanup inside the application's own transaction.
+
+`schedule_cleanup` writes a `pending` ledger row and an outbox row in the caller's transaction, so
+the expiry event exists if and only if the business change commits; the outbox relay publishes it.
+Work that is not due yet goes to the delay tier that covers the wait, with its `lapse-due-at` header.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+from sqlalchemy import Connection
+from sqlalchemy.orm import Session
+
+from lapse.delays import TARGET_HEADER, choose_tier, due_header
+from lapse.kinds import CleanupKind, registry
+from lapse.ledger import ExpiryEvent, new_correlation_id, op_key
+from lapse.ledger_queries import insert_outbox, insert_pending, millis, outbox_row
+from lapse.settings import Settings, load_settings
+from lapse.topics import delay_tiers
+
+SOURCE = "publish"
+_tier_cache: dict[tuple[str, str], list[tuple[str, int]]] = {}
+
+
+def expiry_payload(event: ExpiryEvent, now: datetime) -> dict:
+    """An expiry_event record for the JSON outbox: timestamps as epoch milliseconds."""
+    record = event.to_record(now)
+    record["due_at"] = millis(event.due_at)
+    record["produced_at"] = millis(now)
+    return record
+
+
+def _tiers(settings: Settings) -> list[tuple[str, int]]:
+    key = (str(settings.topics_file), settings.delay_topic_prefix)
+    if key not in _tier_cache:
+        _tier_cache[key] = delay_tiers(settings)
+    return _tier_cache[key]
+
+
+def _connection(conn_or_session: Connection | Session) -> Connection:
+    return conn_or_session.connection() if isinstance(conn_or_session, Session) else conn_or_session
+
+
+def schedule_cleanup(
+    conn_or_session: Connection | Session,
+    kind: str | CleanupKind,
+    subject_id: str | int,
+    tenant: str,
+    due_at: datetime,
+    *,
+    correlation_id: str | None = None,
+    settings: Settings | None = None,
+    now: datetime | None = None,
+) -> bool:
+    """Record cleanup work for `subject_id` in the caller's transaction; commit is the caller's.
+
+    Idempotent per op key: returns False (and writes nothing) when the op key already has a
+    ledger row. Raises ValueError for an unknown kind, a malformed subject or a naive `due_at`.
+    """
+    settings = settings or load_settings()
+    name = kind.name if isinstance(kind, CleanupKind) else kind
+    if name not in registry(settings.extra_kinds):
+        raise ValueError(f"unknown cleanup kind {name!r}")
+    if due_at.tzinfo is None:
+        raise ValueError("due_at must be timezone-aware")
+    now = now or datetime.now(UTC)
+    event = ExpiryEvent(
+        op_key=op_key(name, subject_id), kind=name, tenant=tenant, subject_id=str(subject_id),
+        due_at=due_at, correlation_id=correlation_id or new_correlation_id(), source=SOURCE,
+    )
+    conn = _connection(conn_or_session)
+    if not insert_pending(conn, [event], now):
+        return False
+    topic, headers = settings.expiry_topic, {}
+    if due_at > now:
+        tier = choose_tier(_tiers(settings), (due_at - now).total_seconds())
+        topic = settings.delay_topic(tier)
+        header, value = due_header(due_at)
+        headers = {header: value.decode(), TARGET_HEADER: settings.expiry_topic}
+    insert_outbox(conn, [outbox_row(topic, event.op_key, "expiry_event",
+                                    expiry_payload(event, now), now, headers)])
+    return True
