@@ -7,7 +7,7 @@ until the due time in its `lapse-due-at` header, then forwards it to `lapse.expi
 from __future__ import annotations
 
 from collections.abc import Sequence
-from datetime import datetime
+from datetime import UTC, datetime
 
 DUE_AT_HEADER = "lapse-due-at"
 TARGET_HEADER = "lapse-target"
@@ -28,3 +28,23 @@ def choose_tier(tiers: Sequence[tuple[str, int]], wait_seconds: float) -> str:
 
 def due_header(due_at: datetime) -> tuple[str, bytes]:
     return DUE_AT_HEADER, str(int(due_at.timestamp() * 1000)).encode()
+
+
+def parse_due(headers) -> datetime | None:
+    """The `lapse-due-at` time of a record's headers (list of (key, bytes)), or None."""
+    for key, value in headers or ():
+        if key == DUE_AT_HEADER and value:
+            try:
+                return datetime.fromtimestamp(int(value) / 1000, UTC)
+            except ValueError:
+                return None
+    return None
+
+
+def delay_record(tiers: Sequence[tuple[str, int]], prefix: str, due_at: datetime, now: datetime,
+                 target: str) -> tuple[str, list[tuple[str, bytes]]]:
+    """Where a record not due before `due_at` waits: (delay topic, headers for the tier consumer).
+
+    Producers' `not_before` and the processors' retries and early wake-ups all use this."""
+    tier = choose_tier(tiers, (due_at - now).total_seconds())
+    return f"{prefix}{tier}", [due_header(due_at), (TARGET_HEADER, target.encode())]

@@ -18,7 +18,7 @@ from sqlalchemy import Engine
 from sqlalchemy.exc import OperationalError
 
 from lapse.codec import Codec
-from lapse.delays import TARGET_HEADER, choose_tier, due_header
+from lapse.delays import delay_record
 from lapse.kafka_clients import DeliveryTracker
 from lapse.kinds import CleanupKind
 from lapse.ledger import ExpiryEvent
@@ -161,13 +161,11 @@ def _produce_poison(ctx: BatchContext, item: Poison, now: datetime) -> None:
 
 
 def _produce_delayed(ctx: BatchContext, event: ExpiryEvent, now: datetime) -> None:
-    tier = choose_tier(ctx.tiers, (event.due_at - now).total_seconds())
-    ctx.producer.produce(
-        ctx.settings.delay_topic(tier), key=event.op_key.encode(),
-        value=ctx.codec.encode("expiry_event", event.to_record(now)),
-        headers=[due_header(event.due_at), (TARGET_HEADER, ctx.settings.expiry_topic.encode())],
-        on_delivery=ctx.delivery,
-    )
+    topic, headers = delay_record(ctx.tiers, ctx.settings.delay_topic_prefix, event.due_at, now,
+                                  ctx.settings.expiry_topic)
+    ctx.producer.produce(topic, key=event.op_key.encode(),
+                         value=ctx.codec.encode("expiry_event", event.to_record(now)),
+                         headers=headers, on_delivery=ctx.delivery)
 
 
 def _crash_if(point: str, settings: Settings) -> None:

@@ -14,7 +14,7 @@ from datetime import datetime
 
 from sqlalchemy import Connection, select
 
-from lapse.delays import DUE_AT_HEADER, TARGET_HEADER, choose_tier
+from lapse.delays import delay_record
 from lapse.kinds import CleanupKind
 from lapse.ledger import DEAD_LETTER, RETRY_SCHEDULED, ExpiryEvent
 from lapse.ledger_queries import millis, outbox_row, transition
@@ -53,12 +53,12 @@ def history(conn: Connection, op_keys: list[str]) -> dict[str, list[dict]]:
 
 def wakeup_row(event: ExpiryEvent, due_at: datetime, attempt: int, now: datetime, *, topics) -> dict:
     """An outbox row that puts `event` on the smallest delay tier covering the wait."""
-    tier = choose_tier(topics.tiers, (due_at - now).total_seconds())
+    topic, headers = delay_record(topics.tiers, topics.delay_prefix, due_at, now, topics.expiry)
     woken = replace(event, due_at=due_at, attempt=attempt, source="retry")
     payload = woken.to_record(now)
     payload["due_at"], payload["produced_at"] = millis(due_at), millis(now)
-    return outbox_row(f"{topics.delay_prefix}{tier}", event.op_key, "expiry_event", payload, now,
-                      headers={DUE_AT_HEADER: millis(due_at), TARGET_HEADER: topics.expiry})
+    return outbox_row(topic, event.op_key, "expiry_event", payload, now,
+                      headers={k: v.decode() for k, v in headers})
 
 
 def record_failures(conn: Connection, failed: list[FailedAttempt], *, kinds: dict[str, CleanupKind],

@@ -161,7 +161,7 @@ def test_rate_limited_schedules_exactly_retry_after_and_keeps_the_attempt(engine
     assert r["due_at"] == T0 + timedelta(seconds=42)
     (wake,) = outbox_rows(engine, "lapse.delay.")
     assert wake["topic"] == "lapse.delay.2m"  # the smallest tier covering 42 s
-    assert wake["headers"]["lapse-due-at"] == int((T0 + timedelta(seconds=42)).timestamp() * 1000)
+    assert wake["headers"]["lapse-due-at"] == str(int((T0 + timedelta(seconds=42)).timestamp() * 1000))
     assert wake["headers"]["lapse-target"] == "lapse.expiry"
 
 

@@ -1,0 +1,48 @@
+"""`lapse delay` on Apache Kafka: nothing leaves a tier early, and a held partition holds only itself."""
+
+from __future__ import annotations
+
+import threading
+import time
+from datetime import UTC, datetime, timedelta
+
+from confluent_kafka import Producer
+
+from lapse.delays import TARGET_HEADER, due_header, parse_due
+from processors.delay_worker import DelayWorker
+from tests.pipeline_env import committed, pipeline, read_topic  # noqa: F401
+
+
+def test_delay_tier_forwards_when_due_and_a_held_partition_holds_only_itself(pipeline):
+    s = pipeline.settings
+    tier = s.delay_topic("30s")
+    now = datetime.now(UTC)
+    target = [(TARGET_HEADER, s.expiry_topic.encode())]
+    producer = Producer({"bootstrap.servers": s.bootstrap_servers})
+    plan = [  # (partition, key, due)
+        (0, b"far", now + timedelta(hours=1)),       # head of partition 0: holds it
+        (0, b"behind-far", now - timedelta(seconds=1)),  # due, but waits behind its head
+        (1, b"soon", now + timedelta(seconds=2)),
+        (1, b"already", now - timedelta(seconds=1)),
+    ]
+    for part, key, due in plan:
+        producer.produce(tier, key=key, value=b"v-" + key, partition=part,
+                         headers=[due_header(due), *target])
+    assert producer.flush(10) == 0
+
+    worker = DelayWorker(s, topics=[tier])
+    thread = threading.Thread(target=worker.run)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while worker.forwarded < 2 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    worker.stop.set()
+    thread.join(30)
+
+    out = read_topic(s.bootstrap_servers, s.expiry_topic)
+    assert sorted(m.key() for m in out) == [b"already", b"soon"]
+    for msg in out:  # forwarded no earlier than its due time (producer CreateTime)
+        assert msg.timestamp()[1] >= int(parse_due(msg.headers()).timestamp() * 1000)
+        assert msg.value() == b"v-" + msg.key()
+    offsets = committed(s.bootstrap_servers, s.delay_group, tier, 2)
+    assert offsets[1] == 2 and offsets[0] < 0  # partition 0 committed nothing past its held head
