@@ -1,0 +1,95 @@
+"""Operator replay of dead letters on PostgreSQL: bounded, audited, one replay id, never a loop."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime, timedelta
+
+from click.testing import CliRunner
+from sqlalchemy import func, select
+
+from lapse.cli import main
+from lapse.database import make_engine
+from lapse.kinds import registry
+from lapse.ledger import ExpiryEvent
+from lapse.models import cleanup_ledger, ledger_transitions, outbox
+from processors.dlq_queries import Selection, replay
+from processors.rules import Topics, apply_batch
+
+NOW = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
+TOPICS = Topics(outcomes="lapse.outcomes", dlq="lapse.dlq")
+
+
+def bad_event(i: int, tenant: str, **kw) -> ExpiryEvent:
+    """A release-reservation with a non-numeric subject: dead-lettered as invalid at once."""
+    return ExpiryEvent(op_key=f"release-reservation:x{i}", kind="release-reservation", tenant=tenant,
+                       subject_id=f"x{i}", due_at=NOW - timedelta(minutes=1), correlation_id=f"c{i}", **kw)
+
+
+def process(engine, events, now=NOW):
+    with engine.begin() as conn:
+        return apply_batch(conn, events, kinds=registry(), topics=TOPICS, worker="w", now=now,
+                           lease=timedelta(seconds=30))
+
+
+def replayed_events(engine, replay_id) -> list[ExpiryEvent]:
+    with engine.connect() as conn:
+        payloads = conn.execute(select(outbox.c.payload).where(
+            outbox.c.topic == "lapse.expiry", outbox.c.headers["replay_id"].as_string() == replay_id)).scalars()
+        return [ExpiryEvent(op_key=p["op_key"], kind=p["kind"], tenant=p["tenant"],
+                            subject_id=p["subject_id"], due_at=datetime.fromtimestamp(p["due_at"] / 1000, UTC),
+                            correlation_id=p["correlation_id"], source=p["source"],
+                            attempt=p["attempt"], replay_id=p["replay_id"]) for p in payloads]
+
+
+def test_replay_releases_exactly_the_selection_once_and_failures_return_for_good(pg_url):
+    engine = make_engine(pg_url)
+    process(engine, [bad_event(i, "t-bad" if i % 10 == 0 else "t-ok") for i in range(100)])
+    with engine.begin() as conn:
+        replay_id, released = replay(conn, Selection(tenant="t-bad"), limit=50, reason="fixed parser",
+                                     actor="alice", now=NOW + timedelta(hours=1), expiry_topic="lapse.expiry")
+    assert sorted(r["op_key"] for r in released) == sorted(f"release-reservation:x{i}" for i in range(0, 100, 10))
+    with engine.connect() as conn:
+        rows = conn.execute(select(cleanup_ledger.c.state, cleanup_ledger.c.replay_id, func.count())
+                            .group_by(cleanup_ledger.c.state, cleanup_ledger.c.replay_id)).all()
+        audit = conn.execute(select(ledger_transitions.c.actor, ledger_transitions.c.reason)
+                             .where(ledger_transitions.c.replay_id == replay_id)).all()
+    assert sorted(rows) == [("dead_letter", None, 90), ("pending", replay_id, 10)]
+    assert set(audit) == {("alice", "fixed parser")} and len(audit) == 10
+
+    with engine.begin() as conn:  # the same selection again: nothing left to release
+        assert replay(conn, Selection(tenant="t-bad"), limit=50, reason="again", actor="alice",
+                      now=NOW + timedelta(hours=1), expiry_topic="lapse.expiry")[1] == []
+
+    events = replayed_events(engine, replay_id)
+    assert len(events) == 10 and {e.source for e in events} == {"replay"}
+    result = process(engine, events, now=NOW + timedelta(hours=2))  # still bad: back to the DLQ
+    assert len(result.dead_lettered) == 10
+    with engine.connect() as conn:
+        states = conn.execute(select(cleanup_ledger.c.state).where(
+            cleanup_ledger.c.replay_id == replay_id).distinct()).scalars().all()
+        dlq = conn.execute(select(outbox.c.payload).where(
+            outbox.c.topic == "lapse.dlq", outbox.c.key == "release-reservation:x10")
+            .order_by(outbox.c.id)).scalars().all()
+    assert states == ["dead_letter"]
+    assert dlq[-1]["replay_id"] == replay_id and len(dlq[-1]["history"]) == 2  # both failures
+    with engine.begin() as conn:  # failed replays stay dead: no loop without an explicit opt-in
+        assert replay(conn, Selection(tenant="t-bad"), limit=50, reason="again", actor="alice",
+                      now=NOW + timedelta(hours=3), expiry_topic="lapse.expiry")[1] == []
+    engine.dispose()
+
+
+def test_cli_replay_requires_limit_and_reports_json(pg_url):
+    engine = make_engine(pg_url)
+    process(engine, [bad_event(i, "t1") for i in range(3)])
+    engine.dispose()
+    runner = CliRunner()
+    refused = runner.invoke(main, ["dlq", "replay", "--database-url", pg_url, "--reason", "x"])
+    assert refused.exit_code == 2 and "--limit" in refused.output
+    out = runner.invoke(main, ["dlq", "replay", "--database-url", pg_url, "--limit", "2",
+                               "--reason", "ticket 7", "--actor", "bob", "--json"])
+    assert out.exit_code == 0, out.output
+    data = json.loads(out.output)
+    assert len(data["released"]) == 2 and data["replay_id"].startswith("replay-") and data["actor"] == "bob"
+    listed = json.loads(runner.invoke(main, ["dlq", "list", "--database-url", pg_url, "--json"]).output)
+    assert [r["op_key"] for r in listed["dead_letters"]] == ["release-reservation:x2"]
