@@ -22,10 +22,12 @@ def insert_ignoring_conflicts(conn: Connection, table, rows: Sequence[dict], ret
     if not rows:
         return []
     dialect = postgresql if conn.dialect.name == "postgresql" else sqlite
-    stmt = dialect.insert(table).values(list(rows)).on_conflict_do_nothing()
+    # executemany, not .values(rows): the statement compiles once and is cached, and SQLAlchemy
+    # still sends it as multi-row INSERTs ("insertmanyvalues"), RETURNING included.
+    stmt = dialect.insert(table).on_conflict_do_nothing()
     if returning is not None:
-        return conn.execute(stmt.returning(*returning)).all()
-    conn.execute(stmt)
+        return conn.execute(stmt.returning(*returning), list(rows)).all()
+    conn.execute(stmt, list(rows))
     return []
 
 
