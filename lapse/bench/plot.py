@@ -1,0 +1,42 @@
+"""`--plot FILE.png`: throughput per stage (bars) and the latency histogram, with matplotlib."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+def stage_rates(result: dict) -> list[tuple[str, float]]:
+    """(label, events/s) per stage, in the table's order."""
+    rates = [(f"txn limit b{r['batch_size']}", r["events_per_s"]) for r in result["limit"]]
+    rates.append(("COPY", result["copy"]["rows_per_s"]))
+    rates += [(f"lapse {r['workers']}w b{r['batch_size']}", r["events_per_s"]) for r in result["lapse"]]
+    rates.append(("naive", result["naive"]["events_per_s"]))
+    if "faust" in result:
+        rates.append(("faust", result["faust"]["events_per_s"]))
+    return rates
+
+
+def write_plot(result: dict, path: Path) -> None:
+    """Write a two-panel PNG to `path` (matplotlib imported only here, with a file backend)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (bars, hist) = plt.subplots(1, 2, figsize=(13, 5))
+    labels, values = zip(*stage_rates(result))
+    bars.barh(labels, values, color="tab:blue")
+    bars.set_xscale("log")
+    bars.set_xlabel("events/s (log scale)")
+    bars.set_title(f"Throughput per stage, {result['events']} events")
+    bars.invert_yaxis()
+    lat = result["latency"]
+    hist.hist(lat["latencies_ms"], bins=50, color="tab:orange")
+    for q in (50, 95, 99):
+        hist.axvline(lat[f"p{q}_ms"], linestyle="--", color="black", linewidth=0.8)
+        hist.text(lat[f"p{q}_ms"], hist.get_ylim()[1] * 0.95, f" p{q}", fontsize=8)
+    hist.set_xlabel("produce → ledger terminal (ms)")
+    hist.set_title(f"Latency at {lat['offered_events_per_s']:.0f} events/s offered, one worker")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
