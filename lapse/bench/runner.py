@@ -78,7 +78,7 @@ def _stages(settings: Settings, plan: BenchPlan, dbs: BenchDatabases, progress) 
     create_topic(settings, topic, PARTITIONS)
     produce_events(settings, topic, events, datetime.now(UTC))
     topics = Topics(outcomes=settings.outcomes_topic, dlq=settings.dlq_topic)
-    out: dict = {"machine": machine(), "events": n, "partitions": PARTITIONS}
+    out: dict = {"machine": machine(), "run_id": dbs.run_id, "events": n, "partitions": PARTITIONS}
 
     progress("limit: batch transaction alone, then COPY")
     out["limit"] = [_on_clone(dbs, f"limit{b}", lambda url, b=b: limits.batch_transaction_limit(
