@@ -29,6 +29,8 @@ from lapse.ledger_queries import millis
 from lapse.settings import Settings
 
 TIMEOUT_S = 15.0
+_COORDINATOR_MOVING = {KafkaError.NOT_COORDINATOR, KafkaError.COORDINATOR_LOAD_IN_PROGRESS,
+                       KafkaError.COORDINATOR_NOT_AVAILABLE}
 
 
 class OffsetsError(Exception):
@@ -116,15 +118,26 @@ def read_spans(consumer: Consumer, spans: list[Span], *, first_only: bool = Fals
         consumer.unassign()
 
 
-def committed(admin: AdminClient, group: str, topic: str | None = None,
-              partitions: list[int] | None = None) -> dict[tuple[str, int], int | None]:
-    """(topic, partition) → the group's committed offset (None when it has none). Without a topic,
-    every partition the group has committed for."""
-    tps = None if topic is None else [TopicPartition(topic, p) for p in partitions or []]
-    request = ConsumerGroupTopicPartitions(group, tps)
-    result = admin.list_consumer_group_offsets([request], request_timeout=TIMEOUT_S)[group].result()
-    return {(tp.topic, tp.partition): (tp.offset if tp.offset >= 0 else None)
-            for tp in result.topic_partitions}
+def committed(settings: Settings, group: str, topic: str,
+              partitions: list[int]) -> dict[tuple[str, int], int | None]:
+    """(topic, partition) → the group's committed offset, None when it has none. Asked through a
+    consumer carrying the group id that never subscribes: AdminClient.list_consumer_group_offsets
+    crashes librdkafka on NOT_COORDINATOR for a group not yet loaded (librdkafka #5040)."""
+    consumer = make_consumer(settings, group, **{"enable.auto.commit": False})
+    deadline = time.monotonic() + TIMEOUT_S
+    try:
+        while True:
+            try:
+                found = consumer.committed([TopicPartition(topic, p) for p in partitions],
+                                           timeout=TIMEOUT_S)
+                break
+            except KafkaException as exc:  # the coordinator moves or is still loading
+                if exc.args[0].code() not in _COORDINATOR_MOVING or time.monotonic() > deadline:
+                    raise
+                time.sleep(0.3)
+    finally:
+        consumer.close()
+    return {(tp.topic, tp.partition): (tp.offset if tp.offset >= 0 else None) for tp in found}
 
 
 def active_members(admin: AdminClient, group: str) -> tuple[str, int]:
@@ -144,15 +157,14 @@ class PartitionLag:
     seconds: float | None
 
 
-def group_lag(settings: Settings, admin: AdminClient, group: str, topic: str,
-              now: datetime) -> list[PartitionLag]:
+def group_lag(settings: Settings, group: str, topic: str, now: datetime) -> list[PartitionLag]:
     """Lag of `group` on `topic` per partition: in records (committed vs high watermark), and in
     seconds (age of the record at the committed offset, read by manual assignment)."""
     consumer = manual_consumer(settings)
     try:
         parts = partitions_of(consumer, topic)
         marks = watermarks(consumer, topic, parts)
-        done = committed(admin, group, topic, parts)
+        done = committed(settings, group, topic, parts)
         spans = []
         for p in parts:
             low, high = marks[p]
@@ -178,24 +190,22 @@ class Reset:
     new: int
 
 
-def plan_reset(settings: Settings, admin: AdminClient, group: str, *, topic: str | None = None,
+def plan_reset(settings: Settings, group: str, topics: list[str], *,
                to_datetime: datetime | None = None, to_earliest: bool = False,
                shift_by: int | None = None) -> list[Reset]:
-    """Where each partition of the group (or of `topic`) would move; nothing is changed.
+    """Where each partition of `topics` would move for the group; nothing is changed.
     New offsets stay within [low watermark, high watermark]."""
     if sum(x is not None and x is not False for x in (to_datetime, to_earliest or None, shift_by)) != 1:
         raise OffsetsError("give exactly one of --to-datetime, --to-earliest, --shift-by")
-    done = committed(admin, group) if topic is None else {}
-    topics = sorted({t for t, _ in done}) if topic is None else [topic]
     if not topics:
-        raise OffsetsError(f"group {group} has no committed offsets; name the topic with --topic")
+        raise OffsetsError(f"no topic to reset for group {group}: name one with --topic")
     consumer = manual_consumer(settings)
     try:
         plan = []
         for name in topics:
             parts = partitions_of(consumer, name)
             marks = watermarks(consumer, name, parts)
-            old = committed(admin, group, name, parts)
+            old = committed(settings, group, name, parts)
             at = offsets_at(consumer, name, parts, to_datetime) if to_datetime else {}
             for p in parts:
                 low, high = marks[p]

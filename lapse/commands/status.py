@@ -1,0 +1,49 @@
+"""`lapse status`: the ledger, the alarm signals and consumer lag, for a person or a monitor."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+import click
+
+from lapse.cli import main
+from lapse.cli_options import connection_options, emit, pass_settings, setting_option
+
+
+def _text(r: dict) -> str:
+    lines = ["ledger:"]
+    for state, kinds in r["ledger"].items():
+        lines.append(f"  {state:<16} " + " ".join(f"{k}={n}" for k, n in kinds.items()))
+    age = r["oldest_eligible_age_s"]
+    lines.append(f"oldest eligible unfinished: {'none' if age is None else f'{age:.0f}s'}")
+    claims = r["expired_claims"]
+    lines.append(f"expired claims: {claims['count']}" + (
+        f" (oldest expired {claims['oldest_expired_for_s']:.0f}s ago)" if claims["count"] else ""))
+    lines.append(f"dead letters: {r['dead_letters']}")
+    for row in r.get("lag", []):
+        if "error" in row:
+            lines.append(f"lag {row['group']} on {row['topic']}: {row['error']}")
+        else:
+            lines.append(f"lag {row['group']} on {row['topic']}: {row['records']} records, "
+                         f"{row['seconds']:.0f}s")
+    return "\n".join(lines)
+
+
+@main.command()
+@connection_options
+@setting_option("topics_file")
+@click.option("--no-lag", is_flag=True, help="Only the ledger; do not ask Kafka for consumer lag.")
+@click.option("--json", "as_json", is_flag=True, help="Print the status as JSON.")
+@pass_settings
+def status(settings, no_lag: bool, as_json: bool) -> None:
+    """Ledger counts by state and kind, the oldest eligible-but-unfinished operation, expired
+    claims, dead letters and the lag of every group declared in topics.yaml."""
+    from lapse.database import engine_from_settings
+    from lapse.status import status_report
+
+    engine = engine_from_settings(settings)
+    try:
+        report = status_report(settings, engine, datetime.now(UTC), lag=not no_lag)
+    finally:
+        engine.dispose()
+    emit(report, as_json, _text)
