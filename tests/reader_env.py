@@ -79,3 +79,21 @@ def relay(settings: Settings) -> int:
                                  settings.relay_batch_size)
     finally:
         engine.dispose()
+
+
+def outcome_record(outcome_id: int, subject: str, status: str = "applied", **extra) -> dict:
+    """A cleanup_outcome record as the relay publishes it."""
+    now = datetime.now(UTC)
+    return {"outcome_id": outcome_id, "op_key": f"release-reservation:{subject}",
+            "kind": "release-reservation", "tenant": "t1", "subject_id": subject, "status": status,
+            "attempt": 1, "failure_class": None, "reason": None, "due_at": now, "occurred_at": now,
+            "correlation_id": f"c-{subject}", "replay_id": None, "worker": "test", **extra}
+
+
+def produce_outcomes(settings: Settings, records: list[dict]) -> None:
+    codec = Codec.from_settings(settings)
+    producer = make_producer(settings)
+    for record in records:
+        producer.produce(settings.outcomes_topic, key=record["op_key"].encode(),
+                         value=codec.encode("cleanup_outcome", record))
+    assert producer.flush(10) == 0

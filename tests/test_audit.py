@@ -10,13 +10,19 @@ from click.testing import CliRunner
 from sqlalchemy import func, select, update
 
 from lapse.cli import main
-from lapse.codec import Codec
 from lapse.database import make_engine
 from lapse.demo_data import add_reservations
-from lapse.kafka_clients import make_producer
 from lapse.ledger import ExpiryEvent
 from lapse.models import cleanup_ledger, outbox, reservations
-from tests.reader_env import process_until_terminal, produce_events, reader_settings, relay, sweep
+from tests.reader_env import (
+    outcome_record,
+    process_until_terminal,
+    produce_events,
+    produce_outcomes,
+    reader_settings,
+    relay,
+    sweep,
+)
 
 
 def _event(subject: str, **kw) -> ExpiryEvent:
@@ -71,16 +77,7 @@ def test_audit_matches_the_ledger_and_fails_on_a_second_applied(kafka_bootstrap,
     assert report["gaps"] == []
 
     # A second `applied` outcome for one op key, with its own outcome id: a broken invariant.
-    codec = Codec.from_settings(settings)
-    forged = {"outcome_id": 10_000, "op_key": f"release-reservation:{ids[4]}",
-              "kind": "release-reservation", "tenant": "t1", "subject_id": str(ids[4]),
-              "status": "applied", "attempt": 1, "failure_class": None, "reason": None,
-              "due_at": past, "occurred_at": datetime.now(UTC), "correlation_id": "forged",
-              "replay_id": None, "worker": "hand"}
-    producer = make_producer(settings)
-    producer.produce(settings.outcomes_topic, key=forged["op_key"].encode(),
-                     value=codec.encode("cleanup_outcome", forged))
-    assert producer.flush(10) == 0
+    produce_outcomes(settings, [outcome_record(10_000, str(ids[4]), worker="hand")])
     code, report = _audit(settings)
     assert code == 1
     assert list(report["applied_twice"]) == [f"release-reservation:{ids[4]}"]

@@ -1,0 +1,93 @@
+"""Many readers of one history: three groups read the outcomes at once and each sees every
+outcome; `lapse offsets reset` moves one group only, and refuses while that group is active."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+
+from click.testing import CliRunner
+from confluent_kafka import TopicPartition
+
+from lapse.cli import main
+from lapse.codec import Codec
+from lapse.kafka_clients import make_consumer
+from lapse.offsets import committed
+from tests.reader_env import outcome_record, produce_outcomes, reader_settings
+
+OUTCOMES = 12
+
+
+def _read_all(settings, group: str, seen: set, timeout_s: float = 60.0) -> None:
+    """Consume the outcomes topic in `group` until every outcome is seen, committing as it goes."""
+    codec = Codec.from_settings(settings)
+    consumer = make_consumer(settings, group)
+    consumer.subscribe([settings.outcomes_topic])
+    deadline = time.monotonic() + timeout_s
+    try:
+        while len(seen) < OUTCOMES and time.monotonic() < deadline:
+            batch = [m for m in consumer.consume(100, 0.5) if m.error() is None]
+            for msg in batch:
+                seen.add(codec.decode_expected("cleanup_outcome", msg.value())["outcome_id"])
+            if batch:
+                nxt = {}
+                for msg in batch:
+                    nxt[msg.partition()] = max(nxt.get(msg.partition(), 0), msg.offset() + 1)
+                consumer.commit(offsets=[TopicPartition(settings.outcomes_topic, p, o)
+                                         for p, o in nxt.items()], asynchronous=False)
+    finally:
+        consumer.close()
+
+
+def _positions(settings, group: str) -> dict[int, int | None]:
+    found = committed(settings, group, settings.outcomes_topic, [0, 1, 2])
+    return {p: o for (_, p), o in found.items()}
+
+
+def _reset(settings, *args) -> tuple[int, str]:
+    env = {"LAPSE_BOOTSTRAP_SERVERS": settings.bootstrap_servers, "LAPSE_LOG_LEVEL": "WARNING"}
+    result = CliRunner().invoke(main, ["offsets", "reset", "--topic", settings.outcomes_topic, *args],
+                                env=env)
+    return result.exit_code, result.output
+
+
+def test_groups_read_independently_and_a_reset_moves_only_one(kafka_bootstrap, pg_url, unique):
+    settings = reader_settings(kafka_bootstrap, pg_url, unique)
+    produce_outcomes(settings, [outcome_record(i, str(i)) for i in range(1, OUTCOMES + 1)])
+    groups = [unique("analytics"), unique("reports"), unique("audit")]
+    seen = {g: set() for g in groups}
+    threads = [threading.Thread(target=_read_all, args=(settings, g, seen[g])) for g in groups]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(90)
+    assert all(s == set(range(1, OUTCOMES + 1)) for s in seen.values())
+    ends = _positions(settings, groups[0])
+    assert sum(ends.values()) == OUTCOMES
+    assert all(_positions(settings, g) == ends for g in groups)
+
+    code, out = _reset(settings, "--group", groups[0], "--to-earliest", "--json")
+    plan = json.loads(out)
+    assert (code, plan["executed"]) == (0, False)
+    assert {r["partition"]: (r["old"], r["new"]) for r in plan["partitions"]} == {
+        p: (o, 0) for p, o in ends.items()}
+    assert _positions(settings, groups[0]) == ends  # a dry run changes nothing
+
+    code, out = _reset(settings, "--group", groups[0], "--to-earliest", "--execute", "--json")
+    assert code == 0, out
+    assert _positions(settings, groups[0]) == {0: 0, 1: 0, 2: 0}
+    assert _positions(settings, groups[1]) == ends and _positions(settings, groups[2]) == ends
+
+    # While a member of the second group is running, the reset refuses and moves nothing.
+    member = make_consumer(settings, groups[1])
+    member.subscribe([settings.outcomes_topic])
+    deadline = time.monotonic() + 30
+    while not member.assignment() and time.monotonic() < deadline:
+        member.consume(10, 0.2)
+    try:
+        code, out = _reset(settings, "--group", groups[1], "--shift-by", "-1", "--execute")
+    finally:
+        member.close()
+    assert code == 1 and "is active" in out
+    assert _positions(settings, groups[1]) == ends
