@@ -30,6 +30,9 @@ def _child(target, settings: Settings, kwargs: dict) -> None:
     from lapse.logs import configure_logging
 
     configure_logging(settings)
+    from lapse.metrics import serve
+
+    serve(settings, kwargs.get("metrics_offset", 0))  # one port per role process
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides when children stop
     target(settings, kwargs)
 

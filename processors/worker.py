@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 from confluent_kafka import KafkaError, KafkaException
 
+from lapse import metrics
 from lapse.codec import Codec
 from lapse.database import engine_from_settings
 from lapse.kafka_clients import DeliveryTracker, make_consumer, make_producer
@@ -134,6 +135,7 @@ class CleanupWorker:
         s.conflicts += len(result.conflicts)
         s.poison += len(poison)
         s.delayed += len(result.not_due)
+        metrics.observe_batch(len(messages), result, events, len(poison), time.monotonic() - started)
         log.debug("batch committed", extra={
             "records": len(messages), "applied": len(result.applied),
             "duplicates": result.duplicates, "ms": round((time.monotonic() - started) * 1000, 1)})

@@ -20,6 +20,7 @@ def _exit_when_idle():
 @connection_options
 @setting_option("sweep_page_size", "--page-size")
 @setting_option("sweep_interval_s", "--interval")
+@setting_option("metrics_port")
 @click.option("--once", is_flag=True, help="One pass, then exit.")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 @pass_settings
@@ -33,6 +34,9 @@ def sweep(settings, once: bool, as_json: bool) -> None:
     from producers.sweep import sweep_once
 
     if not once:
+        from lapse.metrics import serve
+
+        serve(settings)
         run_sweep_role(settings, {})
         return
     engine = engine_from_settings(settings)
@@ -50,13 +54,16 @@ def sweep(settings, once: bool, as_json: bool) -> None:
 @connection_options
 @setting_option("batch_size")
 @setting_option("session_timeout_ms")
+@setting_option("metrics_port")
 @_exit_when_idle()
 @click.option("--json", "as_json", is_flag=True, help="Print the final counts as JSON.")
 @pass_settings
 def process(settings, exit_when_idle: float | None, as_json: bool) -> None:
     """Consume lapse.expiry in group lapse-cleanup and apply each cleanup once."""
+    from lapse.metrics import serve
     from processors.worker import CleanupWorker, install_signal_handlers
 
+    serve(settings)
     worker = CleanupWorker(settings)
     install_signal_handlers(worker.stop)
     stats = worker.run(exit_when_idle=exit_when_idle)
@@ -67,6 +74,7 @@ def process(settings, exit_when_idle: float | None, as_json: bool) -> None:
 @main.command()
 @connection_options
 @setting_option("relay_batch_size", "--batch-size")
+@setting_option("metrics_port")
 @_exit_when_idle()
 @pass_settings
 def relay(settings, exit_when_idle: float | None) -> None:
@@ -76,8 +84,10 @@ def relay(settings, exit_when_idle: float | None) -> None:
     from lapse.codec import Codec
     from lapse.database import engine_from_settings
     from lapse.kafka_clients import make_producer
+    from lapse.metrics import serve
     from producers.relay import run_relay
 
+    serve(settings)
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
@@ -105,11 +115,14 @@ def pipeline_roles(workers: int) -> list:
 
     roles.append(Role("delay", run_delay_role, {}))  # forwards retries and wake-ups when due
     roles.append(Role("reconcile", run_reconcile_role, {}))  # its own, slower interval
+    for offset, role in enumerate(roles):
+        role.kwargs["metrics_offset"] = offset  # role i serves on metrics_port + i
     return roles
 
 
 @main.command()
 @connection_options
+@setting_option("metrics_port", help="Serve Prometheus metrics from port N + role index.")
 @click.option("--workers", type=click.IntRange(1, 64), default=2, show_default=True,
               help="Processor processes.")
 @pass_settings
@@ -117,9 +130,13 @@ def run(settings, workers: int) -> None:
     """Run sweep, processors and relay in one process tree until interrupted."""
     import signal
 
-    from lapse.supervisor import Supervisor
+    from lapse.metrics import run_monitor_role
+    from lapse.supervisor import Role, Supervisor
 
-    sup = Supervisor(settings, pipeline_roles(workers))
+    roles = pipeline_roles(workers)
+    # The status gauges (oldest eligible age, expired claims, lag) come from one monitor role.
+    roles.append(Role("monitor", run_monitor_role, {"metrics_offset": len(roles)}))
+    sup = Supervisor(settings, roles)
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: sup.stop.set())
     sup.start()

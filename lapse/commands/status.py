@@ -32,15 +32,32 @@ def _text(r: dict) -> str:
 @main.command()
 @connection_options
 @setting_option("topics_file")
+@setting_option("metrics_port", help="With --watch: serve the status gauges to Prometheus here.")
+@click.option("--watch", type=click.FloatRange(min=1), metavar="SECONDS",
+              help="Keep running, refreshing the Prometheus gauges every SECONDS (a monitor service).")
 @click.option("--no-lag", is_flag=True, help="Only the ledger; do not ask Kafka for consumer lag.")
 @click.option("--json", "as_json", is_flag=True, help="Print the status as JSON.")
 @pass_settings
-def status(settings, no_lag: bool, as_json: bool) -> None:
+def status(settings, watch: float | None, no_lag: bool, as_json: bool) -> None:
     """Ledger counts by state and kind, the oldest eligible-but-unfinished operation, expired
     claims, dead letters and the lag of every group declared in topics.yaml."""
     from lapse.database import engine_from_settings
     from lapse.status import status_report
 
+    if watch is not None:
+        import signal
+        import threading
+
+        from lapse.metrics import monitor, serve
+
+        if settings.metrics_port is None:
+            raise click.UsageError("--watch needs --metrics-port (or LAPSE_METRICS_PORT)")
+        stop = threading.Event()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, lambda *_: stop.set())
+        serve(settings)
+        monitor(settings, stop, watch)
+        return
     engine = engine_from_settings(settings)
     try:
         report = status_report(settings, engine, datetime.now(UTC), lag=not no_lag)

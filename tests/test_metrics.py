@@ -1,0 +1,68 @@
+"""Prometheus metrics scraped over HTTP after a real batch (sweep, worker, Apache Kafka, PostgreSQL)."""
+
+from __future__ import annotations
+
+import urllib.request
+from datetime import UTC, datetime, timedelta
+
+from prometheus_client.parser import text_string_to_metric_families
+from sqlalchemy import insert
+
+from lapse import metrics
+from lapse.brokers import free_port
+from lapse.database import make_engine
+from lapse.demo_data import add_reservations
+from lapse.ledger import ExpiryEvent
+from lapse.ledger_queries import pending_row
+from lapse.models import cleanup_ledger
+from lapse.status import status_report
+from tests.reader_env import process_until_terminal, produce_events, reader_settings, sweep
+
+
+def scrape(port: int) -> dict[tuple, float]:
+    """(sample name, sorted labels) → value, from the live /metrics endpoint."""
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for family in text_string_to_metric_families(text) for s in family.samples}
+
+
+def test_metrics_after_a_real_batch(kafka_bootstrap, pg_url, unique):
+    settings = reader_settings(kafka_bootstrap, pg_url, unique, metrics_port=free_port())
+    port = metrics.serve(settings)
+    before = scrape(port)
+    engine = make_engine(pg_url)
+    now = datetime.now(UTC)
+    with engine.begin() as conn:
+        add_reservations(conn, 3, expires_at=now - timedelta(minutes=10))
+    sweep(settings)
+    bad = ExpiryEvent(op_key="release-reservation:x1", kind="release-reservation", tenant="t1",
+                      subject_id="x1", due_at=now, correlation_id="c")
+    produce_events(settings, [bad, bad])  # an invalid subject, delivered twice
+    process_until_terminal(settings, expected=4)
+
+    after = scrape(port)
+
+    def delta(name: str, **labels) -> float:
+        key = (name, tuple(sorted(labels.items())))
+        return after.get(key, 0.0) - before.get(key, 0.0)
+
+    assert delta("lapse_events_consumed_total") == 5
+    assert delta("lapse_effects_applied_total") == 3
+    assert delta("lapse_dead_letters_total", failure_class="ledger") == 1
+    assert delta("lapse_duplicates_absorbed_total") == 1
+    batches = delta("lapse_batch_size_count")
+    assert batches >= 1 and delta("lapse_batch_seconds_count") == batches
+    assert delta("lapse_batch_size_sum") == 5
+
+    # The status gauges: a stuck pending row ten minutes overdue, and the group caught up.
+    event = ExpiryEvent(op_key="release-reservation:999", kind="release-reservation", tenant="t1",
+                        subject_id="999", due_at=now - timedelta(minutes=10), correlation_id="c")
+    with engine.begin() as conn:
+        conn.execute(insert(cleanup_ledger), [pending_row(event, now)])
+    metrics.observe_status(status_report(settings, engine, now))
+    gauges = scrape(port)
+    assert gauges[("lapse_oldest_eligible_age_seconds", ())] == 600
+    assert gauges[("lapse_ledger_rows", (("state", "applied"),))] == 3
+    lag = (("group", settings.cleanup_group), ("topic", settings.expiry_topic))
+    assert gauges[("lapse_consumer_lag_records", lag)] == 0
+    engine.dispose()
