@@ -106,6 +106,8 @@ cleanup_ledger = Table(
     Index("ix_cleanup_ledger_state_due", "state", "due_at"),
     Index("ix_cleanup_ledger_finished", "finished_at"),
     Index("ix_cleanup_ledger_state_due_key", "state", "due_at", "op_key"),  # reconciler keyset
+    Index("ix_cleanup_ledger_claimed_until", "claim_until", "op_key",  # reconciler: expired leases
+          postgresql_where=text("state = 'claimed'"), sqlite_where=text("state = 'claimed'")),
 )
 
 # Append-only history of every ledger transition, for operators and audits.

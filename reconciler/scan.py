@@ -90,21 +90,19 @@ class Reconciler:
         while True:
             with self.engine.connect() as conn:
                 rows = queries.eligible_page(conn, kind, cutoff, cursor, self.page_size)
-                states = queries.ledger_states(conn, kind.name, [r.subject_id for r in rows])
             if not rows:
                 return
             report.pages += 1
             report.scanned += len(rows)
             missing = []
-            for row in rows:
-                state = states.get(row.subject_id)
+            for row, state in rows:
                 if state is None:
                     missing.append(row)
                 elif state in ANOMALY_REASONS:
                     self._anomaly(report, ANOMALY_REASONS[state], kind.op_key(row.subject_id))
             if missing:
                 self._reemit_missing(kind, missing, now, report)
-            cursor = rows[-1].cursor
+            cursor = rows[-1][0].cursor
             if len(rows) < self.page_size:
                 return
 
@@ -134,27 +132,24 @@ class Reconciler:
         reason = queries.STUCK_REASONS[state]
         cursor = None
         while True:
-            with self.engine.connect() as conn:
-                rows = queries.stuck_page(conn, state, cutoff, cursor, self.page_size)
+            with self.engine.begin() as conn:
+                rows = queries.mark_stuck_page(conn, state, cutoff, cursor, self.page_size, now)
+                record_transitions(conn, [
+                    transition(r.op_key, state, state, r.attempt, ACTOR, now, reason=reason,
+                               replay_id=r.replay_id, correlation_id=r.correlation_id)
+                    for r in rows])
             if not rows:
                 return
             report.pages += 1
             report.ledger_scanned += len(rows)
+            report.count(report.gaps, reason, len(rows))
             self.bucket.take(len(rows))
-            with self.engine.begin() as conn:
-                marked = queries.touch_if_still_stuck(conn, [r.op_key for r in rows], state, cutoff, now)
-                record_transitions(conn, [
-                    transition(r.op_key, state, state, r.attempt, ACTOR, now, reason=reason,
-                               replay_id=r.replay_id, correlation_id=r.correlation_id)
-                    for r in rows if r.op_key in marked])
-            events = [ExpiryEvent(op_key=r.op_key, kind=r.kind, tenant=r.tenant,
-                                  subject_id=r.subject_id, due_at=r.due_at,
-                                  correlation_id=r.correlation_id, source=SOURCE,
-                                  attempt=r.attempt, replay_id=r.replay_id)
-                      for r in rows if r.op_key in marked]
-            report.count(report.gaps, reason, len(events))
-            self._produce(events, now, report)
-            cursor = (rows[-1].due_at, rows[-1].op_key)
+            self._produce([ExpiryEvent(op_key=r.op_key, kind=r.kind, tenant=r.tenant,
+                                       subject_id=r.subject_id, due_at=r.due_at,
+                                       correlation_id=r.correlation_id, source=SOURCE,
+                                       attempt=r.attempt, replay_id=r.replay_id) for r in rows],
+                          now, report)
+            cursor = queries.stuck_cursor(state, rows[-1])
             if len(rows) < self.page_size:
                 return
 
