@@ -218,3 +218,20 @@ def test_invalid_effect_failure_dead_letters_at_once(engine, store):
     assert done.dead_lettered == [ev.op_key]
     r = row(engine, ev.op_key)
     assert (r["state"], r["attempt"], r["last_failure_class"]) == ("dead_letter", 1, "invalid")
+
+
+def test_faulty_store_fails_a_share_of_deletes_with_classified_failures(store):
+    from processors.object_store import FaultyObjectStore
+
+    faulty = FaultyObjectStore(store, rate=0.5, rng=random.Random(3))
+    seen = []
+    for i in range(200):
+        store.put(f"o/{i}")
+        try:
+            faulty.delete(f"o/{i}")
+            seen.append("ok")
+        except EffectFailure as exc:
+            seen.append(exc.failure_class)
+            assert exc.retry_after == 2.0 if exc.failure_class == RATE_LIMITED else exc.retry_after is None
+    assert set(seen) == {"ok", "rate_limited", "temporary", "invalid"}
+    assert store.removed == seen.count("ok")
