@@ -1,0 +1,86 @@
+"""Where daily reports go: a notifier sends one report under its idempotency key, and sending the
+same key twice must not notify twice (the file notifier keeps the first file; the SMTP notifier
+uses the key as Message-ID so receivers and providers can drop a repeat)."""
+
+from __future__ import annotations
+
+import json
+import os
+import smtplib
+import uuid
+from email.message import EmailMessage
+from pathlib import Path
+from typing import Protocol
+
+from lapse.settings import Settings
+
+
+class Notifier(Protocol):
+    name: str
+
+    def send(self, key: str, report: dict) -> None:
+        """Deliver `report` under idempotency key `key`; raise if it was not accepted."""
+
+
+class FileNotifier:
+    """One JSON file per report key in a folder; an existing file for the key means already sent."""
+
+    name = "file"
+
+    def __init__(self, folder: Path | str) -> None:
+        self.folder = Path(folder)
+
+    def path_for(self, key: str) -> Path:
+        return self.folder / f"{key.replace(':', '_')}.json"
+
+    def send(self, key: str, report: dict) -> None:
+        self.folder.mkdir(parents=True, exist_ok=True)
+        target = self.path_for(key)
+        if target.exists():
+            return
+        tmp = self.folder / f".{target.name}.{uuid.uuid4().hex}.tmp"
+        tmp.write_text(json.dumps({"idempotency_key": key, "report": report}, sort_keys=True, indent=2))
+        try:
+            os.link(tmp, target)  # atomic create-if-absent: a concurrent sender keeps the first file
+        except FileExistsError:
+            pass
+        finally:
+            tmp.unlink()
+
+
+def message_id(key: str, domain: str = "lapse") -> str:
+    """An RFC 5322 Message-ID from the key (':' is not allowed on its left side, so it becomes '.')."""
+    return f"<{key.replace(':', '.')}@{domain}>"
+
+
+class SmtpNotifier:
+    """Mails the report as JSON to the configured recipients through one SMTP host."""
+
+    name = "smtp"
+
+    def __init__(self, host: str, port: int, sender: str, recipients: list[str], timeout: float = 30.0):
+        self.host, self.port, self.sender, self.recipients, self.timeout = host, port, sender, recipients, timeout
+
+    def build(self, key: str, report: dict) -> EmailMessage:
+        msg = EmailMessage()
+        msg["Subject"] = f"Lapse daily report {report.get('date', key)}"
+        msg["From"] = self.sender
+        msg["To"] = ", ".join(self.recipients)
+        msg["Message-ID"] = message_id(key)
+        msg["X-Idempotency-Key"] = key
+        msg.set_content(json.dumps(report, sort_keys=True, indent=2))
+        return msg
+
+    def send(self, key: str, report: dict) -> None:
+        with smtplib.SMTP(self.host, self.port, timeout=self.timeout) as smtp:
+            smtp.send_message(self.build(key, report))
+
+
+def notifier_from_settings(settings: Settings) -> Notifier:
+    """The configured notifier; ValueError (one line) when smtp is chosen but not configured."""
+    if settings.report_notifier == "file":
+        return FileNotifier(settings.report_dir)
+    recipients = [r.strip() for r in (settings.report_mail_to or "").split(",") if r.strip()]
+    if not settings.smtp_host or not recipients:
+        raise ValueError("the smtp notifier needs LAPSE_SMTP_HOST and LAPSE_REPORT_MAIL_TO")
+    return SmtpNotifier(settings.smtp_host, settings.smtp_port, settings.report_mail_from, recipients)
