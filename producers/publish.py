@@ -12,7 +12,7 @@ from datetime import UTC, datetime
 from sqlalchemy import Connection
 from sqlalchemy.orm import Session
 
-from lapse.delays import TARGET_HEADER, choose_tier, due_header
+from lapse.delays import delay_record
 from lapse.kinds import CleanupKind, registry
 from lapse.ledger import ExpiryEvent, new_correlation_id, op_key
 from lapse.ledger_queries import insert_outbox, insert_pending, millis, outbox_row
@@ -74,10 +74,9 @@ def schedule_cleanup(
         return False
     topic, headers = settings.expiry_topic, {}
     if due_at > now:
-        tier = choose_tier(_tiers(settings), (due_at - now).total_seconds())
-        topic = settings.delay_topic(tier)
-        header, value = due_header(due_at)
-        headers = {header: value.decode(), TARGET_HEADER: settings.expiry_topic}
+        topic, record_headers = delay_record(_tiers(settings), settings.delay_topic_prefix, due_at, now,
+                                             settings.expiry_topic)
+        headers = {key: value.decode() for key, value in record_headers}
     insert_outbox(conn, [outbox_row(topic, event.op_key, "expiry_event",
                                     expiry_payload(event, now), now, headers)])
     return True

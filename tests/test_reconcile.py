@@ -18,7 +18,7 @@ from lapse.kinds import registry
 from lapse.models import cleanup_ledger, ledger_transitions, reservations
 from processors.worker import CleanupWorker
 from producers.sweep import sweep_once
-from reconciler.scan import Reconciler, reconcile_once
+from reconciler.scan import Reconciler, reconcile_once, scan_rate
 from reconciler.token_bucket import TokenBucket
 from tests.pipeline_env import pipeline, read_topic  # noqa: F401  (fixture)
 
@@ -179,3 +179,29 @@ def test_codec_reads_what_the_reconciler_writes(pipeline):
         corr = conn.execute(select(cleanup_ledger.c.correlation_id)).scalar()
     assert (record["source"], record["correlation_id"], msg.key()) == (
         "reconciler", corr, f"{KIND}:{rid}".encode())
+
+
+def test_one_pass_on_sqlite_finds_gaps_stuck_rows_and_anomalies(kafka_bootstrap, sqlite_url, unique):
+    """The embedded default database runs the same statements (row values, UPDATE … RETURNING)."""
+    from lapse.database import make_engine
+    from tests.pipeline_env import Pipeline, make_pipeline_settings
+
+    settings = make_pipeline_settings(kafka_bootstrap, sqlite_url, unique)
+    p = Pipeline(settings, make_engine(sqlite_url), Codec.from_settings(settings))
+    now = datetime.now(UTC)
+    long_ago = now - timedelta(hours=1)
+    with p.engine.begin() as conn:
+        gaps = add_reservations(conn, 2, expires_at=long_ago)
+        stuck, odd = add_reservations(conn, 2, expires_at=long_ago)
+        for rid, state in ((stuck, "pending"), (odd, "applied")):
+            conn.execute(insert(cleanup_ledger).values(
+                op_key=f"{KIND}:{rid}", kind=KIND, tenant="t", subject_id=str(rid), state=state,
+                due_at=long_ago, correlation_id="c", source="sweep", created_at=long_ago,
+                updated_at=long_ago))
+    first, rate = scan_rate(p.engine, make_producer(settings), p.codec, settings, registry())
+    assert first.gaps == {"no_ledger": 2, "stuck_pending": 1}
+    assert first.anomaly_keys == [f"{KIND}:{odd}"]
+    assert rate > 0
+    assert sorted(keys_on_topic(p)) == sorted(f"{KIND}:{i}" for i in [*gaps, stuck])
+    assert reconciler(p).run_once().reemitted == 0
+    p.engine.dispose()
