@@ -16,12 +16,12 @@ from sqlalchemy import func, select, update
 
 from lapse.codec import Codec
 from lapse.database import engine_from_settings, upgrade
-from lapse.demo_data import mix_for, seed_mix
+from lapse.demo_data import add_artifacts, mix_for, seed_mix
 from lapse.kafka_clients import DeliveryTracker, make_admin, make_producer
 from lapse.kinds import registry
 from lapse.ledger import TERMINAL, ExpiryEvent
 from lapse.logs import get_logger
-from lapse.models import cleanup_ledger, ledger_transitions, outbox, reservations
+from lapse.models import artifacts, cleanup_ledger, ledger_transitions, outbox, reservations
 from lapse.offsets import Span, manual_consumer, partitions_of, read_spans
 from lapse.settings import Settings
 from lapse.topics import apply, load_topics, plan
@@ -41,6 +41,10 @@ class DemoSummary:
     duplicates_injected: int = 0
     duplicates_absorbed: int = 0
     paid_after_event: int = 0
+    artifacts_expired: int = 0
+    objects_deleted: int = 0
+    retries_by_attempt: dict[str, int] = field(default_factory=dict)
+    dead_letters_by_class: dict[str, int] = field(default_factory=dict)
     outcomes_published: int = 0
     elapsed_s: float = 0.0
     events_per_s: float = 0.0
@@ -59,7 +63,9 @@ class DemoSummary:
             f"expired (due)           {self.expired}",
             f"released                {self.released}",
             f"skipped (paid in time)  {self.skipped}",
-            f"dead letters            {self.dead_letters}",
+            f"artifacts expired       {self.artifacts_expired} ({self.objects_deleted} objects deleted)",
+            f"retries by attempt      {self.retries_by_attempt or '-'}",
+            f"dead letters            {self.dead_letters} {self.dead_letters_by_class or ''}".rstrip(),
             f"duplicates absorbed     {self.duplicates_absorbed} (injected {self.duplicates_injected})",
             f"outcomes published      {self.outcomes_published}",
             f"elapsed                 {self.elapsed_s:.1f} s",
@@ -83,6 +89,11 @@ def seed_and_emit(settings: Settings, engine, reservations_n: int, rng: random.R
     mix = mix_for(reservations_n)
     with engine.begin() as conn:
         ids = seed_mix(conn, mix, now, rng)
+    from processors.object_store import FilesystemObjectStore
+
+    with engine.begin() as conn:
+        artifact_ids = add_artifacts(conn, reservations_n // 4, retain_until=now,
+                                     store=FilesystemObjectStore(settings.object_store_dir))
     codec = Codec.from_settings(settings)
     producer = make_producer(settings)
     sweep_once(engine, producer, codec, settings, registry(settings.extra_kinds), clock=lambda: now)
@@ -101,7 +112,8 @@ def seed_and_emit(settings: Settings, engine, reservations_n: int, rng: random.R
     with engine.begin() as conn:
         conn.execute(update(reservations).where(reservations.c.id.in_(paid)).values(status="paid"))
     return DemoSummary(reservations=reservations_n, expired=len(expired),
-                       duplicates_injected=len(dups), paid_after_event=len(paid))
+                       duplicates_injected=len(dups), paid_after_event=len(paid),
+                       artifacts_expired=len(artifact_ids))
 
 
 def settled(engine) -> bool:
@@ -142,6 +154,24 @@ def verify(settings: Settings, engine, summary: DemoSummary) -> None:
                 select(ledger_transitions.c.op_key).where(ledger_transitions.c.to_state == "applied")
                 .group_by(ledger_transitions.c.op_key).having(func.count() > 1).subquery())).scalar()
         ledger_keys = set(conn.execute(select(cleanup_ledger.c.op_key)).scalars())
+        summary.retries_by_attempt = {str(a): n for a, n in conn.execute(
+            select(ledger_transitions.c.attempt, func.count())
+            .where(ledger_transitions.c.to_state == "retry_scheduled")
+            .group_by(ledger_transitions.c.attempt).order_by(ledger_transitions.c.attempt))}
+        summary.dead_letters_by_class = dict(conn.execute(
+            select(cleanup_ledger.c.last_failure_class, func.count())
+            .where(cleanup_ledger.c.state == "dead_letter")
+            .group_by(cleanup_ledger.c.last_failure_class)).all())
+        deleted_rows = list(conn.execute(select(artifacts.c.object_key)
+                                         .where(artifacts.c.status == "deleted")).scalars())
+        artifact_states = dict(conn.execute(
+            select(cleanup_ledger.c.state, func.count())
+            .where(cleanup_ledger.c.kind == "artifact-delete")
+            .group_by(cleanup_ledger.c.state)).all())
+    from processors.object_store import FilesystemObjectStore
+
+    store = FilesystemObjectStore(settings.object_store_dir)
+    summary.objects_deleted = len(deleted_rows)
     summary.skipped = states.get("skipped", 0)
     summary.dead_letters = states.get("dead_letter", 0)
     outcomes = published_outcomes(settings, codec)
@@ -152,6 +182,9 @@ def verify(settings: Settings, engine, summary: DemoSummary) -> None:
         "one_effect_per_op_key": applied_twice == 0,
         "duplicates_absorbed": summary.duplicates_absorbed >= summary.duplicates_injected,
         "every_row_has_an_outcome": ledger_keys <= set(outcomes),
+        "deleted_objects_are_gone": not any(store.exists(k) for k in deleted_rows),
+        "artifacts_applied_or_dead": artifact_states.get("applied", 0) == len(deleted_rows)
+        and sum(artifact_states.values()) == summary.artifacts_expired,
         "every_row_terminal": sum(states.values()) == sum(states.get(s, 0) for s in TERMINAL),
     }
 

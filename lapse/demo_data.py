@@ -8,7 +8,7 @@ from datetime import datetime, timedelta
 
 from sqlalchemy import Connection, insert, select
 
-from lapse.models import reservations
+from lapse.models import artifacts, reservations
 
 
 @dataclass(frozen=True)
@@ -57,3 +57,17 @@ def seed_mix(conn: Connection, mix: SeedMix, now: datetime, rng: random.Random |
         "paid": add_reservations(conn, mix.paid, status="paid", expires_at=past),
         "cancelled": add_reservations(conn, mix.cancelled, status="cancelled", expires_at=past),
     }
+
+
+def add_artifacts(conn: Connection, count: int, *, retain_until: datetime, store,
+                  tenant: str | None = None) -> list[int]:
+    """Insert `count` live artifacts and put their objects in `store`; returns their ids."""
+    first = conn.execute(select(artifacts.c.id).order_by(artifacts.c.id.desc()).limit(1)).scalar() or 0
+    rows = [{"tenant": tenant or f"tenant-{i % 7}", "object_key": f"exports/{first + i + 1}.csv",
+             "status": "live", "retain_until": retain_until} for i in range(count)]
+    if rows:
+        conn.execute(insert(artifacts), rows)
+    for row in rows:
+        store.put(row["object_key"], b"lapse demo export")
+    return list(conn.execute(select(artifacts.c.id).where(artifacts.c.id > first)
+                             .order_by(artifacts.c.id)).scalars())

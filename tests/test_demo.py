@@ -7,13 +7,13 @@ import subprocess
 import sys
 
 
-def test_demo_on_embedded_broker_and_sqlite_proves_one_effect_per_op_key(embedded_bootstrap, tmp_path):
+def test_demo_with_faults_on_embedded_broker_and_sqlite_converges_one_effect_per_op_key(embedded_bootstrap, tmp_path):
     # The demo starts its own embedded broker; the session fixture proves the binary is there
     # and fails the run with the reason if it is not.
     assert embedded_bootstrap
     run = subprocess.run(
         [sys.executable, "-m", "lapse", "demo", "--reservations", "300", "--workers", "2",
-         "--state-dir", str(tmp_path), "--json", "--timeout", "120"],
+         "--state-dir", str(tmp_path), "--json", "--timeout", "150", "--fault-rate", "0.3"],
         capture_output=True, timeout=240, cwd=tmp_path,
     )
     assert run.returncode == 0, run.stderr.decode()[-3000:]
@@ -24,4 +24,6 @@ def test_demo_on_embedded_broker_and_sqlite_proves_one_effect_per_op_key(embedde
     assert summary["skipped"] == summary["paid_after_event"] > 0
     assert summary["duplicates_absorbed"] >= summary["duplicates_injected"] > 0
     assert summary["outcomes_published"] >= summary["expired"]
+    assert sum(summary["retries_by_attempt"].values()) > 0  # the faulty store forced retries
+    assert summary["objects_deleted"] + summary["dead_letters"] == summary["artifacts_expired"] == 75
     assert all(summary["checks"].values())

@@ -23,10 +23,12 @@ from lapse.settings import DEFAULT_STATE_DIR
               show_default=True, help="Where the embedded database and broker logs go.")
 @click.option("--timeout", "timeout_s", type=float, default=300.0, show_default=True,
               help="Give up when the pipeline has not settled after this many seconds.")
+@click.option("--fault-rate", type=click.FloatRange(0, 0.9), default=0.0, show_default=True,
+              help="Share of object-store deletes that fail (429 with Retry-After, 503, invalid key).")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as one JSON object.")
 @pass_settings
 def demo(settings, reservations: int, workers: int, state_dir: Path, timeout_s: float,
-         as_json: bool) -> None:
+         fault_rate: float, as_json: bool) -> None:
     """Seed reservations, run sweep, processors and relay until every due hold is terminal, and
     check one effect per op key. Exit status 0 only when every check passes."""
     from lapse.brokers import BrokerUnavailable, EmbeddedBroker
@@ -36,7 +38,11 @@ def demo(settings, reservations: int, workers: int, state_dir: Path, timeout_s: 
     own_broker = ctx.params.get("bootstrap_servers") is None
     own_db = ctx.params.get("database_url") is None
     state_dir.mkdir(parents=True, exist_ok=True)
-    updates: dict = {"session_timeout_ms": 6000}
+    import shutil
+
+    shutil.rmtree(state_dir / "objects", ignore_errors=True)
+    updates: dict = {"session_timeout_ms": 6000, "object_store_dir": state_dir / "objects",
+                     "object_store_fault_rate": fault_rate}
     if own_db:
         db_path = state_dir / "demo.db"
         for suffix in ("", "-wal", "-shm"):
