@@ -38,7 +38,9 @@ MAX_ANOMALY_KEYS = 100
 
 @dataclass
 class ReconcileReport:
-    """What one pass saw and did; `anomaly_keys` lists at most MAX_ANOMALY_KEYS op keys."""
+    """What one pass saw and did: business rows read (`scanned`), stuck ledger rows found and
+    marked (`ledger_scanned`), gaps by reason, events re-emitted, anomalies by reason and at most
+    MAX_ANOMALY_KEYS of their op keys."""
 
     scanned: int = 0
     ledger_scanned: int = 0
