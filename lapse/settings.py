@@ -105,6 +105,12 @@ class Settings(BaseSettings):
     object_store_fault_rate: float = Field(
         0.0, ge=0, le=1, description="Share of object deletes that fail on purpose (demo: 429, 503, invalid key)."
     )
+    circuit_threshold: float = Field(
+        0.5, gt=0, le=1, description="Share of failed outcomes in a partition's window that pauses it."
+    )
+    circuit_min_events: int = Field(20, ge=1, description="Outcomes seen before the circuit may trip.")
+    circuit_window: int = Field(200, ge=1, description="Outcomes per partition the circuit looks at.")
+    circuit_cooldown_s: float = Field(60.0, gt=0, description="How long a tripped partition stays paused.")
     effect_concurrency: int = Field(8, ge=1, le=256, description="External effects run at once per worker.")
 
     # Operations.

@@ -11,7 +11,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from confluent_kafka import KafkaError, KafkaException
+from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
 from lapse import metrics
 from lapse.codec import Codec
@@ -21,6 +21,7 @@ from lapse.kinds import registry
 from lapse.logs import get_logger
 from lapse.settings import Settings
 from lapse.topics import delay_tiers
+from processors.circuit import CircuitPolicy, DeadLetterCircuit
 from processors.commit import BatchContext, commit_batch
 from processors.decode import decode_batch
 
@@ -61,6 +62,10 @@ class CleanupWorker:
             tiers=delay_tiers(settings),
         )
         self.consumer = make_consumer(settings, settings.cleanup_group)
+        self.circuit = DeadLetterCircuit(CircuitPolicy(
+            threshold=settings.circuit_threshold, min_events=settings.circuit_min_events,
+            window=settings.circuit_window, cooldown_s=settings.circuit_cooldown_s))
+        self.next_offset: dict[tuple[str, int], int] = {}
 
     def _on_assign(self, consumer, partitions) -> None:
         self.owned |= {(p.topic, p.partition) for p in partitions}
@@ -71,6 +76,7 @@ class CleanupWorker:
         revoked = {(p.topic, p.partition) for p in partitions}
         self.owned -= revoked
         self.at_eof -= revoked
+        self.circuit.forget(revoked)
         log.info("partitions revoked", extra={"partitions": sorted(p for _, p in revoked)})
 
     def run(self, exit_when_idle: float | None = None) -> WorkerStats:
@@ -82,6 +88,7 @@ class CleanupWorker:
         last_activity = time.monotonic()
         try:
             while not self.stop.is_set():
+                self._close_circuits()
                 messages = self._consume()
                 if messages:
                     last_activity = time.monotonic()
@@ -97,7 +104,8 @@ class CleanupWorker:
         further two session timeouts, since a rebalance may still hand it some."""
         quiet = time.monotonic() - last_activity
         if self.owned:
-            return self.owned <= self.at_eof and quiet >= idle_s
+            active = {tp for tp in self.owned if not self.circuit.is_open(tp)}
+            return active <= self.at_eof and quiet >= idle_s
         return quiet >= idle_s + 2 * self.settings.session_timeout_ms / 1000
 
     def _consume(self) -> list:
@@ -107,7 +115,7 @@ class CleanupWorker:
             err = msg.error()
             tp = (msg.topic(), msg.partition())
             if err is None:
-                if tp in self.owned:
+                if tp in self.owned and not self.circuit.is_open(tp):
                     self.at_eof.discard(tp)
                     messages.append(msg)
             elif err.code() == KafkaError._PARTITION_EOF:
@@ -125,6 +133,9 @@ class CleanupWorker:
             log.warning("poison record dead-lettered", extra={
                 "partition": item.partition, "offset": item.offset, "reason": item.reason_code})
         result = commit_batch(self.ctx, self.consumer, self.owned, messages, events, positions, poison)
+        for msg in messages:
+            self.next_offset[(msg.topic(), msg.partition())] = msg.offset() + 1
+        self._feed_circuit(result, positions, poison)
         s = self.stats
         s.batches += 1
         s.consumed += len(messages)
@@ -139,6 +150,35 @@ class CleanupWorker:
         log.debug("batch committed", extra={
             "records": len(messages), "applied": len(result.applied),
             "duplicates": result.duplicates, "ms": round((time.monotonic() - started) * 1000, 1)})
+
+    def _feed_circuit(self, result, positions, poison) -> None:
+        """Count each partition's good and failed outcomes; pause the ones that trip."""
+        counts: dict[tuple[str, int], list[int]] = {}
+        for keys, slot in ((result.applied, 0), (result.skipped, 0),
+                           (result.dead_lettered, 1), (result.retried, 1)):
+            for key in keys:
+                topic, partition, _ = positions[key]
+                counts.setdefault((topic, partition), [0, 0])[slot] += 1
+        for item in poison:
+            counts.setdefault((item.topic, item.partition), [0, 0])[1] += 1
+        for tp, (good, bad) in counts.items():
+            if tp in self.owned and self.circuit.record(tp, good, bad):
+                self.consumer.pause([TopicPartition(*tp)])
+                log.error("dead-letter circuit open: partition paused", extra={
+                    "topic": tp[0], "partition": tp[1],
+                    "cooldown_s": self.settings.circuit_cooldown_s,
+                    "threshold": self.settings.circuit_threshold})
+
+    def _close_circuits(self) -> None:
+        """Resume partitions whose cooldown passed, from the first offset not yet committed."""
+        for tp in self.circuit.due_to_close():
+            if tp not in self.owned:
+                continue
+            self.consumer.resume([TopicPartition(*tp)])
+            if tp in self.next_offset:
+                self.consumer.seek(TopicPartition(tp[0], tp[1], self.next_offset[tp]))
+            log.warning("dead-letter circuit closed: partition resumed",
+                        extra={"topic": tp[0], "partition": tp[1]})
 
     def close(self) -> None:
         try:

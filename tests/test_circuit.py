@@ -1,0 +1,68 @@
+"""The dead-letter circuit: a partition whose outcomes mostly fail is paused, not drained to the DLQ."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+from sqlalchemy import func, select
+
+from lapse.kafka_clients import make_producer
+from lapse.ledger import ExpiryEvent
+from lapse.models import cleanup_ledger
+from processors.circuit import CircuitPolicy, DeadLetterCircuit
+from processors.worker import CleanupWorker
+from tests.pipeline_env import committed, pipeline  # noqa: F401
+from tests.test_pipeline import seed
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_circuit_trips_on_a_failing_window_and_closes_after_cooldown():
+    clock = FakeClock()
+    circuit = DeadLetterCircuit(CircuitPolicy(threshold=0.5, min_events=10, window=20, cooldown_s=30), clock)
+    tp = ("lapse.expiry", 0)
+    assert not circuit.record(tp, good=5, bad=4)       # too few to judge
+    assert not circuit.record(tp, good=6, bad=0)       # 4 of 15 failed
+    assert circuit.record(tp, good=0, bad=10)          # 14 of 20 failed
+    assert circuit.is_open(tp) and circuit.due_to_close() == []
+    clock.now = 31
+    assert circuit.due_to_close() == [tp] and not circuit.is_open(tp)
+    assert circuit.share_failed(tp) == 0.0             # a fresh window after the trip
+
+
+def test_a_bad_deploy_pauses_the_partition_instead_of_dead_lettering_everything(pipeline):
+    settings = pipeline.with_(batch_size=10, circuit_min_events=10, circuit_threshold=0.5,
+                              circuit_cooldown_s=3600)
+    now = datetime.now(UTC)
+    producer = make_producer(settings)
+    for i in range(60):  # every one of these is invalid: the subject is not a reservation id
+        bad = ExpiryEvent(op_key=f"release-reservation:bad{i}", kind="release-reservation",
+                          tenant="t", subject_id=f"bad{i}", due_at=now - timedelta(minutes=1),
+                          correlation_id=f"c{i}")
+        producer.produce(settings.expiry_topic, partition=0, key=bad.op_key.encode(),
+                         value=pipeline.codec.encode("expiry_event", bad.to_record(now)))
+    ids = seed(pipeline, 5)
+    for rid in ids:
+        good = ExpiryEvent(op_key=f"release-reservation:{rid}", kind="release-reservation",
+                           tenant="t", subject_id=str(rid), due_at=now - timedelta(minutes=1),
+                           correlation_id=f"g{rid}")
+        producer.produce(settings.expiry_topic, partition=1, key=good.op_key.encode(),
+                         value=pipeline.codec.encode("expiry_event", good.to_record(now)))
+    producer.flush(10)
+
+    stats = CleanupWorker(settings).run(exit_when_idle=3)
+
+    with pipeline.engine.connect() as conn:
+        dead = conn.execute(select(func.count()).where(cleanup_ledger.c.state == "dead_letter")).scalar()
+        applied = conn.execute(select(func.count()).where(cleanup_ledger.c.state == "applied")).scalar()
+    assert applied == 5                      # the healthy partition kept moving
+    assert 10 <= dead < 60                   # the circuit stopped the drain
+    offsets = committed(settings.bootstrap_servers, settings.cleanup_group, settings.expiry_topic, 2)
+    assert offsets == {0: dead, 1: 5}        # the rest of partition 0 waits in Kafka, uncommitted
+    assert stats.dead_lettered == dead
