@@ -1,0 +1,73 @@
+"""The analytics Faust app in a real worker subprocess against Apache Kafka: its web view's
+figures match the outcomes produced (lz4-compressed, as the relay sends them)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+import urllib.request
+from datetime import UTC, datetime, timedelta
+
+from lapse.brokers import free_port
+from processors.analytics import VIEW_PATH
+from tests.reader_env import outcome_record, produce_outcomes, reader_settings
+
+
+def _view(port: int) -> dict | None:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{VIEW_PATH}", timeout=2) as resp:
+            return json.loads(resp.read())
+    except OSError:
+        return None
+
+
+def test_faust_worker_serves_outcome_figures(kafka_bootstrap, pg_url, unique, tmp_path):
+    settings = reader_settings(kafka_bootstrap, pg_url, unique)
+    now = datetime.now(UTC)
+    due = now - timedelta(seconds=3)
+    produce_outcomes(settings, [
+        outcome_record(1, "1", due_at=due, occurred_at=now),
+        outcome_record(2, "2", due_at=due, occurred_at=now),
+        outcome_record(3, "3", due_at=due, occurred_at=now, attempt=2),
+        outcome_record(4, "4", "skipped", occurred_at=now),
+        outcome_record(5, "x", "dead_letter", failure_class="invalid", occurred_at=now),
+        outcome_record(6, "y", "dead_letter", failure_class="invalid", occurred_at=now),
+    ])
+    port = free_port()
+    env = {**os.environ, "LAPSE_BOOTSTRAP_SERVERS": kafka_bootstrap,
+           "LAPSE_OUTCOMES_TOPIC": settings.outcomes_topic, "LAPSE_SESSION_TIMEOUT_MS": "6000",
+           "LAPSE_LOG_LEVEL": "WARNING"}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "lapse", "analytics", "--app-id", unique("analytics"),
+         "--web-port", str(port), "--data-dir", str(tmp_path / "faust")],
+        env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    want = {"release-reservation|applied": 3, "release-reservation|skipped": 1,
+            "release-reservation|dead_letter": 2}
+    shown = None
+    try:
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline and proc.poll() is None:
+            shown = _view(port)
+            if shown and shown["totals"] == want:
+                break
+            time.sleep(0.5)
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        err = proc.stderr.read().decode(errors="replace")[-1500:]
+    assert shown is not None and shown["totals"] == want, err
+    minute = now.replace(second=0, microsecond=0).isoformat()
+    assert {(w["start"], w["status"]): w["count"] for w in shown["windows"]} == {
+        (minute, "applied"): 3, (minute, "skipped"): 1, (minute, "dead_letter"): 2}
+    attempts = shown["attempts_per_completion"]["release-reservation"]
+    assert attempts["by_attempt"] == {"1": 5, "2": 1}
+    latency = shown["latency_due_to_applied_s"]["release-reservation"]
+    assert latency["count"] == 3 and latency["p50"] == 5 and latency["p99"] == 5
+    assert shown["dead_letter_growth"] == [{"start": minute, "kind": "release-reservation",
+                                            "failure_class": "invalid", "count": 2}]
