@@ -7,6 +7,7 @@ bound) and to when a watcher polling every few ms saw the row terminal (an upper
 
 from __future__ import annotations
 
+import threading
 import time
 from datetime import UTC, datetime
 
@@ -41,14 +42,15 @@ def run_latency(base: Settings, database_url: str, topic: str, rate: float, even
     try:
         produce_events(settings, topic, [reservation_event(1, datetime.now(UTC))], datetime.now(UTC))
         wait_terminal(engine, 1, alive=alive)  # the worker has joined and caught up
-        watcher.poll()
-        produced = _paced_produce(settings, topic, range(2, events + 2), rate, watcher)
+        watcher.start()
+        produced = _paced_produce(settings, topic, range(2, events + 2), rate)
         while len(watcher.seen) < events + 1:
-            if not alive():
-                raise StageFailed(f"the worker exited with {len(watcher.seen)} of {events + 1} done")
+            if not alive() or watcher.error:
+                why = f"the watcher failed: {watcher.error}" if watcher.error else "the worker exited"
+                raise StageFailed(f"{why} with {len(watcher.seen)} of {events + 1} rows done")
             time.sleep(WATCH_POLL_S)
-            watcher.poll()
     finally:
+        watcher.stop()
         sup.shutdown()
         engine.dispose()
     seen = watcher.seen
@@ -63,13 +65,32 @@ def run_latency(base: Settings, database_url: str, topic: str, rate: float, even
 
 
 class TerminalWatcher:
-    """Polls the ledger for rows that turned terminal since the last poll (one worker, so batches
-    finish in finished_at order): op_key → (finished_at, wall-clock time first seen)."""
+    """A thread polling the ledger for rows that turned terminal since its last poll (one worker,
+    so batches finish in finished_at order): op_key → (finished_at, wall-clock time first seen)."""
 
     def __init__(self, engine) -> None:
         self.engine = engine
         self.seen: dict[str, tuple] = {}
         self.after = None
+        self.error: str | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="bench-latency-watch", daemon=True)
+
+    def start(self) -> None:
+        self.poll()
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join()
+
+    def _run(self) -> None:
+        try:
+            while not self._stop.wait(WATCH_POLL_S):
+                self.poll()
+        except Exception as exc:  # noqa: BLE001 - reported by the stage, not lost with the thread
+            self.error = f"{type(exc).__name__}: {exc}".splitlines()[0]
 
     def poll(self) -> None:
         stmt = select(L.c.op_key, L.c.finished_at).where(L.c.state.in_(TERMINAL))
@@ -83,9 +104,8 @@ class TerminalWatcher:
             self.after = finished if self.after is None else max(self.after, finished)
 
 
-def _paced_produce(settings: Settings, topic: str, ids, rate: float, watcher: TerminalWatcher) -> dict:
-    """Produce one event per id at `rate`/s, polling the watcher in between; op_key → record
-    timestamp in epoch seconds."""
+def _paced_produce(settings: Settings, topic: str, ids, rate: float) -> dict:
+    """Produce one event per id at `rate`/s; op_key → record timestamp in epoch seconds."""
     codec = Codec.from_settings(settings)
     producer = make_producer(settings, **{"compression.type": "none"})
     stamps: dict[str, float] = {}
@@ -95,15 +115,10 @@ def _paced_produce(settings: Settings, topic: str, ids, rate: float, watcher: Te
             stamps[msg.key().decode()] = msg.timestamp()[1] / 1000
 
     started = time.perf_counter()
-    next_watch = started
     for i, rid in enumerate(ids):
-        due = started + i / rate
-        while (now := time.perf_counter()) < due:
-            if now >= next_watch:
-                watcher.poll()
-                next_watch = now + WATCH_POLL_S
-            else:
-                time.sleep(min(due - now, 0.001))
+        delay = started + i / rate - time.perf_counter()
+        if delay > 0:
+            time.sleep(delay)
         event = reservation_event(rid, datetime.now(UTC))
         producer.produce(topic, key=event.op_key.encode(), on_delivery=delivered,
                          value=codec.encode("expiry_event", event.to_record(datetime.now(UTC))))

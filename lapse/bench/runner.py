@@ -116,7 +116,7 @@ def _stages(settings: Settings, plan: BenchPlan, dbs: BenchDatabases, progress) 
         settings, url, latency_topic, rate, count, plan.default_batch))
 
     progress(f"reconciler scan over {plan.scan_rows} rows, audit replay of {n} records")
-    out["reconciler_scan"] = _on_clone(dbs, "scan", lambda url: scans.reconciler_scan(url, plan.scan_rows))
+    out["reconciler_scan"] = _on_clone(dbs, "scan", lambda url: scans.reconciler_scan(settings, url, plan.scan_rows))
     out["audit_replay"] = scans.audit_replay(settings, topic)
     return summarize(out, plan.default_batch)
 

@@ -1,4 +1,4 @@
-"""Read-side rates: the reconciler's keyset scan of a large business table, and an audit replay
+"""Read-side rates: a reconciler pass over a large business table, and an audit replay
 of the expiry topic (manual assignment, read to EOF, every record decoded)."""
 
 from __future__ import annotations
@@ -7,43 +7,49 @@ import time
 from datetime import UTC, datetime, timedelta
 
 from confluent_kafka import OFFSET_BEGINNING, KafkaError, KafkaException, TopicPartition
+from pydantic import SecretStr
+from sqlalchemy import text
 
 from lapse.bench.databases import seed_held
 from lapse.bench.events import partitions_of, unique_name
 from lapse.codec import Codec
 from lapse.database import make_engine
-from lapse.kafka_clients import make_consumer
-from lapse.kinds import RELEASE_RESERVATION
+from lapse.kafka_clients import make_consumer, make_producer
+from lapse.kinds import registry
 from lapse.settings import Settings
 
-SCAN_PAGE = 5000
+IN_FLIGHT_LEDGER = text(
+    "INSERT INTO cleanup_ledger (op_key, kind, tenant, subject_id, state, attempt, due_at,"
+    " correlation_id, source, duplicates, created_at, updated_at)"
+    " SELECT 'release-reservation:' || id, 'release-reservation', tenant, id::text, 'pending', 0,"
+    " expires_at, md5(id::text), 'sweep', 0, now(), now() FROM reservations"
+    " ON CONFLICT DO NOTHING")
 
 
-def reconciler_scan(database_url: str, rows: int, page_size: int = SCAN_PAGE) -> dict:
-    """Seed `rows` due holds (ids after the template's), then walk every due row in keyset pages
-    of RELEASE_RESERVATION.eligible_page (the query the sweep and reconciler page with)."""
+def reconciler_scan(settings: Settings, database_url: str, rows: int) -> dict:
+    """One reconciler pass (reconciler.scan.scan_rate) after adding `rows` due holds, with every
+    hold's work in flight: each has a fresh `pending` ledger row, so the pass reads every business
+    row and its ledger state and has nothing to re-emit or report."""
+    from reconciler.scan import scan_rate
+
     engine = make_engine(database_url)
-    now = datetime.now(UTC)
     try:
         with engine.connect() as conn:
             existing = conn.exec_driver_sql("SELECT coalesce(max(id), 0) FROM reservations").scalar_one()
-        seed_held(engine, rows, now - timedelta(minutes=1), first_id=existing + 1)
-        scanned, pages, cursor = 0, 0, None
-        started = time.perf_counter()
-        with engine.connect() as conn:
-            while True:
-                page = conn.execute(RELEASE_RESERVATION.eligible_page(
-                    now, cursor, page_size, without_ledger=True)).all()
-                if not page:
-                    break
-                scanned += len(page)
-                pages += 1
-                cursor = RELEASE_RESERVATION.to_eligible(page[-1]).cursor
-        seconds = time.perf_counter() - started
+        seed_held(engine, rows, datetime.now(UTC) - timedelta(hours=1), first_id=existing + 1)
+        with engine.begin() as conn:
+            conn.execute(IN_FLIGHT_LEDGER)
+            conn.execute(text("ANALYZE cleanup_ledger"))
+        producer = make_producer(settings)
+        report, rate = scan_rate(engine, producer, Codec.from_settings(settings),
+                                 settings.model_copy(update={"database_url": SecretStr(database_url)}),
+                                 registry())
     finally:
         engine.dispose()
-    return {"rows": scanned, "pages": pages, "page_size": page_size, "seconds": round(seconds, 3),
-            "rows_per_s": round(scanned / seconds, 1), "method": "keyset eligible_page scan"}
+    scanned = report.scanned + report.ledger_scanned
+    return {"rows": scanned, "pages": report.pages, "page_size": settings.reconcile_page_size,
+            "seconds": round(scanned / rate, 3) if rate else None, "rows_per_s": round(rate, 1),
+            "reemitted": report.reemitted, "method": "reconciler.scan.scan_rate, work in flight"}
 
 
 def audit_replay(settings: Settings, topic: str) -> dict:
