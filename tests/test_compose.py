@@ -1,0 +1,66 @@
+"""compose/ is consistent with the code: every LAPSE_* variable is a Settings field, topics.yaml
+fits the three brokers, each image is pinned, and Prometheus scrapes what serves metrics.
+(Docker cannot run here; see compose/README.md.)"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import yaml
+
+from lapse.settings import REPO_ROOT, Settings, env_var
+from lapse.topics import load_topics
+
+COMPOSE = REPO_ROOT / "compose"
+
+
+def _compose() -> dict:
+    return yaml.safe_load((COMPOSE / "docker-compose.yml").read_text())
+
+
+def _lapse_vars(env: dict) -> set[str]:
+    return {k for k in env if k.startswith("LAPSE_")}
+
+
+def test_every_lapse_variable_is_a_settings_field():
+    services = _compose()["services"]
+    fields = {env_var(name): name for name in Settings.model_fields}
+    seen = set()
+    for name, service in services.items():
+        unknown = _lapse_vars(service.get("environment") or {}) - set(fields)
+        assert not unknown, f"service {name} sets {sorted(unknown)}, which are not Settings fields"
+        seen |= _lapse_vars(service.get("environment") or {})
+    dockerfile = (COMPOSE / "Dockerfile").read_text()
+    assert set(re.findall(r"\b(LAPSE_[A-Z_]+)=", dockerfile)) <= set(fields)
+    assert {"LAPSE_BOOTSTRAP_SERVERS", "LAPSE_DATABASE_URL", "LAPSE_METRICS_PORT"} <= seen
+
+
+def test_topics_fit_three_brokers_and_services_are_there():
+    services = _compose()["services"]
+    brokers = [n for n, s in services.items() if str(s.get("image", "")).startswith("apache/kafka:")]
+    assert len(brokers) == 3
+    for spec in load_topics(REPO_ROOT / "topics.yaml"):
+        assert spec.replication_factor <= len(brokers), spec.name
+        assert int(spec.config.get("min.insync.replicas", "1")) < spec.replication_factor, spec.name
+    for role in ("sweep", "process", "relay", "delay", "reconcile", "analytics", "monitor", "migrate",
+                 "postgres", "schema-registry", "prometheus", "grafana"):
+        assert role in services, role
+    assert services["process"]["deploy"]["replicas"] == 3
+
+
+def test_images_are_pinned_and_prometheus_scrapes_the_metrics_port():
+    for name, service in _compose()["services"].items():
+        image = service.get("image")
+        assert image and ":" in image and not image.endswith(":latest"), f"{name}: unpinned image {image}"
+    scrape = yaml.safe_load((COMPOSE / "prometheus.yml").read_text())["scrape_configs"]
+    targets = {t for job in scrape for c in job.get("static_configs", []) for t in c["targets"]}
+    targets |= {f"{n}:{c['port']}" for job in scrape for c in job.get("dns_sd_configs", []) for n in c["names"]}
+    port = _compose()["x-lapse-env"]["LAPSE_METRICS_PORT"]
+    assert {f"{s}:{port}" for s in ("sweep", "process", "relay", "monitor")} <= targets
+    dashboard = json.loads(Path(COMPOSE / "grafana/dashboards/lapse.json").read_text())
+    exprs = " ".join(t["expr"] for p in dashboard["panels"] for t in p["targets"])
+    for metric in ("lapse_oldest_eligible_age_seconds", "lapse_consumer_lag_records",
+                   "lapse_dead_letters_total", "lapse_batch_seconds_bucket", "lapse_retries_total"):
+        assert metric in exprs
