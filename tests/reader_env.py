@@ -48,8 +48,10 @@ def produce_events(settings: Settings, events: list, topic: str | None = None) -
                 topic or settings.expiry_topic, events, datetime.now(UTC))
 
 
-def process_until_terminal(settings: Settings, expected: int, timeout_s: float = 60.0) -> None:
-    """Run one CleanupWorker until `expected` ledger rows are terminal (a bounded wait), then stop."""
+def process_until_terminal(settings: Settings, expected: int, timeout_s: float = 60.0,
+                           replayed: int = 0) -> None:
+    """Run one CleanupWorker until `expected` ledger rows are terminal, `replayed` of them after a
+    replay (a bounded wait), then stop."""
     from processors.worker import CleanupWorker
 
     engine = make_engine(settings.database_url_plain())
@@ -62,7 +64,9 @@ def process_until_terminal(settings: Settings, expected: int, timeout_s: float =
             with engine.connect() as conn:
                 done = conn.execute(select(func.count()).select_from(cleanup_ledger)
                                     .where(cleanup_ledger.c.state.in_(TERMINAL))).scalar()
-            if done >= expected:
+                again = conn.execute(select(func.count()).select_from(cleanup_ledger).where(
+                    cleanup_ledger.c.state.in_(TERMINAL), cleanup_ledger.c.replay_id.is_not(None))).scalar()
+            if done >= expected and again >= replayed:
                 break
             time.sleep(0.2)
     finally:

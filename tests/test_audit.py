@@ -1,5 +1,6 @@
 """`lapse audit` over a real history (sweep, worker, relay on Apache Kafka and PostgreSQL):
-its counts match the ledger, and a forged second `applied` outcome fails the exit status."""
+its counts match the ledger through duplicates, a relay repeat and an operator replay; a forged
+second `applied` outcome fails the exit status; a retention gap is reported."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import json
 from datetime import UTC, datetime, timedelta
 
 from click.testing import CliRunner
+from confluent_kafka import TopicPartition
 from sqlalchemy import func, select, update
 
 from lapse.cli import main
@@ -14,6 +16,8 @@ from lapse.database import make_engine
 from lapse.demo_data import add_reservations
 from lapse.ledger import ExpiryEvent
 from lapse.models import cleanup_ledger, outbox, reservations
+from processors.dlq_queries import Selection, replay
+from tests.fixtures_kafka import admin
 from tests.reader_env import (
     outcome_record,
     process_until_terminal,
@@ -24,6 +28,8 @@ from tests.reader_env import (
     sweep,
 )
 
+DEAD_KEY = "release-reservation:not-a-number"
+
 
 def _event(subject: str, **kw) -> ExpiryEvent:
     return ExpiryEvent(op_key=f"release-reservation:{subject}", kind="release-reservation",
@@ -31,11 +37,12 @@ def _event(subject: str, **kw) -> ExpiryEvent:
                        correlation_id=f"c-{subject}", **kw)
 
 
-def _audit(settings, *args) -> tuple[int, dict]:
+def _audit(settings, since: datetime | None = None) -> tuple[int, dict]:
+    window = ["--since", since.isoformat()] if since else ["--from-beginning"]
     env = {"LAPSE_BOOTSTRAP_SERVERS": settings.bootstrap_servers,
            "LAPSE_EXPIRY_TOPIC": settings.expiry_topic, "LAPSE_OUTCOMES_TOPIC": settings.outcomes_topic,
            "LAPSE_DLQ_TOPIC": settings.dlq_topic, "LAPSE_LOG_LEVEL": "WARNING"}
-    result = CliRunner().invoke(main, ["audit", "--from-beginning", "--grace", "0s", "--json", *args],
+    result = CliRunner().invoke(main, ["audit", *window, "--grace", "0s", "--json"],
                                 env=env)
     assert result.exit_code in (0, 1), result.output
     return result.exit_code, json.loads(result.stdout.splitlines()[-1])
@@ -50,31 +57,45 @@ def test_audit_matches_the_ledger_and_fails_on_a_second_applied(kafka_bootstrap,
     sweep(settings)
     with engine.begin() as conn:  # two payments win the race after the events were emitted
         conn.execute(update(reservations).where(reservations.c.id.in_(ids[:2])).values(status="paid"))
-        (replayed,) = add_reservations(conn, 1, expires_at=past)
-    # Faults: a duplicate delivery, an invalid subject (dead letter), an operator replay.
-    produce_events(settings, [_event(str(ids[3])), _event("not-a-number"),
-                              _event(str(replayed), source="replay", replay_id="replay-1")])
-    process_until_terminal(settings, expected=10)
+    # Faults: a duplicate delivery and an invalid subject (dead letter).
+    produce_events(settings, [_event(str(ids[3])), _event("not-a-number")])
+    process_until_terminal(settings, expected=9)
     relay(settings)
     with engine.begin() as conn:  # the relay crashed after the flush: one outcome goes out again
-        conn.execute(update(outbox).where(outbox.c.id == 1).values(sent_at=None))
+        first = conn.execute(select(func.min(outbox.c.id)).where(outbox.c.schema == "cleanup_outcome")).scalar()
+        conn.execute(update(outbox).where(outbox.c.id == first).values(sent_at=None))
     assert relay(settings) == 1
+
+    # An operator replays the dead letter; it fails again and stays dead.
+    before_replay = datetime.now(UTC)
+    with engine.begin() as conn:
+        replay_id, released = replay(conn, Selection(op_keys=(DEAD_KEY,)), limit=10, reason="test",
+                                     actor="auditor", now=datetime.now(UTC),
+                                     expiry_topic=settings.expiry_topic)
+    assert [r["op_key"] for r in released] == [DEAD_KEY]
+    relay(settings)
+    process_until_terminal(settings, expected=9, replayed=1)
+    relay(settings)
 
     code, report = _audit(settings)
     with engine.connect() as conn:
         states = dict(conn.execute(select(cleanup_ledger.c.state, func.count())
                                    .group_by(cleanup_ledger.c.state)).all())
-    assert states == {"applied": 7, "skipped": 2, "dead_letter": 1}
+    assert states == {"applied": 6, "skipped": 2, "dead_letter": 1}
     assert (code, report["broken"]) == (0, [])
     assert report["final_by_status"] == states
-    assert report["outcomes_by_status"] == states
-    assert (report["events_seen"], report["op_keys_seen"]) == (11, 10)
+    assert report["outcomes_by_status"] == {"applied": 6, "skipped": 2, "dead_letter": 2}
+    assert (report["events_seen"], report["op_keys_seen"]) == (11, 9)
     assert report["outcome_repeats"] == 1
     assert (report["without_terminal"], report["applied_twice"]) == (0, {})
-    assert (report["dead_letters"], report["unresolved_dead_letters"]) == (1, 1)
-    assert report["unresolved_sample"] == ["release-reservation:not-a-number"]
-    assert report["replays"] == {"replay-1": {"events": 1, "outcome:applied": 1}}
+    assert (report["dead_letters"], report["unresolved_dead_letters"]) == (2, 1)
+    assert report["unresolved_sample"] == [DEAD_KEY]
+    assert report["replays"] == {replay_id: {"events": 1, "outcome:dead_letter": 1}}
     assert report["gaps"] == []
+
+    # --since reads only what happened after the replay began.
+    code, since = _audit(settings, since=before_replay)
+    assert (code, since["events_seen"], since["outcomes_by_status"]) == (0, 1, {"dead_letter": 1})
 
     # A second `applied` outcome for one op key, with its own outcome id: a broken invariant.
     produce_outcomes(settings, [outcome_record(10_000, str(ids[4]), worker="hand")])
@@ -82,4 +103,14 @@ def test_audit_matches_the_ledger_and_fails_on_a_second_applied(kafka_bootstrap,
     assert code == 1
     assert list(report["applied_twice"]) == [f"release-reservation:{ids[4]}"]
     assert report["broken"] == ["1 op keys applied more than once"]
+
+    # Retention deleting the head of a partition is reported, never skipped silently.
+    client = admin(kafka_bootstrap)  # kept referenced until its futures are done
+    futures = client.delete_records([TopicPartition(settings.dlq_topic, 0, 1)])
+    for future in futures.values():
+        future.result(15)
+    code, report = _audit(settings)
+    assert [(g["topic"], g["partition"], g["first_retained"]) for g in report["gaps"]] == [
+        (settings.dlq_topic, 0, 1)]
+    assert report["dead_letters"] == 1
     engine.dispose()
