@@ -47,12 +47,8 @@ def create_topic(settings: Settings, name: str, partitions: int, timeout: float 
 
 
 def produce_events(settings: Settings, topic: str, events: Iterable[ExpiryEvent], now: datetime) -> int:
-    """Produce expiry events keyed by op key with the sweep's own emitter; returns the count.
-
-    Uncompressed: Faust (aiokafka) reads lz4 only with the `lz4` package, which Lapse does not
-    declare, and every stage must read the same bytes."""
-    producer = make_producer(settings, **{"linger.ms": 20, "batch.size": 1_000_000,
-                                          "compression.type": "none"})
+    """Produce expiry events keyed by op key with the sweep's own emitter; returns the count."""
+    producer = make_producer(settings, **{"linger.ms": 20, "batch.size": 1_000_000})
     events = list(events)
     emit_events(producer, Codec.from_settings(settings), DeliveryTracker(), topic, events, now)
     return len(events)

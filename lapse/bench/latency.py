@@ -107,7 +107,7 @@ class TerminalWatcher:
 def _paced_produce(settings: Settings, topic: str, ids, rate: float) -> dict:
     """Produce one event per id at `rate`/s; op_key → record timestamp in epoch seconds."""
     codec = Codec.from_settings(settings)
-    producer = make_producer(settings, **{"compression.type": "none"})
+    producer = make_producer(settings)
     stamps: dict[str, float] = {}
 
     def delivered(err, msg):
