@@ -3,6 +3,9 @@
 The topics are read by manual assignment up to the high watermarks captured at the start (or
 partition EOF), with no group and no commits. Records are joined by op key into small per-key
 tuples (payloads are not kept), and the report says which invariants hold.
+
+On the embedded tansu broker the high watermark can be short of the log's end (PITFALLS.md), so an
+audit there may stop early; audit an Apache Kafka cluster.
 """
 
 from __future__ import annotations
