@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import click
@@ -56,7 +57,7 @@ def bench(settings, events: int, workers: int, batch_sizes: tuple[int, ...], sca
     else:
         plan = BenchPlan(events, workers, batch_sizes, scan_rows=scan_rows)
     if no_faust:
-        plan = BenchPlan(**{**plan.__dict__, "faust": False})
+        plan = replace(plan, faust=False)
     progress = (lambda msg: click.echo(f"bench: {msg}", err=True))
     try:
         result = run_bench(settings, plan, progress)
