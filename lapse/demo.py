@@ -25,7 +25,8 @@ from lapse.models import artifacts, cleanup_ledger, ledger_transitions, outbox, 
 from lapse.offsets import Span, manual_consumer, partitions_of, read_spans
 from lapse.settings import Settings
 from lapse.topics import apply, load_topics, plan
-from producers.sweep import emit_events, sweep_once
+from lapse.emit import emit_events
+from producers.sweep import sweep_once
 
 log = get_logger("demo")
 NO_END = 2**62  # read to partition EOF: right on every broker (PITFALLS: ListOffsets on tansu)

@@ -11,7 +11,6 @@ left to that worker.
 from __future__ import annotations
 
 import random
-import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
@@ -26,7 +25,7 @@ from lapse.logs import get_logger
 from lapse.models import cleanup_ledger as L
 from processors import queries
 from processors.failures import AMBIGUOUS, EffectFailure, classify
-from processors.rate_limit import TokenBucket
+from lapse.rate_limit import TokenBucket
 from processors.retries import FailedAttempt, record_failures
 
 log = get_logger("leased")

@@ -15,6 +15,7 @@ from confluent_kafka import Producer
 from sqlalchemy import Engine
 
 from lapse.codec import Codec
+from lapse.emit import emit_events  # noqa: F401 - re-exported for older imports
 from lapse.kafka_clients import DeliveryTracker
 from lapse.kinds import CleanupKind
 from lapse.ledger import ExpiryEvent, new_correlation_id
@@ -31,17 +32,6 @@ class SweepReport:
     found: int = 0
     emitted: int = 0
     by_kind: dict[str, int] = field(default_factory=dict)
-
-
-def emit_events(producer: Producer, codec: Codec, delivery: DeliveryTracker, topic: str,
-                events: list[ExpiryEvent], now: datetime) -> None:
-    """Produce expiry events keyed by op key and wait until every one is acknowledged."""
-    for event in events:
-        producer.produce(topic, key=event.op_key.encode(),
-                         value=codec.encode("expiry_event", event.to_record(now)),
-                         on_delivery=delivery)
-        producer.poll(0)
-    delivery.flush(producer)
 
 
 def sweep_kind(engine: Engine, producer: Producer, codec: Codec, settings: Settings,

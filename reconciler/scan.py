@@ -25,7 +25,8 @@ from lapse.ledger_queries import insert_pending, record_transitions, transition
 from lapse.logs import get_logger
 from lapse.settings import Settings
 from reconciler import queries
-from reconciler.token_bucket import TokenBucket
+from lapse.emit import emit_events
+from lapse.rate_limit import TokenBucket
 
 log = get_logger("reconciler")
 
@@ -119,7 +120,7 @@ class Reconciler:
         events = [ExpiryEvent(op_key=kind.op_key(r.subject_id), kind=kind.name, tenant=r.tenant,
                               subject_id=r.subject_id, due_at=r.due_at,
                               correlation_id=new_correlation_id(), source=SOURCE) for r in rows]
-        self.bucket.take(len(events))
+        self.bucket.acquire(len(events))
         with self.engine.begin() as conn:
             created = set(insert_pending(conn, events, now))
             record_transitions(conn, [
@@ -145,7 +146,7 @@ class Reconciler:
             report.pages += 1
             report.ledger_scanned += len(rows)
             report.count(report.gaps, reason, len(rows))
-            self.bucket.take(len(rows))
+            self.bucket.acquire(len(rows))
             self._produce([ExpiryEvent(op_key=r.op_key, kind=r.kind, tenant=r.tenant,
                                        subject_id=r.subject_id, due_at=r.due_at,
                                        correlation_id=r.correlation_id, source=SOURCE,
@@ -160,12 +161,7 @@ class Reconciler:
         already marked, come back to a later pass once the grace period has passed again."""
         if not events:
             return
-        for event in events:
-            self.producer.produce(self.settings.expiry_topic, key=event.op_key.encode(),
-                                  value=self.codec.encode("expiry_event", event.to_record(now)),
-                                  on_delivery=self.delivery)
-            self.producer.poll(0)
-        self.delivery.flush(self.producer)
+        emit_events(self.producer, self.codec, self.delivery, self.settings.expiry_topic, events, now)
         report.reemitted += len(events)
         for event in events:
             log.debug("re-emitted", extra={"op_key": event.op_key, "correlation_id": event.correlation_id})

@@ -1,1 +1,1 @@
-pytest_plugins = ["tests.fixtures_kafka", "tests.fixtures_db"]
+pytest_plugins = ["tests.fixtures_kafka", "tests.fixtures_db", "tests.pipeline_env"]

@@ -11,7 +11,7 @@ from lapse.ledger import ExpiryEvent
 from lapse.models import cleanup_ledger
 from processors.circuit import CircuitPolicy, DeadLetterCircuit
 from processors.worker import CleanupWorker
-from tests.pipeline_env import committed, pipeline  # noqa: F401
+from tests.pipeline_env import committed
 from tests.test_pipeline import seed
 
 

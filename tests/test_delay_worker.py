@@ -10,7 +10,7 @@ from confluent_kafka import Producer
 
 from lapse.delays import TARGET_HEADER, due_header, parse_due
 from processors.delay_worker import DelayWorker
-from tests.pipeline_env import committed, pipeline, read_topic  # noqa: F401
+from tests.pipeline_env import committed, read_topic
 
 
 def test_delay_tier_forwards_when_due_and_a_held_partition_holds_only_itself(pipeline):

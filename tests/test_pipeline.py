@@ -18,8 +18,9 @@ from lapse.ledger import ExpiryEvent
 from lapse.models import cleanup_ledger, ledger_transitions, reservations
 from processors.worker import CleanupWorker
 from producers.relay import relay_until_empty
-from producers.sweep import emit_events, sweep_once
-from tests.pipeline_env import EXPIRY_PARTITIONS, committed, end_offsets, pipeline, read_topic  # noqa: F401
+from lapse.emit import emit_events
+from producers.sweep import sweep_once
+from tests.pipeline_env import EXPIRY_PARTITIONS, committed, end_offsets, read_topic
 
 PAST = datetime.now(UTC) - timedelta(minutes=5)
 

@@ -10,7 +10,7 @@ from confluent_kafka import Producer
 from lapse.demo_data import add_reservations
 from lapse.ledger import ExpiryEvent
 from processors.worker import CleanupWorker
-from tests.pipeline_env import committed, pipeline, read_topic  # noqa: F401
+from tests.pipeline_env import committed, read_topic
 
 NOW = datetime.now(UTC)
 

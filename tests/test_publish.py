@@ -15,7 +15,7 @@ from lapse.ledger_queries import millis
 from lapse.models import cleanup_ledger, outbox, reservations
 from producers.publish import schedule_cleanup
 from producers.relay import relay_until_empty
-from tests.pipeline_env import pipeline, read_topic  # noqa: F401  (fixture)
+from tests.pipeline_env import read_topic
 
 KIND = "release-reservation"
 

@@ -20,8 +20,8 @@ from lapse.models import cleanup_ledger, ledger_transitions, reservations
 from processors.worker import CleanupWorker
 from producers.sweep import sweep_once
 from reconciler.scan import Reconciler, reconcile_once, scan_rate
-from reconciler.token_bucket import TokenBucket
-from tests.pipeline_env import pipeline, read_topic  # noqa: F401  (fixture)
+from lapse.rate_limit import TokenBucket
+from tests.pipeline_env import read_topic
 
 KIND = "release-reservation"
 
@@ -150,12 +150,12 @@ def test_reconciler_racing_the_sweep_still_gives_one_effect_per_op_key(pipeline)
 def test_token_bucket_paces_a_burst_without_real_sleeping():
     now = [0.0]
     bucket = TokenBucket(100, burst=10, clock=lambda: now[0], sleep=lambda s: now.__setitem__(0, now[0] + s))
-    bucket.take(10)
+    bucket.acquire(10)
     assert now[0] == 0.0
-    bucket.take(50)
+    bucket.acquire(50)
     assert now[0] == pytest.approx(0.5)
     now[0] += 0.05
-    bucket.take(5)
+    bucket.acquire(5)
     assert now[0] == pytest.approx(0.55)
 
 

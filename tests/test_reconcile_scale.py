@@ -14,7 +14,7 @@ from lapse.kinds import RELEASE_RESERVATION, registry
 from lapse.ledger import CLAIMED, PENDING, RETRY_SCHEDULED
 from reconciler import queries
 from reconciler.scan import Reconciler
-from tests.pipeline_env import pipeline, read_topic  # noqa: F401  (fixture)
+from tests.pipeline_env import read_topic
 
 ROWS = 1_000_000
 HELD_EVERY = 20         # every 20th reservation is still held and expired: 50,000 eligible rows
