@@ -12,14 +12,17 @@ from lapse.cli_options import connection_options, emit, pass_settings, setting_o
 @connection_options
 @setting_option("delay_group", "--group")
 @setting_option("session_timeout_ms")
+@setting_option("metrics_port")
 @click.option("--json", "as_json", is_flag=True, help="Print the final count as JSON.")
 @pass_settings
 def delay(settings, as_json: bool) -> None:
     """Consume every lapse.delay.<tier> topic in group lapse-delay; hold each partition until its
     head record is due, then forward it to its target topic (lapse.expiry)."""
+    from lapse.metrics import serve
     from processors.delay_worker import DelayWorker
     from processors.worker import install_signal_handlers
 
+    serve(settings)
     worker = DelayWorker(settings)
     install_signal_handlers(worker.stop)
     forwarded = worker.run()

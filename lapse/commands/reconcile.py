@@ -48,6 +48,7 @@ def _summary(r: dict) -> str:
 @setting_option("reconcile_rate", "--rate", type=click.FloatRange(min=0, min_open=True),
                 help="Most events re-emitted per second.")
 @setting_option("reconcile_interval_s", "--interval", type=Duration(), metavar="DURATION")
+@setting_option("metrics_port")
 @click.option("--once", is_flag=True, help="One pass, then exit.")
 @click.option("--json", "as_json", is_flag=True, help="Print the pass summary as JSON.")
 @pass_settings
@@ -60,6 +61,9 @@ def reconcile(settings, once: bool, as_json: bool) -> None:
     from reconciler.scan import reconcile_once, run_reconcile_role
 
     if not once:
+        from lapse.metrics import serve
+
+        serve(settings)
         run_reconcile_role(settings, {})
         return
     engine = engine_from_settings(settings)
