@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import threading
 import time
+from datetime import UTC, datetime, timedelta
 
 from click.testing import CliRunner
 from confluent_kafka import TopicPartition
@@ -54,6 +55,7 @@ def _reset(settings, *args) -> tuple[int, str]:
 
 def test_groups_read_independently_and_a_reset_moves_only_one(kafka_bootstrap, pg_url, unique):
     settings = reader_settings(kafka_bootstrap, pg_url, unique)
+    before = datetime.now(UTC) - timedelta(seconds=1)
     produce_outcomes(settings, [outcome_record(i, str(i)) for i in range(1, OUTCOMES + 1)])
     groups = [unique("analytics"), unique("reports"), unique("audit")]
     seen = {g: set() for g in groups}
@@ -78,6 +80,12 @@ def test_groups_read_independently_and_a_reset_moves_only_one(kafka_bootstrap, p
     assert code == 0, out
     assert _positions(settings, groups[0]) == {0: 0, 1: 0, 2: 0}
     assert _positions(settings, groups[1]) == ends and _positions(settings, groups[2]) == ends
+
+    # Timestamp lookups (a dry run): before the first record → 0, after the last → the end.
+    for when, expected in ((before, {0: 0, 1: 0, 2: 0}), (datetime.now(UTC) + timedelta(hours=1), ends)):
+        code, out = _reset(settings, "--group", groups[1], "--to-datetime", when.isoformat(), "--json")
+        assert code == 0, out
+        assert {r["partition"]: r["new"] for r in json.loads(out)["partitions"]} == expected
 
     # While a member of the second group is running, the reset refuses and moves nothing.
     member = make_consumer(settings, groups[1])
