@@ -88,6 +88,13 @@ class CleanupKind:
             )
         )
 
+    def not_yet_due(self, conn: Connection, subjects: list[Any], now: datetime) -> dict[str, datetime]:
+        """Subjects still eligible whose due time is now in the future (a hold was extended after
+        its event was produced): subject id → the new due time."""
+        stmt = select(self.id_column, self.due_column).where(
+            self.id_column.in_(subjects), self.still_eligible, self.due_column > now)
+        return {str(subject): due for subject, due in conn.execute(stmt)}
+
     def to_eligible(self, row) -> EligibleRow:
         subject, tenant, due = row
         return EligibleRow(str(subject), tenant, due, (due, subject))

@@ -51,10 +51,11 @@ def history(conn: Connection, op_keys: list[str]) -> dict[str, list[dict]]:
     return out
 
 
-def wakeup_row(event: ExpiryEvent, due_at: datetime, attempt: int, now: datetime, *, topics) -> dict:
+def wakeup_row(event: ExpiryEvent, due_at: datetime, attempt: int, now: datetime, *, topics,
+               source: str = "retry") -> dict:
     """An outbox row that puts `event` on the smallest delay tier covering the wait."""
     topic, headers = delay_record(topics.tiers, topics.delay_prefix, due_at, now, topics.expiry)
-    woken = replace(event, due_at=due_at, attempt=attempt, source="retry")
+    woken = replace(event, due_at=due_at, attempt=attempt, source=source)
     payload = woken.to_record(now)
     payload["due_at"], payload["produced_at"] = millis(due_at), millis(now)
     return outbox_row(topic, event.op_key, "expiry_event", payload, now,

@@ -15,7 +15,7 @@ from datetime import datetime, timedelta
 from sqlalchemy import Connection
 
 from lapse.kinds import CleanupKind
-from lapse.ledger import APPLIED, CLAIMED, RETRY_SCHEDULED, SKIPPED, TERMINAL, ExpiryEvent
+from lapse.ledger import APPLIED, CLAIMED, PENDING, RETRY_SCHEDULED, SKIPPED, TERMINAL, ExpiryEvent
 from lapse.ledger_queries import (
     insert_outbox,
     insert_pending,
@@ -53,6 +53,7 @@ class BatchResult:
     not_due: list[ExpiryEvent] = field(default_factory=list)
     leased: list[ExpiryEvent] = field(default_factory=list)
     retried: list[str] = field(default_factory=list)
+    rescheduled: list[str] = field(default_factory=list)  # still eligible, due later than thought
     backed_off: list[ExpiryEvent] = field(default_factory=list)  # due_at = the other lease's end
     targets: dict[str, str] = field(default_factory=dict)  # leased op key → effect target
 
@@ -157,6 +158,7 @@ def apply_batch(
     transitions: list[dict] = []
     outbox: list[dict] = []
     invalid: list[tuple[ExpiryEvent, str]] = []
+    reschedules: list[tuple[ExpiryEvent, datetime]] = []
     for kind_name, batch in by_kind.items():
         kind = kinds[kind_name]
         subjects: dict[str, object] = {}
@@ -171,8 +173,14 @@ def apply_batch(
             changed: set[str] = set()  # subjects without a target are already clean: skipped
         else:
             changed = kind.apply_in_db(conn, list(subjects.values()), now)
+        unchanged = [subjects[e.subject_id] for e in batch if e.subject_id in subjects
+                     and e.subject_id not in changed and e.op_key not in result.targets]
+        moved = kind.not_yet_due(conn, unchanged, now) if unchanged else {}
         for event in batch:
             if event.subject_id not in subjects or event.op_key in result.targets:
+                continue
+            if event.subject_id in moved:
+                reschedules.append((event, moved[event.subject_id]))
                 continue
             status = APPLIED if event.subject_id in changed else SKIPPED
             (result.applied if status == APPLIED else result.skipped).append(event.op_key)
@@ -185,6 +193,9 @@ def apply_batch(
 
     queries.finish(conn, result.applied, worker, APPLIED, now)
     queries.finish(conn, result.skipped, worker, SKIPPED, now)
+    if reschedules:
+        reschedule(conn, reschedules, result, topics=topics, worker=worker, now=now,
+                   before=before, transitions=transitions, outbox=outbox)
     if invalid:
         dead_letter_invalid(conn, invalid, result, kinds=kinds, topics=topics, worker=worker,
                             now=now, before=before, positions=positions or {},
@@ -193,6 +204,27 @@ def apply_batch(
     insert_outbox(conn, outbox)
     queries.add_duplicates(conn, duplicates)
     return result
+
+
+def reschedule(conn: Connection, moved: list[tuple[ExpiryEvent, datetime]], result: BatchResult, *,
+               topics, worker, now, before, transitions, outbox) -> None:
+    """Work whose business row is still eligible but no longer due (a hold was extended after its
+    event was produced) goes back to `pending` at the new due time, with a wake-up on a delay tier;
+    skipping it would be terminal and the extended hold would never be cleaned up."""
+    from processors.retries import wakeup_row
+
+    rows = []
+    for event, due_at in moved:
+        attempt = before[event.op_key][1]
+        rows.append({"op_key": event.op_key, "state": PENDING, "attempt": attempt, "due_at": due_at,
+                     "failure_class": None, "failure": None, "finished_at": None})
+        transitions.append(transition(
+            event.op_key, CLAIMED, PENDING, attempt, worker, now,
+            reason=f"rescheduled: not due until {due_at.isoformat()}",
+            replay_id=event.replay_id, correlation_id=event.correlation_id))
+        outbox.append(wakeup_row(event, due_at, attempt, now, topics=topics, source="reschedule"))
+        result.rescheduled.append(event.op_key)
+    queries.finish_with_failure(conn, rows, worker, now)
 
 
 def classify_unclaimed(conn: Connection, unique: dict[str, ExpiryEvent], claimed: set[str],

@@ -66,16 +66,6 @@ def test_payment_that_won_the_race_is_skipped(db_url):
     assert payload["status"] == "skipped"
 
 
-def test_not_yet_expired_hold_is_not_released(db_url):
-    engine = make_engine(db_url)
-    with engine.begin() as conn:
-        (rid,) = add_reservations(conn, 1, expires_at=NOW + timedelta(minutes=10))
-    run(engine, [event(rid)])
-    with engine.connect() as conn:
-        assert conn.execute(select(reservations.c.status)).scalar() == "held"
-    assert ledger(engine, rid)["state"] == "skipped"
-
-
 def test_malformed_subject_is_dead_lettered_with_reason(db_url):
     engine = make_engine(db_url)
     result = run(engine, [event("abc")])
@@ -121,3 +111,26 @@ def test_two_workers_racing_on_one_batch_apply_once(pg_url):
         assert conn.execute(select(func.count()).where(reservations.c.status == "released")).scalar() == 200
         assert conn.execute(select(func.count()).select_from(outbox)).scalar() == 200
     assert RELEASE_RESERVATION.name == "release-reservation"
+
+
+def test_hold_extended_after_its_event_is_rescheduled_not_skipped(db_url):
+    """Skipping would be terminal: the extended hold would never be released."""
+    engine = make_engine(db_url)
+    extended = NOW + timedelta(minutes=20)
+    with engine.begin() as conn:
+        (rid,) = add_reservations(conn, 1, expires_at=extended)
+    result = run(engine, [event(rid)])
+    assert result.rescheduled == [f"release-reservation:{rid}"] and not result.skipped
+    row = ledger(engine, rid)
+    assert (row["state"], row["due_at"], row["attempt"]) == ("pending", extended, 0)
+    with engine.connect() as conn:
+        wakeup = conn.execute(select(outbox.c.topic, outbox.c.payload)).one()
+    assert wakeup.topic == "lapse.delay.1h"  # the smallest tier covering 20 minutes
+    assert wakeup.payload["source"] == "reschedule"
+    # When the new due time comes, the wake-up releases it.
+    later = run(engine, [ExpiryEvent(op_key=f"release-reservation:{rid}", kind="release-reservation",
+                                     tenant="t1", subject_id=str(rid), due_at=extended,
+                                     correlation_id="c")], now=extended + timedelta(seconds=1))
+    assert later.applied == [f"release-reservation:{rid}"]
+    with engine.connect() as conn:
+        assert conn.execute(select(reservations.c.status)).scalar() == "released"
