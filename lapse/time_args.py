@@ -11,7 +11,7 @@ from datetime import UTC, datetime, timedelta
 
 import click
 
-_DURATION = re.compile(r"^(\d+)\s*(ms|s|m|h|d)$")
+_DURATION = re.compile(r"^(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)$")
 _UNITS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400}
 
 
@@ -31,7 +31,7 @@ def parse_duration(text: str) -> timedelta:
     match = _DURATION.match(text.strip())
     if not match:
         raise ValueError(f"{text!r} is not a duration like 30s, 15m, 2h or 1d")
-    return timedelta(seconds=int(match[1]) * _UNITS[match[2]])
+    return timedelta(seconds=float(match[1]) * _UNITS[match[2]])
 
 
 class Timestamp(click.ParamType):
@@ -47,15 +47,22 @@ class Timestamp(click.ParamType):
 
 
 class Duration(click.ParamType):
+    """A duration option; `as_seconds=True` gives float seconds (for `*_s` settings)."""
+
     name = "DURATION"
 
+    def __init__(self, as_seconds: bool = False) -> None:
+        self.as_seconds = as_seconds
+
     def convert(self, value, param, ctx):
-        if isinstance(value, timedelta):
-            return value
-        try:
-            return parse_duration(value)
-        except ValueError as exc:
-            self.fail(str(exc), param, ctx)
+        if isinstance(value, (timedelta, int, float)):
+            seconds = value.total_seconds() if isinstance(value, timedelta) else float(value)
+        else:
+            try:
+                seconds = parse_duration(value).total_seconds()
+            except ValueError as exc:
+                self.fail(str(exc), param, ctx)
+        return seconds if self.as_seconds else timedelta(seconds=seconds)
 
 
 TIMESTAMP = Timestamp()

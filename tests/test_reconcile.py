@@ -162,7 +162,7 @@ def test_token_bucket_paces_a_burst_without_real_sleeping():
 def test_bad_grace_is_a_one_line_error():
     result = CliRunner().invoke(main, ["reconcile", "--once", "--grace", "five minutes"])
     assert result.exit_code == 2
-    assert "'five minutes' is not a duration like 30s, 5m, 1h or 2d" in result.output
+    assert "'five minutes' is not a duration like 30s, 15m, 2h or 1d" in result.output
     assert "Traceback" not in result.output
 
 

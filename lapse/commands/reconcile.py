@@ -2,36 +2,11 @@
 
 from __future__ import annotations
 
-import re
-
 import click
 
 from lapse.cli import main
 from lapse.cli_options import connection_options, emit, pass_settings, setting_option
-
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)\s*$")
-_SECONDS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400}
-
-
-def parse_duration(text: str) -> float:
-    """Seconds in a duration like "30s", "5m", "1h", "2d" or "500ms"; ValueError otherwise."""
-    match = _DURATION.match(text)
-    if not match:
-        raise ValueError(f"{text!r} is not a duration like 30s, 5m, 1h or 2d")
-    return float(match.group(1)) * _SECONDS[match.group(2)]
-
-
-class Duration(click.ParamType):
-    name = "DURATION"
-
-    def convert(self, value, param, ctx):
-        if isinstance(value, (int, float)):
-            return float(value)
-        try:
-            return parse_duration(value)
-        except ValueError as exc:
-            self.fail(str(exc), param, ctx)
-
+from lapse.time_args import Duration
 
 def _summary(r: dict) -> str:
     gaps = ", ".join(f"{k}={v}" for k, v in sorted(r["gaps"].items())) or "none"
@@ -42,12 +17,12 @@ def _summary(r: dict) -> str:
 
 @main.command()
 @connection_options
-@setting_option("reconcile_grace_s", "--grace", type=Duration(), metavar="DURATION",
+@setting_option("reconcile_grace_s", "--grace", type=Duration(as_seconds=True), metavar="DURATION",
                 help="Leave work alone until it has looked stuck this long (30s, 5m, 1h).")
 @setting_option("reconcile_page_size", "--page-size", type=click.IntRange(1, 100_000))
 @setting_option("reconcile_rate", "--rate", type=click.FloatRange(min=0, min_open=True),
                 help="Most events re-emitted per second.")
-@setting_option("reconcile_interval_s", "--interval", type=Duration(), metavar="DURATION")
+@setting_option("reconcile_interval_s", "--interval", type=Duration(as_seconds=True), metavar="DURATION")
 @setting_option("metrics_port")
 @click.option("--once", is_flag=True, help="One pass, then exit.")
 @click.option("--json", "as_json", is_flag=True, help="Print the pass summary as JSON.")
