@@ -4,6 +4,7 @@ shape and its correctness figures (not speeds); the full benchmark runs only wit
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
@@ -61,6 +62,7 @@ def test_quick_bench_reports_every_stage_and_cleans_up(kafka_bootstrap, tmp_path
     assert {"date", "cpus", "python"} <= set(out["machine"])
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert bench_databases(out["run_id"]) == []
+    assert not list(Path.cwd().glob("bench-faust-*"))  # Faust's data dir stays out of the work tree
 
 
 def test_wrong_batch_sizes_is_a_one_line_error():

@@ -7,8 +7,10 @@ Run as `python -m lapse.bench.faust_stage ARGS_JSON`; `run_faust` starts it and 
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 
 from lapse.bench.events import unique_name
@@ -19,12 +21,14 @@ from lapse.settings import Settings
 
 def run_faust(settings: Settings, database_url: str, topic: str, events: int) -> dict:
     """Start the Faust worker on `topic` with a fresh app id; stop it once `events` rows are done."""
+    datadir = tempfile.mkdtemp(prefix="lapse-bench-faust-")
     args = {"bootstrap": settings.bootstrap_servers, "topic": topic, "app_id": unique_name("bench-faust"),
             "database_url": database_url, "schemas_dir": str(settings.schemas_dir),
-            "outcomes": settings.outcomes_topic, "dlq": settings.dlq_topic}
+            "outcomes": settings.outcomes_topic, "dlq": settings.dlq_topic, "datadir": datadir}
     engine = make_engine(database_url)
     proc = subprocess.Popen([sys.executable, "-m", "lapse.bench.faust_stage", json.dumps(args)],
-                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            cwd=datadir)
     started = time.time()
     try:
         try:
@@ -37,6 +41,7 @@ def run_faust(settings: Settings, database_url: str, topic: str, events: int) ->
     finally:
         _stop(proc)
         engine.dispose()
+        shutil.rmtree(datadir, ignore_errors=True)
     return {"events": events, "seconds": round(span.seconds, 3), "events_per_s": round(span.rate, 1),
             "startup_s": round(seen_at - started - span.seconds, 3)}
 
@@ -71,6 +76,7 @@ def _worker(args: dict) -> None:
     engine = make_engine(args["database_url"])
     kinds, topics = registry(), Topics(outcomes=args["outcomes"], dlq=args["dlq"])
     app = faust.App(args["app_id"], broker=f"kafka://{args['bootstrap']}", store="memory://",
+                    datadir=args["datadir"],
                     web_enabled=False, topic_disable_leader=True, consumer_auto_offset_reset="earliest",
                     broker_session_timeout=6.0, broker_heartbeat_interval=1.0)
     source = app.topic(args["topic"], value_type=bytes, value_serializer="raw")

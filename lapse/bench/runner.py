@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import platform
-import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -44,10 +43,10 @@ class BenchPlan:
 
 
 def own_broker():
-    """An Apache Kafka node from the cached jars in a temporary folder (closed by the caller)."""
+    """An Apache Kafka node from the cached jars in its own temporary folder, which close() deletes."""
     from lapse.brokers import ApacheKafkaServer
 
-    return ApacheKafkaServer(tempfile.mkdtemp(prefix="lapse-bench-kafka-"), heap="768m").start()
+    return ApacheKafkaServer(heap="768m").start()
 
 
 def run_bench(settings: Settings, plan: BenchPlan, progress: Callable[[str], None] = lambda _: None) -> dict:
