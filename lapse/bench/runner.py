@@ -59,11 +59,13 @@ def run_bench(settings: Settings, plan: BenchPlan, progress: Callable[[str], Non
     quiet = {} if "log_level" in settings.model_fields_set else {"log_level": "WARNING"}
     settings = settings.model_copy(update={"session_timeout_ms": 6000, **quiet})
     configure_logging(settings)
-    dbs = BenchDatabases(admin_url_for(settings.database_url_plain()))
     try:
-        return _stages(settings, plan, dbs, progress)
+        dbs = BenchDatabases(admin_url_for(settings.database_url_plain()))
+        try:
+            return _stages(settings, plan, dbs, progress)
+        finally:
+            dbs.close()
     finally:
-        dbs.close()
         if broker is not None:
             broker.close()
 

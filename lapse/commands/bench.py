@@ -49,6 +49,7 @@ def bench(settings, events: int, workers: int, batch_sizes: tuple[int, ...], sca
     from lapse.bench.runner import BenchPlan, run_bench
     from lapse.bench.ledger_watch import StageFailed
     from lapse.brokers import BrokerUnavailable
+    from sqlalchemy.exc import OperationalError
 
     if plot_path is not None and not plot_path.parent.is_dir():
         raise click.UsageError(f"--plot: folder {plot_path.parent} does not exist")
@@ -63,6 +64,9 @@ def bench(settings, events: int, workers: int, batch_sizes: tuple[int, ...], sca
         result = run_bench(settings, plan, progress)
     except (BrokerUnavailable, StageFailed) as exc:
         raise click.ClickException(str(exc)) from None
+    except OperationalError as exc:
+        first = str(exc.orig or exc).strip().splitlines()[0]
+        raise click.ClickException(f"PostgreSQL not reachable ({first}): set --database-url") from None
     if plot_path is not None:
         from lapse.bench.plot import write_plot
 
