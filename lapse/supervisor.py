@@ -7,6 +7,7 @@ service instead (see compose/).
 from __future__ import annotations
 
 import multiprocessing as mp
+import os
 import signal
 import threading
 import time
@@ -26,9 +27,13 @@ class Role:
     kwargs: dict
 
 
-def _child(target, settings: Settings, kwargs: dict) -> None:
+def _child(target, settings: Settings, kwargs: dict, role_name: str) -> None:
     from lapse.logs import configure_logging
 
+    # Each role process is its own claim owner: two processors sharing the parent's id could
+    # complete each other's leases.
+    settings = settings.model_copy(
+        update={"worker_id": f"{settings.worker_id}/{role_name}-{os.getpid()}"})
     configure_logging(settings)
     from lapse.metrics import serve
 
@@ -49,7 +54,7 @@ class Supervisor:
         self.stop = threading.Event()
 
     def _start(self, role: Role) -> None:
-        proc = self.ctx.Process(target=_child, args=(role.target, self.settings, role.kwargs),
+        proc = self.ctx.Process(target=_child, args=(role.target, self.settings, role.kwargs, role.name),
                                 name=f"lapse-{role.name}", daemon=False)
         proc.start()
         self.procs[role.name] = proc

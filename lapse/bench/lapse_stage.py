@@ -22,14 +22,8 @@ def worker_settings(base: Settings, database_url: str, topic: str, group: str, b
     })
 
 
-def run_named_worker(settings: Settings, kwargs: dict) -> None:
-    """A supervisor role: run_worker with its own claim owner (roles otherwise share settings)."""
-    run_worker(settings.model_copy(update={"worker_id": kwargs["worker_id"]}), kwargs)
-
-
 def start_workers(settings: Settings, workers: int) -> Supervisor:
-    roles = [Role(f"bench-process-{i}", run_named_worker, {"worker_id": f"{settings.worker_id}-w{i}"})
-             for i in range(workers)]
+    roles = [Role(f"bench-process-{i}", run_worker, {}) for i in range(workers)]
     sup = Supervisor(settings, roles)
     sup.start()
     return sup
