@@ -13,8 +13,21 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Column, ColumnElement, Connection, Select, Table, and_, exists, select, tuple_, update
+from sqlalchemy import (
+    BigInteger,
+    Column,
+    ColumnElement,
+    Connection,
+    Select,
+    Table,
+    and_,
+    exists,
+    select,
+    tuple_,
+    update,
+)
 
+from lapse.batch_sql import any_of
 from lapse.ledger import op_key
 from lapse.models import artifacts, cleanup_ledger, reservations
 
@@ -114,7 +127,7 @@ def release_reservations(conn: Connection, ids: list[int], now: datetime) -> set
     stmt = (
         update(reservations)
         .where(
-            reservations.c.id.in_(ids),
+            any_of(conn, reservations.c.id, ids, BigInteger()),
             reservations.c.status == "held",
             reservations.c.expires_at <= now,
         )

@@ -1,7 +1,7 @@
 """SQL shared by every room that writes the ledger: pending rows, transitions, outbox rows.
 
-Statements are SQLAlchemy Core and work on PostgreSQL and SQLite; each call is one round trip
-for the whole batch.
+Statements work on PostgreSQL and SQLite; each call is one round trip for the whole batch
+(`lapse.batch_sql` keeps their text independent of the batch size on PostgreSQL).
 """
 
 from __future__ import annotations
@@ -10,25 +10,12 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Connection, insert
-from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy import Connection
+
+from lapse.batch_sql import bulk_insert
 
 from lapse.ledger import PENDING, ExpiryEvent
 from lapse.models import cleanup_ledger, ledger_transitions, outbox
-
-
-def insert_ignoring_conflicts(conn: Connection, table, rows: Sequence[dict], returning=None):
-    """`INSERT … ON CONFLICT DO NOTHING [RETURNING …]`: only the rows inserted come back."""
-    if not rows:
-        return []
-    dialect = postgresql if conn.dialect.name == "postgresql" else sqlite
-    # executemany, not .values(rows): the statement compiles once and is cached, and SQLAlchemy
-    # still sends it as multi-row INSERTs ("insertmanyvalues"), RETURNING included.
-    stmt = dialect.insert(table).on_conflict_do_nothing()
-    if returning is not None:
-        return conn.execute(stmt.returning(*returning), list(rows)).all()
-    conn.execute(stmt, list(rows))
-    return []
 
 
 def pending_row(event: ExpiryEvent, now: datetime) -> dict[str, Any]:
@@ -52,14 +39,14 @@ def pending_row(event: ExpiryEvent, now: datetime) -> dict[str, Any]:
 def insert_pending(conn: Connection, events: Sequence[ExpiryEvent], now: datetime) -> list[str]:
     """Create `pending` ledger rows for events that have none; returns the op keys created."""
     rows = [pending_row(e, now) for e in events]
-    return [r.op_key for r in insert_ignoring_conflicts(
-        conn, cleanup_ledger, rows, returning=[cleanup_ledger.c.op_key])]
+    created = bulk_insert(conn, cleanup_ledger, rows, ignore_conflicts=True, returning=["op_key"])
+    return [r.op_key for r in created]
 
 
 def record_transitions(conn: Connection, rows: Sequence[dict]) -> None:
     """Append transitions (op_key, from_state, to_state, attempt, actor, at, …) in one statement."""
     if rows:
-        conn.execute(insert(ledger_transitions), list(rows))
+        bulk_insert(conn, ledger_transitions, rows)
 
 
 def transition(
@@ -104,8 +91,7 @@ def outbox_row(
 
 
 def insert_outbox(conn: Connection, rows: Sequence[dict]) -> None:
-    if rows:
-        conn.execute(insert(outbox), list(rows))
+    bulk_insert(conn, outbox, rows)
 
 
 def millis(ts: datetime) -> int:

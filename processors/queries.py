@@ -11,6 +11,7 @@ from datetime import datetime
 
 from sqlalchemy import Connection, and_, bindparam, or_, select, update
 
+from lapse.batch_sql import any_of
 from lapse.ledger import CLAIMED, WAITING
 from lapse.models import cleanup_ledger as L
 
@@ -21,7 +22,7 @@ def read_states(conn: Connection, op_keys: Iterable[str]) -> dict[str, tuple]:
     stmt = select(
         L.c.op_key, L.c.state, L.c.attempt, L.c.due_at, L.c.claim_owner, L.c.claim_until,
         L.c.kind, L.c.subject_id, L.c.tenant, L.c.correlation_id, L.c.replay_id,
-    ).where(L.c.op_key.in_(list(op_keys)))
+    ).where(any_of(conn, L.c.op_key, list(op_keys)))
     return {row[0]: tuple(row[1:]) for row in conn.execute(stmt)}
 
 
@@ -39,7 +40,7 @@ def claim(conn: Connection, op_keys: list[str], owner: str, now: datetime, until
         return set()
     stmt = (
         update(L)
-        .where(L.c.op_key.in_(op_keys), claimable(now))
+        .where(any_of(conn, L.c.op_key, op_keys), claimable(now))
         .values(state=CLAIMED, claim_owner=owner, claim_until=until, updated_at=now)
         .returning(L.c.op_key)
     )
@@ -47,12 +48,16 @@ def claim(conn: Connection, op_keys: list[str], owner: str, now: datetime, until
 
 
 def finish(conn: Connection, op_keys: list[str], owner: str, state: str, now: datetime) -> int:
-    """Move rows this owner claimed to a terminal state; returns how many moved."""
+    """Move rows this owner claimed to a terminal state; returns how many moved.
+
+    `claim_owner` is set only while a row is claimed (every transition out of `claimed` clears
+    it), so it stands for `state = 'claimed'` here; leaving `state` out keeps the planner on the
+    primary key instead of a state index full of dead entries from earlier transitions."""
     if not op_keys:
         return 0
     stmt = (
         update(L)
-        .where(L.c.op_key.in_(op_keys), L.c.state == CLAIMED, L.c.claim_owner == owner)
+        .where(any_of(conn, L.c.op_key, op_keys), L.c.claim_owner == owner)
         .values(state=state, attempt=L.c.attempt + 1, finished_at=now, updated_at=now,
                 claim_owner=None, claim_until=None)
     )

@@ -13,7 +13,7 @@ from datetime import UTC, date, datetime, time, timedelta
 
 from sqlalchemy import Connection, Engine, func, select, update
 
-from lapse.ledger_queries import insert_ignoring_conflicts
+from lapse.batch_sql import bulk_insert
 from lapse.logs import get_logger
 from lapse.models import cleanup_ledger, daily_reports, ledger_transitions
 from reconciler.notifiers import Notifier
@@ -68,10 +68,10 @@ def enqueue_report(engine: Engine, day: date, now: datetime) -> tuple[str, bool]
     """Store the report of `day` unless one exists; returns (key, whether this call stored it)."""
     with engine.begin() as conn:
         payload = build_report(conn, day, now)
-        created = insert_ignoring_conflicts(conn, daily_reports, [{
+        created = bulk_insert(conn, daily_reports, [{
             "report_key": payload["report_key"], "report_date": day, "payload": payload,
             "created_at": now, "attempts": 0,
-        }], returning=[daily_reports.c.report_key])
+        }], ignore_conflicts=True, returning=["report_key"])
     return payload["report_key"], bool(created)
 
 
