@@ -81,7 +81,7 @@ class Settings(BaseSettings):
     relay_interval_s: float = Field(0.2, gt=0, description="Relay pause when the outbox is empty.")
 
     # Reconciler and daily report.
-    reconcile_page_size: int = Field(1000, ge=1, le=100_000, description="Rows per reconciler page.")
+    reconcile_page_size: int = Field(5000, ge=1, le=100_000, description="Rows per reconciler page.")
     reconcile_grace_s: float = Field(
         300.0, ge=0, description="How long work may look stuck before the reconciler re-emits it (s)."
     )

@@ -9,31 +9,81 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from sqlalchemy import Connection, Select, and_, select, tuple_, update
+from dataclasses import dataclass
+
+from sqlalchemy import (
+    Connection,
+    Select,
+    func,
+    literal,
+    null,
+    or_,
+    select,
+    tuple_,
+    union_all,
+    update,
+)
 
 from lapse.kinds import CleanupKind, EligibleRow
-from lapse.ledger import CLAIMED, PENDING, RETRY_SCHEDULED
+from lapse.ledger import APPLIED, CLAIMED, PENDING, RETRY_SCHEDULED, SKIPPED
 from lapse.models import cleanup_ledger as L
 
 # The ledger states the reconciler re-emits when stuck, with the reason it reports for each.
 STUCK_REASONS = {PENDING: "stuck_pending", CLAIMED: "stuck_claimed", RETRY_SCHEDULED: "stuck_retry"}
 
 
+# Ledger states of an eligible business row that the reconciler acts on: none (a gap), or a
+# terminal state while the business row still looks eligible (an anomaly).
+NEEDS_ATTENTION = (APPLIED, SKIPPED)
+
+
 def eligible_statement(kind: CleanupKind, cutoff: datetime, after: tuple | None, limit: int) -> Select:
-    """Business rows of `kind` due at or before `cutoff`, in (due, id) order after `after`, each
-    with its ledger state (None: no ledger row) through an outer join on (kind, subject_id)."""
-    ledger_row = and_(L.c.kind == kind.name,
-                      L.c.subject_id == kind.id_column.cast(L.c.subject_id.type))
-    return (kind.eligible_page(cutoff, after, limit, without_ledger=False)
-            .add_columns(L.c.state)
-            .outerjoin_from(kind.table, L, ledger_row))
+    """One page of business rows of `kind` due at or before `cutoff`, in (due, id) order after
+    `after`. Only the rows that need attention come back (no ledger row, or a terminal one), with
+    their ledger state; the last row of the page always comes back too, flagged `last`, with the
+    page's row count, so the scan moves on without reading every row into Python."""
+    page = kind.eligible_page(cutoff, after, limit, without_ledger=False).cte("page")
+    cols = [page.c[kind.id_column.name], page.c[kind.tenant_column.name],
+            page.c[kind.due_column.name]]
+    # A correlated lookup, not a join: one probe of ix_cleanup_ledger_kind_subject per page row,
+    # whatever the planner believes about the page's size.
+    state = (select(L.c.state)
+             .where(L.c.kind == kind.name,
+                    L.c.subject_id == page.c[kind.id_column.name].cast(L.c.subject_id.type))
+             .scalar_subquery())
+    probed = select(*cols, state.label("state")).subquery("probed")
+    attention = (
+        select(*probed.c[:3], probed.c.state, literal(False).label("last"), literal(0).label("n"))
+        .where(or_(probed.c.state.is_(None), probed.c.state.in_(NEEDS_ATTENTION)))
+    )
+    last = (
+        select(*cols, null().label("state"), literal(True).label("last"),
+               select(func.count()).select_from(page).scalar_subquery().label("n"))
+        .order_by(page.c[kind.due_column.name].desc(), page.c[kind.id_column.name].desc())
+        .limit(1)
+    )
+    return union_all(attention, last.subquery().select())
+
+
+@dataclass
+class EligiblePage:
+    """What one page of an eligible scan found."""
+
+    rows_scanned: int
+    cursor: tuple | None
+    attention: list[tuple[EligibleRow, str | None]]
 
 
 def eligible_page(conn: Connection, kind: CleanupKind, cutoff: datetime, after: tuple | None,
-                  limit: int) -> list[tuple[EligibleRow, str | None]]:
-    """One page of (eligible row, ledger state or None)."""
-    return [(kind.to_eligible(r[:3]), r[3])
-            for r in conn.execute(eligible_statement(kind, cutoff, after, limit))]
+                  limit: int) -> EligiblePage:
+    """One page: rows scanned, the cursor after it, and the (row, ledger state) needing attention."""
+    found, cursor, scanned = [], None, 0
+    for subject, tenant, due, state, is_last, n in conn.execute(eligible_statement(kind, cutoff, after, limit)):
+        if is_last:
+            scanned, cursor = n, (due, subject)
+        else:
+            found.append((kind.to_eligible((subject, tenant, due)), state))
+    return EligiblePage(scanned, cursor, found)
 
 
 def stuck_order(state: str) -> tuple:

@@ -92,21 +92,21 @@ class Reconciler:
         cursor = None
         while True:
             with self.engine.connect() as conn:
-                rows = queries.eligible_page(conn, kind, cutoff, cursor, self.page_size)
-            if not rows:
+                page = queries.eligible_page(conn, kind, cutoff, cursor, self.page_size)
+            if not page.rows_scanned:
                 return
             report.pages += 1
-            report.scanned += len(rows)
+            report.scanned += page.rows_scanned
             missing = []
-            for row, state in rows:
+            for row, state in page.attention:
                 if state is None:
                     missing.append(row)
                 elif state in ANOMALY_REASONS:
                     self._anomaly(report, ANOMALY_REASONS[state], kind.op_key(row.subject_id))
             if missing:
                 self._reemit_missing(kind, missing, now, report)
-            cursor = rows[-1][0].cursor
-            if len(rows) < self.page_size:
+            cursor = page.cursor
+            if page.rows_scanned < self.page_size:
                 return
 
     def _anomaly(self, report: ReconcileReport, reason: str, key: str) -> None:
