@@ -296,3 +296,27 @@ def test_registry_unreachable() -> None:
     with pytest.raises(SchemaRegistryError, match="unreachable") as info:
         codec.encode("expiry_event", RECORDS["expiry_event"])
     assert "\n" not in str(info.value) and info.value.transient
+
+
+def test_decode_fields_reads_only_the_named_fields_of_old_and_new_records(tmp_path):
+    """The audit's projection: exactly the named fields, and the type check of a full decode."""
+    from datetime import UTC, datetime
+
+    from lapse.codec import Codec, SchemaStore
+    from lapse.settings import REPO_ROOT
+
+    codec = Codec(SchemaStore(REPO_ROOT / "schemas"))
+    now = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
+    record = {"op_key": "release-reservation:7", "kind": "release-reservation", "tenant": "t",
+              "subject_id": "7", "due_at": now, "produced_at": now, "source": "replay",
+              "correlation_id": "c", "attempt": 2, "replay_id": "r-1", "attributes": {"a": "b"}}
+    data = codec.encode("expiry_event", record)
+    assert codec.decode_fields("expiry_event", data, ("op_key", "replay_id")) == {
+        "op_key": "release-reservation:7", "replay_id": "r-1"}
+    import pytest
+
+    from lapse.codec import DecodeError
+
+    with pytest.raises(DecodeError) as err:
+        codec.decode_fields("cleanup_outcome", data, ("op_key",))
+    assert err.value.reason == "unexpected_schema"
