@@ -107,12 +107,11 @@ def pipeline_roles(workers: int) -> list:
     """The smallest topology: a sweep, `workers` processors, a relay, a delay-tier forwarder and a
     reconciler."""
     from lapse.supervisor import Role, run_relay_role, run_sweep_role, run_worker
-
-    roles = [Role("sweep", run_sweep_role, {}), Role("relay", run_relay_role, {})]
-    roles += [Role(f"process-{i}", run_worker, {}) for i in range(workers)]
     from processors.delay_worker import run_delay_role
     from reconciler.scan import run_reconcile_role
 
+    roles = [Role("sweep", run_sweep_role, {}), Role("relay", run_relay_role, {})]
+    roles += [Role(f"process-{i}", run_worker, {}) for i in range(workers)]
     roles.append(Role("delay", run_delay_role, {}))  # forwards retries and wake-ups when due
     roles.append(Role("reconcile", run_reconcile_role, {}))  # its own, slower interval
     for offset, role in enumerate(roles):
