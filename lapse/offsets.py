@@ -38,9 +38,13 @@ class OffsetsError(Exception):
 
 
 def manual_consumer(settings: Settings) -> Consumer:
-    """A consumer that only assigns partitions: a throwaway group id, nothing ever committed."""
+    """A consumer that only assigns partitions: a throwaway group id, nothing ever committed.
+
+    A reader of history stops at partition EOF, which the broker reports only after holding an
+    empty fetch for `fetch.wait.max.ms` (500 ms by default): 50 ms keeps that off every replay."""
     return make_consumer(settings, f"lapse-manual-{uuid.uuid4().hex[:12]}",
-                         **{"enable.auto.commit": False, "enable.partition.eof": True})
+                         **{"enable.auto.commit": False, "enable.partition.eof": True,
+                            "fetch.wait.max.ms": 50})
 
 
 def partitions_of(consumer: Consumer, topic: str) -> list[int]:

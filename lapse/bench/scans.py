@@ -11,11 +11,12 @@ from pydantic import SecretStr
 from sqlalchemy import text
 
 from lapse.bench.databases import seed_held
-from lapse.bench.events import partitions_of, unique_name
+from lapse.bench.events import partitions_of
 from lapse.audit import EVENT_FIELDS
 from lapse.codec import Codec
 from lapse.database import make_engine
-from lapse.kafka_clients import make_consumer, make_producer
+from lapse.kafka_clients import make_producer
+from lapse.offsets import manual_consumer
 from lapse.kinds import registry
 from lapse.settings import Settings
 
@@ -58,7 +59,7 @@ def audit_replay(settings: Settings, topic: str) -> dict:
     audit does (only the fields it uses); timed
     from the first record (connecting and the first fetch are not reading)."""
     codec = Codec.from_settings(settings)
-    consumer = make_consumer(settings, unique_name("bench-audit"), **{"fetch.max.bytes": 52428800})
+    consumer = manual_consumer(settings)
     parts = partitions_of(settings, topic)
     consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in parts])
     records, at_eof, started = 0, set(), None
