@@ -101,9 +101,6 @@ def monitor(settings: Settings, stop: threading.Event, interval_s: float = 15.0)
 
 def run_monitor_role(settings: Settings, kwargs: dict) -> None:
     """The `lapse run` role that keeps the oldest-eligible, claim and lag gauges current."""
-    import signal
+    from lapse.supervisor import stop_on_signals
 
-    stop = threading.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: stop.set())
-    monitor(settings, stop, kwargs.get("interval_s", 15.0))
+    monitor(settings, stop_on_signals(), kwargs.get("interval_s", 15.0))

@@ -95,20 +95,28 @@ def run_worker(settings: Settings, kwargs: dict) -> None:
     worker.run(exit_when_idle=kwargs.get("exit_when_idle"))
 
 
-def run_relay_role(settings: Settings, kwargs: dict) -> None:
+def stop_on_signals() -> threading.Event:
+    """An event that SIGTERM and SIGINT set: the role finishes its current step, then returns."""
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    return stop
+
+
+def run_relay_role(settings: Settings, kwargs: dict) -> int:
+    """Relay until stopped (or idle for kwargs["exit_when_idle"] seconds); returns rows relayed."""
     from lapse.codec import Codec
     from lapse.database import engine_from_settings
     from lapse.kafka_clients import make_producer
     from producers.relay import run_relay
 
-    stop = threading.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: stop.set())
+    stop = stop_on_signals()
     engine = engine_from_settings(settings)
     producer = make_producer(settings)
     try:
-        run_relay(engine, producer, Codec.from_settings(settings), limit=settings.relay_batch_size,
-                  idle_s=settings.relay_interval_s, stop=stop)
+        return run_relay(engine, producer, Codec.from_settings(settings),
+                         limit=settings.relay_batch_size, idle_s=settings.relay_interval_s,
+                         stop=stop, exit_when_idle=kwargs.get("exit_when_idle"))
     finally:
         producer.flush(10)
         engine.dispose()
@@ -121,9 +129,7 @@ def run_sweep_role(settings: Settings, kwargs: dict) -> None:
     from lapse.kinds import registry
     from producers.sweep import sweep_once
 
-    stop = threading.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: stop.set())
+    stop = stop_on_signals()
     engine = engine_from_settings(settings)
     producer = make_producer(settings)
     codec = Codec.from_settings(settings)

@@ -186,16 +186,13 @@ def scan_rate(engine: Engine, producer: Producer, codec: Codec, settings: Settin
 def run_reconcile_role(settings: Settings, kwargs: dict) -> None:
     """The `reconcile` role of `lapse run` (and `lapse reconcile` without --once): a pass every
     `reconcile_interval_s` until SIGTERM/SIGINT; a failed pass is logged and retried next time."""
-    import signal
-    import threading
-
     from lapse.database import engine_from_settings
     from lapse.kafka_clients import make_producer
     from lapse.kinds import registry
 
-    stop = threading.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: stop.set())
+    from lapse.supervisor import stop_on_signals
+
+    stop = stop_on_signals()
     engine = engine_from_settings(settings)
     producer = make_producer(settings)
     reconciler = Reconciler(engine, producer, Codec.from_settings(settings), settings,

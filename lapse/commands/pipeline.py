@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import threading
 from dataclasses import asdict
 
 import click
@@ -79,27 +78,11 @@ def process(settings, exit_when_idle: float | None, as_json: bool) -> None:
 @pass_settings
 def relay(settings, exit_when_idle: float | None) -> None:
     """Publish outbox rows (outcomes, dead letters) to Kafka in order."""
-    import signal
-
-    from lapse.codec import Codec
-    from lapse.database import engine_from_settings
-    from lapse.kafka_clients import make_producer
     from lapse.metrics import serve
-    from producers.relay import run_relay
+    from lapse.supervisor import run_relay_role
 
     serve(settings)
-    stop = threading.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: stop.set())
-    engine = engine_from_settings(settings)
-    producer = make_producer(settings)
-    try:
-        total = run_relay(engine, producer, Codec.from_settings(settings),
-                          limit=settings.relay_batch_size, idle_s=settings.relay_interval_s,
-                          stop=stop, exit_when_idle=exit_when_idle)
-    finally:
-        producer.flush(10)
-        engine.dispose()
+    total = run_relay_role(settings, {"exit_when_idle": exit_when_idle})
     click.echo(f"relayed {total} outbox rows")
 
 

@@ -45,16 +45,13 @@ def status(settings, watch: float | None, no_lag: bool, as_json: bool) -> None:
     from lapse.status import status_report
 
     if watch is not None:
-        import signal
-        import threading
-
         from lapse.metrics import monitor, serve
 
         if settings.metrics_port is None:
             raise click.UsageError("--watch needs --metrics-port (or LAPSE_METRICS_PORT)")
-        stop = threading.Event()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(sig, lambda *_: stop.set())
+        from lapse.supervisor import stop_on_signals
+
+        stop = stop_on_signals()
         serve(settings)
         monitor(settings, stop, watch)
         return
