@@ -170,3 +170,26 @@ def test_undecodable_bytes_are_dead_lettered_and_the_partition_moves_on(pipeline
     assert letter["original_value"] == b"\x00garbage"
     assert dict(dead[0].headers())["failure_class"] == b"poison"
     assert all_committed(pipeline)
+
+
+def test_two_relays_at_once_publish_each_outbox_row_once_in_order(pipeline):
+    ids = seed(pipeline, 600)
+    produce(pipeline, [expiry_event(i) for i in ids])
+    process(pipeline.settings)
+    relayed = []
+
+    def relay():
+        relayed.append(relay_until_empty(pipeline.engine, make_producer(pipeline.settings),
+                                         pipeline.codec, 50))
+
+    threads = [threading.Thread(target=relay) for _ in range(2)]
+    [t.start() for t in threads]
+    [t.join(120) for t in threads]
+    assert sum(relayed) == 600
+    records = read_topic(pipeline.settings.bootstrap_servers, pipeline.settings.outcomes_topic)
+    ids_seen = [pipeline.codec.decode_expected("cleanup_outcome", m.value())["outcome_id"] for m in records]
+    assert sorted(ids_seen) == sorted(set(ids_seen)) and len(ids_seen) == 600
+    by_partition: dict[int, list[int]] = {}
+    for msg, oid in zip(records, ids_seen):
+        by_partition.setdefault(msg.partition(), []).append(oid)
+    assert all(seq == sorted(seq) for seq in by_partition.values())  # outbox order kept
