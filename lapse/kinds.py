@@ -113,9 +113,12 @@ class CleanupKind:
         return EligibleRow(str(subject), tenant, due, (due, subject))
 
 
+MAX_BIGINT = 2**63 - 1
+
+
 def _parse_int_id(subject_id: str) -> int:
-    if not subject_id.isdigit():
-        raise ValueError(f"subject id {subject_id[:40]!r} is not a numeric id")
+    if not subject_id.isdigit() or int(subject_id) > MAX_BIGINT:
+        raise ValueError(f"subject id {subject_id[:40]!r} is not a numeric id (1 to 2**63-1)")
     return int(subject_id)
 
 

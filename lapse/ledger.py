@@ -23,8 +23,20 @@ _SUBJECT = r"[A-Za-z0-9._/-]{1,128}"
 OP_KEY_RE = re.compile(rf"^(?P<kind>{_KIND}):(?P<subject>{_SUBJECT})$")
 
 
-class InvalidOpKey(ValueError):
+class InvalidEvent(ValueError):
+    """An event no ledger row can be made for; `code` names the reason for the dead letter."""
+
+    code = "invalid_field"
+
+
+class InvalidOpKey(InvalidEvent):
     """An op key that is not `<kind>:<subject_id>`."""
+
+    code = "malformed_op_key"
+
+
+# Longest values the ledger columns hold (lapse/models.py).
+FIELD_LIMITS = {"tenant": 64, "correlation_id": 64, "source": 16, "replay_id": 64}
 
 
 def op_key(kind: str, subject_id: str | int) -> str:
@@ -66,6 +78,10 @@ class ExpiryEvent:
     def from_record(cls, record: dict) -> ExpiryEvent:
         """Validate a decoded Avro record: the op key must be well formed and match kind/subject."""
         kind, subject = parse_op_key(record["op_key"])
+        for name, limit in FIELD_LIMITS.items():
+            value = record.get(name)
+            if value is not None and not 0 < len(value) <= limit:
+                raise InvalidEvent(f"{name} must be 1 to {limit} characters, got {len(value)}")
         if kind != record["kind"] or subject != record["subject_id"]:
             raise InvalidOpKey(
                 f"op key {record['op_key'][:80]!r} does not match kind/subject_id of the event"

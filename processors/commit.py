@@ -15,7 +15,7 @@ from datetime import UTC, datetime, timedelta
 
 from confluent_kafka import Consumer, Producer, TopicPartition
 from sqlalchemy import Engine
-from sqlalchemy.exc import OperationalError
+from sqlalchemy.exc import InterfaceError, OperationalError
 
 from lapse.codec import Codec
 from lapse.delays import delay_record
@@ -23,12 +23,14 @@ from lapse.kafka_clients import DeliveryTracker
 from lapse.kinds import CleanupKind
 from lapse.ledger import ExpiryEvent
 from lapse.ledger_queries import millis
+from lapse.logs import get_logger
 from lapse.settings import Settings
 from processors.decode import Poison
 from processors.leased import EffectRunner, effect_runner, run_leased
-from processors.rules import BatchResult, Topics, apply_batch
+from processors.rules import BatchResult, Topics, apply_batch, dead_letter_events
 
 DEADLOCK_RETRIES = 3
+log = get_logger("processor")
 
 
 @dataclass
@@ -102,19 +104,60 @@ def commit_batch(
 
 
 def _apply_with_retry(ctx: BatchContext, events, positions, now) -> BatchResult:
+    """The batch transaction, retried on deadlock. Any other failure that is not about the
+    connection is taken as one event's fault: the batch is redone event by event (see
+    `isolate_failures`), so one bad event cannot fail its batch, and the worker, forever."""
+    lease = timedelta(seconds=ctx.settings.lease_seconds)
     for attempt in range(DEADLOCK_RETRIES):
         try:
             with ctx.engine.begin() as conn:
                 return apply_batch(
                     conn, events, kinds=ctx.kinds, topics=ctx.topics,
-                    worker=ctx.settings.worker_id, now=now,
-                    lease=timedelta(seconds=ctx.settings.lease_seconds), positions=positions,
+                    worker=ctx.settings.worker_id, now=now, lease=lease, positions=positions,
                     rng=ctx.rng,
                 )
-        except OperationalError as exc:
+        except (OperationalError, InterfaceError) as exc:
             if "deadlock" not in str(exc).lower() or attempt == DEADLOCK_RETRIES - 1:
                 raise
+        except Exception as exc:  # noqa: BLE001 - isolated below, re-raised there if transient
+            log.warning("batch transaction failed, isolating the event at fault",
+                        extra={"records": len(events), "error": _one_line(exc)})
+            return isolate_failures(ctx.engine, events, kinds=ctx.kinds, topics=ctx.topics,
+                                    worker=ctx.settings.worker_id, now=now, lease=lease,
+                                    positions=positions, rng=ctx.rng)
     raise AssertionError("unreachable")
+
+
+def isolate_failures(engine, events: list[ExpiryEvent], *, kinds, topics, worker: str,
+                     now: datetime, lease: timedelta, positions: dict | None = None,
+                     rng: random.Random | None = None) -> BatchResult:
+    """Apply each event in its own transaction; an event whose transaction fails (other than by
+    the connection) is dead-lettered as invalid with the error's first line."""
+    result = BatchResult()
+    failed: list[tuple[ExpiryEvent, str]] = []
+    for event in events:
+        try:
+            with engine.begin() as conn:
+                result.absorb(apply_batch(conn, [event], kinds=kinds, topics=topics, worker=worker,
+                                          now=now, lease=lease, positions=positions, rng=rng))
+        except (OperationalError, InterfaceError):
+            raise
+        except Exception as exc:  # noqa: BLE001 - the event's fault: dead-letter it with the reason
+            failed.append((event, _one_line(exc)))
+            log.warning("event dead-lettered: its cleanup fails in the database",
+                        extra={"op_key": event.op_key, "correlation_id": event.correlation_id,
+                               "error": _one_line(exc)})
+    if failed:
+        with engine.begin() as conn:
+            result.absorb(dead_letter_events(conn, failed, kinds=kinds, topics=topics, worker=worker,
+                                             now=now, lease=lease, positions=positions, rng=rng))
+    return result
+
+
+def _one_line(exc: BaseException) -> str:
+    cause = getattr(exc, "orig", None) or exc
+    first = (str(cause).strip().splitlines() or [""])[0]
+    return f"{type(cause).__name__}: {first}"[:500]
 
 
 def _run_leased(ctx: BatchContext, result: BatchResult, positions) -> None:

@@ -10,7 +10,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from lapse.codec import Codec, DecodeError
-from lapse.ledger import ExpiryEvent, InvalidOpKey
+from lapse.ledger import ExpiryEvent, InvalidEvent
+
+
+class UnknownKind(InvalidEvent):
+    code = "unknown_kind"
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,15 +41,14 @@ def decode_batch(messages, codec: Codec, kinds) -> tuple[list[ExpiryEvent], dict
                 raise DecodeError("empty", "record has no value (tombstone)")
             event = ExpiryEvent.from_record(codec.decode_expected("expiry_event", value))
             if event.kind not in kinds:
-                raise InvalidOpKey(f"unknown cleanup kind {event.kind!r}")
+                raise UnknownKind(f"unknown cleanup kind {event.kind!r}")
         except DecodeError as exc:
             if exc.transient:
                 raise  # a registry outage is not bad input: fail the batch, offsets stay put
             poison.append(_poison(msg, exc.reason, str(exc)))
             continue
-        except InvalidOpKey as exc:
-            code = "unknown_kind" if "unknown cleanup kind" in str(exc) else "malformed_op_key"
-            poison.append(_poison(msg, code, str(exc)))
+        except InvalidEvent as exc:
+            poison.append(_poison(msg, exc.code, str(exc)))
             continue
         except (KeyError, TypeError) as exc:
             poison.append(_poison(msg, "missing_field", f"missing or wrong field: {exc}"))

@@ -57,6 +57,17 @@ class BatchResult:
     backed_off: list[ExpiryEvent] = field(default_factory=list)  # due_at = the other lease's end
     targets: dict[str, str] = field(default_factory=dict)  # leased op key → effect target
 
+    def absorb(self, other: BatchResult) -> None:
+        """Add another result's counts and keys to this one (results of one batch, split)."""
+        for name, value in vars(other).items():
+            mine = getattr(self, name)
+            if isinstance(mine, list):
+                mine.extend(value)
+            elif isinstance(mine, dict):
+                mine.update(value)
+            else:
+                setattr(self, name, mine + value)
+
     @property
     def completed(self) -> int:
         return len(self.applied) + len(self.skipped) + len(self.dead_lettered)
@@ -225,6 +236,28 @@ def reschedule(conn: Connection, moved: list[tuple[ExpiryEvent, datetime]], resu
         outbox.append(wakeup_row(event, due_at, attempt, now, topics=topics, source="reschedule"))
         result.rescheduled.append(event.op_key)
     queries.finish_with_failure(conn, rows, worker, now)
+
+
+def dead_letter_events(conn: Connection, failed: list[tuple[ExpiryEvent, str]], *, kinds, topics,
+                       worker: str, now: datetime, lease: timedelta,
+                       positions: dict | None = None, rng: random.Random | None = None) -> BatchResult:
+    """Dead-letter events whose cleanup cannot run at all (their own transaction failed), as
+    `invalid` with the reason: ledger row, transition, DLQ record and outcome, in one transaction.
+    Rows already terminal are left alone (the event was a duplicate)."""
+    result = BatchResult()
+    events = {e.op_key: e for e, _ in failed}
+    insert_pending(conn, list(events.values()), now)
+    before = queries.read_states(conn, events)
+    claimed = queries.claim(conn, list(events), worker, now, now + lease)
+    transitions: list[dict] = []
+    outbox: list[dict] = []
+    dead_letter_invalid(conn, [(e, r) for e, r in failed if e.op_key in claimed], result,
+                        kinds=kinds, topics=topics, worker=worker, now=now, before=before,
+                        positions=positions or {}, transitions=transitions, outbox=outbox,
+                        rng=rng or random.Random())
+    record_transitions(conn, transitions)
+    insert_outbox(conn, outbox)
+    return result
 
 
 def classify_unclaimed(conn: Connection, unique: dict[str, ExpiryEvent], claimed: set[str],

@@ -15,13 +15,13 @@ from tests.pipeline_env import committed, read_topic
 NOW = datetime.now(UTC)
 
 
-def record(codec, op_key, kind, subject) -> bytes:
-    event = ExpiryEvent(op_key=op_key, kind=kind, tenant="t1", subject_id=subject,
+def record(codec, op_key, kind, subject, tenant="t1") -> bytes:
+    event = ExpiryEvent(op_key=op_key, kind=kind, tenant=tenant, subject_id=subject,
                         due_at=NOW - timedelta(minutes=5), correlation_id="c")
     return codec.encode("expiry_event", event.to_record(NOW))
 
 
-def test_unknown_fingerprint_wrong_schema_bad_key_and_unknown_kind_go_to_dlq(pipeline):
+def test_unknown_fingerprint_wrong_schema_bad_key_unknown_kind_and_oversized_field_go_to_dlq(pipeline):
     s, codec = pipeline.settings, pipeline.codec
     with pipeline.engine.begin() as conn:
         (rid,) = add_reservations(conn, 1, expires_at=NOW - timedelta(minutes=10))
@@ -34,6 +34,8 @@ def test_unknown_fingerprint_wrong_schema_bad_key_and_unknown_kind_go_to_dlq(pip
         codec.encode("cleanup_outcome", outcome),                            # not an expiry event
         record(codec, "release-reservation:7", "release-reservation", "8"),  # key ≠ subject
         record(codec, "no-such-kind:1", "no-such-kind", "1"),                # unknown kind
+        record(codec, "release-reservation:9", "release-reservation", "9",  # no ledger row fits
+               tenant="t" * 65),
     ]
     producer = Producer({"bootstrap.servers": s.bootstrap_servers})
     for value in [*bad, good]:
@@ -41,10 +43,11 @@ def test_unknown_fingerprint_wrong_schema_bad_key_and_unknown_kind_go_to_dlq(pip
     assert producer.flush(10) == 0
 
     stats = CleanupWorker(s).run(exit_when_idle=2.0)
-    assert (stats.poison, stats.applied) == (4, 1)
+    assert (stats.poison, stats.applied) == (5, 1)
     letters = [codec.decode_expected("dead_letter", m.value()) for m in read_topic(s.bootstrap_servers, s.dlq_topic)]
     assert [lt["reason"].split(":")[0] for lt in letters] == [
-        "unknown_fingerprint", "unexpected_schema", "malformed_op_key", "unknown_kind"]
+        "unknown_fingerprint", "unexpected_schema", "malformed_op_key", "unknown_kind",
+        "invalid_field"]
     assert all(lt["failure_class"] == "poison" and lt["source_partition"] == 0 for lt in letters)
-    assert [lt["source_offset"] for lt in letters] == [0, 1, 2, 3]
-    assert committed(s.bootstrap_servers, s.cleanup_group, s.expiry_topic, 1)[0] == 5
+    assert [lt["source_offset"] for lt in letters] == [0, 1, 2, 3, 4]
+    assert committed(s.bootstrap_servers, s.cleanup_group, s.expiry_topic, 1)[0] == 6

@@ -5,11 +5,13 @@ from __future__ import annotations
 import threading
 from datetime import UTC, datetime, timedelta
 
-from sqlalchemy import func, select, update
+from dataclasses import replace
+
+from sqlalchemy import func, select, text, update
 
 from lapse.database import make_engine
 from lapse.demo_data import add_reservations
-from lapse.kinds import RELEASE_RESERVATION, registry
+from lapse.kinds import RELEASE_RESERVATION, registry, release_reservations
 from lapse.ledger import ExpiryEvent
 from lapse.models import cleanup_ledger, ledger_transitions, outbox, reservations
 from processors.rules import Topics, apply_batch
@@ -134,3 +136,37 @@ def test_hold_extended_after_its_event_is_rescheduled_not_skipped(db_url):
     assert later.applied == [f"release-reservation:{rid}"]
     with engine.connect() as conn:
         assert conn.execute(select(reservations.c.status)).scalar() == "released"
+
+
+def release_unless_thirteen(conn, ids, now):
+    """A kind whose effect fails in the database for one subject (division by zero)."""
+    if 13 in ids:
+        conn.execute(text("SELECT 1 / 0"))
+    return release_reservations(conn, ids, now)
+
+
+def test_an_event_that_breaks_the_batch_transaction_is_dead_lettered_alone(pg_url):
+    """One event whose effect fails in the database must not fail its batch forever: the batch
+    is redone event by event and only that event is dead-lettered, with the database's reason."""
+    from processors.commit import isolate_failures
+
+    engine = make_engine(pg_url)
+    with engine.begin() as conn:
+        ids = add_reservations(conn, 15, expires_at=NOW - timedelta(minutes=10))
+    kinds = {"release-reservation": replace(RELEASE_RESERVATION, apply_in_db=release_unless_thirteen)}
+    result = isolate_failures(engine, [event(i) for i in ids], kinds=kinds, topics=TOPICS,
+                              worker="w1", now=NOW, lease=timedelta(seconds=30))
+    assert sorted(result.applied) == sorted(f"release-reservation:{i}" for i in ids if i != 13)
+    assert result.dead_lettered == ["release-reservation:13"]
+    row = ledger(engine, 13)
+    assert (row["state"], row["last_failure_class"]) == ("dead_letter", "invalid")
+    assert row["last_failure"].startswith("DivisionByZero")
+    with engine.connect() as conn:
+        assert conn.execute(select(reservations.c.status).where(reservations.c.id == 13)).scalar() == "held"
+
+
+def test_out_of_range_subject_is_invalid_not_a_database_error(db_url):
+    engine = make_engine(db_url)
+    result = run(engine, [event("99999999999999999999")])
+    assert result.dead_lettered == ["release-reservation:99999999999999999999"]
+    assert "not a numeric id" in ledger(engine, "99999999999999999999")["last_failure"]
