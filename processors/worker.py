@@ -12,11 +12,12 @@ import time
 from dataclasses import dataclass, field
 
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
+from sqlalchemy.exc import InterfaceError, OperationalError
 
 from lapse import metrics
 from lapse.codec import Codec
 from lapse.database import engine_from_settings
-from lapse.kafka_clients import DeliveryTracker, make_consumer, make_producer
+from lapse.kafka_clients import DeliveryFailed, DeliveryTracker, make_consumer, make_producer
 from lapse.kinds import registry
 from lapse.logs import get_logger
 from lapse.settings import Settings
@@ -26,6 +27,10 @@ from processors.commit import BatchContext, commit_batch
 from processors.decode import decode_batch
 
 log = get_logger("processor")
+
+# Failures outside the batch itself: retried in place after a rewind (see _retry_later).
+TRANSIENT = (OperationalError, InterfaceError, DeliveryFailed, KafkaException)
+RETRY_CAP_S = 30
 
 
 @dataclass
@@ -39,6 +44,7 @@ class WorkerStats:
     conflicts: int = 0
     poison: int = 0
     delayed: int = 0
+    batch_failures: int = 0
     started: float = field(default_factory=time.monotonic)
 
 
@@ -86,18 +92,43 @@ class CleanupWorker:
             on_revoke=self._on_revoke, on_lost=self._on_revoke,
         )
         last_activity = time.monotonic()
+        failures = 0
         try:
             while not self.stop.is_set():
                 self._close_circuits()
                 messages = self._consume()
                 if messages:
                     last_activity = time.monotonic()
-                    self._process(messages)
+                    try:
+                        self._process(messages)
+                        failures = 0
+                    except TRANSIENT as exc:
+                        failures += 1
+                        self._retry_later(messages, exc, failures)
                 elif exit_when_idle is not None and self._idle(last_activity, exit_when_idle):
                     break
         finally:
             self.close()
         return self.stats
+
+    def _retry_later(self, messages: list, exc: Exception, failures: int) -> None:
+        """A batch failed for a reason outside it (database or broker unreachable): nothing of it
+        was committed to Kafka, so rewind its partitions to the batch's first offsets and try
+        again after a capped backoff. Work already made durable comes back as duplicates."""
+        if isinstance(exc, KafkaException) and exc.args and exc.args[0].fatal():
+            raise exc
+        first: dict[tuple[str, int], int] = {}
+        for msg in messages:
+            tp = (msg.topic(), msg.partition())
+            first[tp] = min(first.get(tp, msg.offset()), msg.offset())
+        for (topic, partition), offset in first.items():
+            if (topic, partition) in self.owned:
+                self.consumer.seek(TopicPartition(topic, partition, offset))
+        delay = min(RETRY_CAP_S, 2 ** (failures - 1))
+        self.stats.batch_failures += 1
+        log.error("batch failed, rewound to retry", extra={
+            "records": len(messages), "retry_in_s": delay, "error": str(exc).splitlines()[0][:300]})
+        self.stop.wait(delay)
 
     def _idle(self, last_activity: float, idle_s: float) -> bool:
         """Caught up on every owned partition for `idle_s`; a worker with no partitions waits a
