@@ -66,9 +66,9 @@ class EffectRunner:
         running after that is reported AMBIGUOUS (it may yet land) and its row retried."""
         futures = {self.pool.submit(self._call, kind, target): key for key, kind, target in jobs}
         pending = set(futures)
-        for _ in range(self.max_renewals + 1):
+        for renewals in range(self.max_renewals + 1):
             _, pending = wait(pending, timeout=lease_s / 3)
-            if not pending:
+            if not pending or renewals == self.max_renewals:
                 break
             renew([futures[f] for f in pending])
         out: dict[str, EffectFailure | None] = {}

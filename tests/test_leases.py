@@ -1,0 +1,93 @@
+"""Lease renewal for effects outside the database: renewed while slow work runs, never forever."""
+
+from __future__ import annotations
+
+import threading
+from datetime import UTC, datetime, timedelta
+
+from sqlalchemy import insert, select
+
+from lapse.kinds import ARTIFACT_DELETE
+from lapse.ledger_queries import pending_row
+from lapse.ledger import ExpiryEvent
+from lapse.models import cleanup_ledger
+from processors.failures import AMBIGUOUS
+from processors.leased import EffectRunner, renew_leases
+
+T0 = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
+KEY = "artifact-delete:1"
+
+
+def claimed_row(engine, owner: str, until: datetime) -> None:
+    event = ExpiryEvent(op_key=KEY, kind="artifact-delete", tenant="t", subject_id="1", due_at=T0,
+                        correlation_id="c")
+    with engine.begin() as conn:
+        conn.execute(insert(cleanup_ledger), [{**pending_row(event, T0), "state": "claimed",
+                                               "claim_owner": owner, "claim_until": until}])
+
+
+def claim_until(engine) -> datetime:
+    with engine.connect() as conn:
+        return conn.execute(select(cleanup_ledger.c.claim_until)).scalar()
+
+
+class SteppingClock:
+    """A fake clock that moves one minute each time it is read."""
+
+    def __init__(self) -> None:
+        self.now = T0
+
+    def __call__(self) -> datetime:
+        self.now += timedelta(minutes=1)
+        return self.now
+
+
+def test_a_slow_effect_keeps_its_lease_renewed_until_it_finishes(engine):
+    claimed_row(engine, "w1", T0 + timedelta(seconds=30))
+    release = threading.Event()
+    calls = []
+
+    def slow_delete(target: str) -> None:
+        release.wait(5)
+
+    clock = SteppingClock()
+
+    def renew(keys):
+        calls.append(list(keys))
+        renew_leases(engine, keys, "w1", clock() + timedelta(seconds=30))
+        if len(calls) == 2:
+            release.set()  # the effect finishes after two renewals
+
+    runner = EffectRunner({"delete-object": slow_delete}, concurrency=2, max_renewals=3)
+    try:
+        outcomes = runner.run([(KEY, ARTIFACT_DELETE, "exports/1.csv")], lease_s=0.3, renew=renew)
+    finally:
+        runner.close()
+    assert outcomes == {KEY: None}
+    assert calls == [[KEY], [KEY]]
+    assert claim_until(engine) == clock.now + timedelta(seconds=30)  # the last renewal's lease
+
+
+def test_renewal_is_bounded_and_a_stuck_effect_is_reported_ambiguous(engine):
+    claimed_row(engine, "w1", T0 + timedelta(seconds=30))
+    stuck = threading.Event()
+    calls = []
+
+    def never_returns(target: str) -> None:
+        stuck.wait(10)
+
+    runner = EffectRunner({"delete-object": never_returns}, concurrency=1, max_renewals=3)
+    try:
+        outcomes = runner.run([(KEY, ARTIFACT_DELETE, "exports/1.csv")], lease_s=0.3,
+                              renew=lambda keys: calls.append(list(keys)))
+    finally:
+        stuck.set()
+        runner.close()
+    assert len(calls) == 3  # max_renewals, then it stops renewing
+    assert outcomes[KEY].failure_class == AMBIGUOUS
+
+
+def test_renewal_never_extends_a_lease_another_worker_took_over(engine):
+    claimed_row(engine, "w2", T0 + timedelta(seconds=30))
+    renew_leases(engine, [KEY], "w1", T0 + timedelta(hours=1))
+    assert claim_until(engine) == T0 + timedelta(seconds=30)
