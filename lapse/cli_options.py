@@ -9,6 +9,7 @@ from __future__ import annotations
 import functools
 import json
 import sys
+import typing
 from collections.abc import Callable
 from typing import Any
 
@@ -18,14 +19,30 @@ from pydantic import ValidationError
 from lapse.settings import Settings, env_var, load_settings
 
 
+_CLICK_TYPES = {int: click.INT, float: click.FLOAT}
+
+
+def _field_type(annotation: Any) -> Any:
+    """int or float for `int`, `float` and their optional forms; None for anything else."""
+    if annotation in _CLICK_TYPES:
+        return annotation
+    args = [a for a in typing.get_args(annotation) if a is not type(None)]
+    return args[0] if len(args) == 1 and args[0] in _CLICK_TYPES else None
+
+
 def setting_option(field: str, *decls: str, **kwargs: Any) -> Callable:
     """A click option for Settings field `field`; help shows the field's env var and default."""
     info = Settings.model_fields[field]
     decls = decls or (f"--{field.replace('_', '-')}",)
     help_text = kwargs.pop("help", None) or info.description or ""
     kwargs.setdefault("default", None)
+    number = _field_type(info.annotation)
+    if number is not None:
+        kwargs.setdefault("type", _CLICK_TYPES[number])
+    default = info.get_default(call_default_factory=False)
+    shown = f"default: {default}; " if isinstance(default, (int, float, str)) and default != "" else ""
     return click.option(
-        *decls, field, help=f"{help_text} [env: {env_var(field)}]", show_default=False, **kwargs
+        *decls, field, help=f"{help_text} [{shown}env: {env_var(field)}]", show_default=False, **kwargs
     )
 
 

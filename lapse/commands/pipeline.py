@@ -109,7 +109,8 @@ def pipeline_roles(workers: int) -> list:
               help="Processor processes.")
 @pass_settings
 def run(settings, workers: int) -> None:
-    """Run sweep, processors and relay in one process tree until interrupted."""
+    """Run sweep, processors, relay, delay tiers and reconciler in one process tree until
+    interrupted; a role that dies is restarted."""
     import signal
 
     from lapse.metrics import run_monitor_role
