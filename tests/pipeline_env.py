@@ -30,7 +30,8 @@ class Pipeline:
         return self.settings.model_copy(update=changes)
 
 
-def make_pipeline_settings(bootstrap: str, db_url: str, unique, **extra) -> Settings:
+def make_pipeline_settings(bootstrap: str, db_url: str, unique, replication_factor: int = 1,
+                           **extra) -> Settings:
     prefix = unique("lapse") + "."
     settings = load_settings(
         bootstrap_servers=bootstrap,
@@ -48,7 +49,8 @@ def make_pipeline_settings(bootstrap: str, db_url: str, unique, **extra) -> Sett
     )
     topics = {settings.expiry_topic: EXPIRY_PARTITIONS, settings.outcomes_topic: 3, settings.dlq_topic: 1}
     topics.update({settings.delay_topic(tier): 2 for tier, _ in delay_tiers()})
-    create_topics(bootstrap, topics)
+    config = {"min.insync.replicas": "2"} if replication_factor >= 3 else None
+    create_topics(bootstrap, topics, config=config, replication_factor=replication_factor)
     return settings
 
 
