@@ -131,7 +131,7 @@ def _launch(cmd: list[str], log_path: Path, cwd: Path) -> subprocess.Popen:
     return proc
 
 
-def _terminate(proc: subprocess.Popen | None, timeout: float) -> None:
+def terminate_process(proc: subprocess.Popen | None, timeout: float) -> None:
     """SIGTERM, wait up to `timeout`, then SIGKILL; always reaps the process."""
     if proc is None:
         return
@@ -322,12 +322,12 @@ class ApacheKafkaServer:
 
     def stop(self, timeout: float = 30.0) -> None:
         """Graceful shutdown (SIGTERM), SIGKILL after `timeout`; the data dir stays."""
-        _terminate(self.proc, timeout)
+        terminate_process(self.proc, timeout)
         self.proc = None
 
     def kill(self) -> None:
         """SIGKILL, as a crash would; the data dir stays (recovery runs on the next start)."""
-        _terminate(self.proc, 0)
+        terminate_process(self.proc, 0)
         self.proc = None
 
     def restart(self) -> "ApacheKafkaServer":
@@ -447,7 +447,7 @@ class EmbeddedBroker:
         return self
 
     def stop(self, timeout: float = 10.0) -> None:
-        _terminate(self.proc, timeout)
+        terminate_process(self.proc, timeout)
         self.proc = None
 
     def close(self) -> None:

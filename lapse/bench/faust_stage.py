@@ -15,6 +15,7 @@ import time
 
 from lapse.bench.events import unique_name
 from lapse.bench.ledger_watch import StageFailed, ledger_span, wait_terminal
+from lapse.brokers import terminate_process
 from lapse.database import make_engine
 from lapse.settings import Settings
 
@@ -47,13 +48,7 @@ def run_faust(settings: Settings, database_url: str, topic: str, events: int) ->
 
 
 def _stop(proc: subprocess.Popen, timeout: float = 15.0) -> None:
-    if proc.poll() is None:
-        proc.terminate()
-        try:
-            proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+    terminate_process(proc, timeout)
     proc.stderr.close()
 
 
