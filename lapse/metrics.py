@@ -59,9 +59,11 @@ def observe_batch(records: int, result, events: list, poison: int, seconds: floa
     EFFECTS_SKIPPED.inc(len(result.skipped))
     DUPLICATES.inc(result.duplicates)
     CLAIM_CONFLICTS.inc(len(result.conflicts))
-    attempts = {e.op_key: e.attempt for e in events}
-    for attempt, n in Tally(str(attempts.get(k, 0) + 1) for k in result.retried).items():
-        RETRIES.labels(attempt=attempt).inc(n)
+    if result.retried:  # rare: look up attempts only for the batches that have retries
+        retried = set(result.retried)
+        attempts = Tally(str(e.attempt + 1) for e in events if e.op_key in retried)
+        for attempt, n in attempts.items():
+            RETRIES.labels(attempt=attempt).inc(n)
     if result.dead_lettered:
         DEAD_LETTERS.labels(failure_class="ledger").inc(len(result.dead_lettered))
     if poison:

@@ -15,7 +15,7 @@ from confluent_kafka import Producer
 from sqlalchemy import Engine
 
 from lapse.codec import Codec
-from lapse.emit import emit_events  # noqa: F401 - re-exported for older imports
+from lapse.emit import emit_events
 from lapse.kafka_clients import DeliveryTracker
 from lapse.kinds import CleanupKind
 from lapse.ledger import ExpiryEvent, new_correlation_id

@@ -42,7 +42,7 @@ def sweep(settings: Settings) -> None:
 
 def produce_events(settings: Settings, events: list, topic: str | None = None) -> None:
     """Produce ExpiryEvents as the sweep would (keyed by op key), e.g. duplicates or bad ones."""
-    from producers.sweep import emit_events
+    from lapse.emit import emit_events
 
     emit_events(make_producer(settings), Codec.from_settings(settings), DeliveryTracker(),
                 topic or settings.expiry_topic, events, datetime.now(UTC))

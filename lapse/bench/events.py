@@ -16,7 +16,7 @@ from lapse.kafka_clients import DeliveryTracker, make_admin, make_consumer, make
 from lapse.kinds import RELEASE_RESERVATION
 from lapse.ledger import ExpiryEvent
 from lapse.settings import Settings
-from producers.sweep import emit_events
+from lapse.emit import emit_events
 
 
 def unique_name(prefix: str) -> str:
