@@ -1,3 +1,3 @@
-from lapse.cli import main
+from lapse.shell.app import main
 
 main()

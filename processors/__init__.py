@@ -1,0 +1,26 @@
+"""The processor room: consume expiry events, apply each cleanup once, retry, dead-letter.
+
+This module is the room's public face: other rooms, the shell and the dev tools import from here.
+"""
+
+from lapse.processors.commit import BatchContext, commit_batch
+from lapse.processors.delay_worker import DelayWorker
+from lapse.processors.dlq_queries import Selection, list_dead_letters, replay
+from lapse.processors.object_store import FilesystemObjectStore
+from lapse.processors.rules import BatchResult, Topics, apply_batch
+from lapse.processors.worker import CleanupWorker, WorkerStats
+
+__all__ = [
+    "BatchContext",
+    "BatchResult",
+    "CleanupWorker",
+    "DelayWorker",
+    "FilesystemObjectStore",
+    "Selection",
+    "Topics",
+    "WorkerStats",
+    "apply_batch",
+    "commit_batch",
+    "list_dead_letters",
+    "replay",
+]

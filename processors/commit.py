@@ -17,17 +17,17 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 from sqlalchemy import Engine
 from sqlalchemy.exc import InterfaceError, OperationalError
 
-from lapse.codec import Codec
-from lapse.delays import delay_record
-from lapse.kafka_clients import DeliveryTracker
-from lapse.kinds import CleanupKind
-from lapse.ledger import ExpiryEvent
-from lapse.ledger_queries import millis
-from lapse.logs import get_logger
-from lapse.settings import Settings
-from processors.decode import Poison
-from processors.leased import EffectRunner, effect_runner, run_leased
-from processors.rules import BatchResult, Topics, apply_batch, dead_letter_events
+from lapse.kernel.codec import Codec
+from lapse.kernel.delays import delay_record
+from lapse.kernel.kafka_clients import DeliveryTracker
+from lapse.kernel.kinds import CleanupKind
+from lapse.kernel.ledger import ExpiryEvent
+from lapse.kernel.ledger_queries import millis
+from lapse.kernel.logs import get_logger
+from lapse.kernel.settings import Settings
+from lapse.processors.decode import Poison
+from lapse.processors.leased import EffectRunner, effect_runner, run_leased
+from lapse.processors.rules import BatchResult, Topics, apply_batch, dead_letter_events
 
 DEADLOCK_RETRIES = 3
 log = get_logger("processor")
@@ -71,7 +71,7 @@ def commit_batch(
        of scheduled retries); retried on deadlock. Kinds with an external effect are only claimed
        under a lease here; their effects then run outside any transaction and a second
        transaction records them applied or schedules their retry / dead letter
-       (`processors.leased`). A crash between the two leaves the row claimed: the redelivered
+       (`lapse.processors.leased`). A crash between the two leaves the row claimed: the redelivered
        record backs off until the lease ends, then redoes the idempotent effect and completes.
        Retry wake-ups go through the outbox, not step 2, so the retry schedule and its wake-up
        commit together: a crash after the commit cannot lose the wake-up (the relay sends it at
@@ -119,7 +119,7 @@ def _apply_with_retry(ctx: BatchContext, events, positions, now) -> BatchResult:
         except (OperationalError, InterfaceError) as exc:
             if "deadlock" not in str(exc).lower() or attempt == DEADLOCK_RETRIES - 1:
                 raise
-        except Exception as exc:  # noqa: BLE001 - isolated below, re-raised there if transient
+        except Exception as exc:
             log.warning("batch transaction failed, isolating the event at fault",
                         extra={"records": len(events), "error": _one_line(exc)})
             return isolate_failures(ctx.engine, events, kinds=ctx.kinds, topics=ctx.topics,
@@ -142,7 +142,7 @@ def isolate_failures(engine, events: list[ExpiryEvent], *, kinds, topics, worker
                                           now=now, lease=lease, positions=positions, rng=rng))
         except (OperationalError, InterfaceError):
             raise
-        except Exception as exc:  # noqa: BLE001 - the event's fault: dead-letter it with the reason
+        except Exception as exc:
             failed.append((event, _one_line(exc)))
             log.warning("event dead-lettered: its cleanup fails in the database",
                         extra={"op_key": event.op_key, "correlation_id": event.correlation_id,

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from lapse.codec import Codec, DecodeError
-from lapse.ledger import ExpiryEvent, InvalidEvent
+from lapse.kernel.codec import Codec, DecodeError
+from lapse.kernel.ledger import ExpiryEvent, InvalidEvent
 
 
 class UnknownKind(InvalidEvent):

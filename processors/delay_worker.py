@@ -14,12 +14,12 @@ from datetime import UTC, datetime
 
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
-from lapse.delays import TARGET_HEADER, parse_due
-from lapse.kafka_clients import DeliveryTracker, make_consumer, make_producer
-from lapse.logs import get_logger
-from lapse.settings import Settings
-from lapse.topics import delay_tiers
-from processors.commit import commit_offsets
+from lapse.kernel.delays import TARGET_HEADER, parse_due
+from lapse.kernel.kafka_clients import DeliveryTracker, make_consumer, make_producer
+from lapse.kernel.logs import get_logger
+from lapse.kernel.settings import Settings
+from lapse.kernel.topology import delay_tiers
+from lapse.processors.commit import commit_offsets
 
 log = get_logger("delay")
 
@@ -123,13 +123,3 @@ class DelayWorker:
             self.consumer.close()
         finally:
             self.producer.flush(10)
-
-
-def run_delay_role(settings: Settings, kwargs: dict) -> None:
-    """Supervisor role: a DelayWorker that stops on SIGTERM/SIGINT."""
-    from processors.worker import install_signal_handlers
-
-    worker = DelayWorker(settings)
-    install_signal_handlers(worker.stop)
-    worker.run()
-

@@ -18,9 +18,9 @@ from datetime import datetime
 
 from sqlalchemy import Connection, bindparam, select, update
 
-from lapse.ledger import DEAD_LETTER, PENDING, ExpiryEvent
-from lapse.ledger_queries import insert_outbox, millis, outbox_row, record_transitions, transition
-from lapse.models import cleanup_ledger as L
+from lapse.kernel.ledger import DEAD_LETTER, PENDING, ExpiryEvent
+from lapse.kernel.ledger_queries import insert_outbox, millis, outbox_row, record_transitions, transition
+from lapse.kernel.models import cleanup_ledger as L
 
 
 @dataclass(frozen=True)

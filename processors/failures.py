@@ -12,7 +12,7 @@ import random
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from lapse.kinds import CleanupKind
+from lapse.kernel.kinds import CleanupKind
 
 RATE_LIMITED = "rate_limited"  # the far side said "slow down"; retry after it, no attempt burnt
 TEMPORARY = "temporary"        # try again later, up to the kind's attempt cap

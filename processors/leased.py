@@ -18,15 +18,17 @@ from datetime import datetime, timedelta
 
 from sqlalchemy import Connection, Engine, select, update
 
-from lapse.kinds import CleanupKind
-from lapse.ledger import APPLIED, CLAIMED, ExpiryEvent
-from lapse.ledger_queries import insert_outbox, outbox_row, record_transitions, transition
-from lapse.logs import get_logger
-from lapse.models import cleanup_ledger as L
-from processors import queries
-from processors.failures import AMBIGUOUS, EffectFailure, classify
-from lapse.rate_limit import TokenBucket
-from processors.retries import FailedAttempt, record_failures
+from lapse.kernel.kinds import CleanupKind
+from lapse.kernel.ledger import APPLIED, CLAIMED, ExpiryEvent
+from lapse.kernel.ledger_queries import insert_outbox, outbox_row, record_transitions, transition
+from lapse.kernel.logs import get_logger
+from lapse.kernel.models import cleanup_ledger as L
+from lapse.kernel.rate_limit import TokenBucket
+from lapse.processors import queries
+from lapse.processors.failures import AMBIGUOUS, EffectFailure, classify
+from lapse.processors.object_store import store_from_settings
+from lapse.processors.payloads import outcome_payload
+from lapse.processors.retries import FailedAttempt, record_failures
 
 log = get_logger("leased")
 
@@ -104,8 +106,6 @@ def complete(conn: Connection, events: list[ExpiryEvent], outcomes: dict[str, Ef
              *, kinds, topics, worker: str, now: datetime, rng: random.Random,
              positions: dict | None = None) -> LeasedResult:
     """The second transaction: record each effect's outcome on the rows this worker still holds."""
-    from processors.rules import outcome_payload
-
     result = LeasedResult()
     held = owned_claims(conn, [e.op_key for e in events], worker)
     transitions: list[dict] = []
@@ -153,7 +153,7 @@ def run_leased(engine: Engine, runner: EffectRunner, events: list[ExpiryEvent],
     if not events:
         return LeasedResult()
     jobs = [(e.op_key, kinds[e.kind], targets[e.op_key]) for e in events]
-    renew = lambda keys: renew_leases(engine, keys, worker, clock() + lease)  # noqa: E731
+    renew = lambda keys: renew_leases(engine, keys, worker, clock() + lease)
     outcomes = runner.run(jobs, lease.total_seconds(), renew)
     with engine.begin() as conn:
         return complete(conn, events, outcomes, kinds=kinds, topics=topics, worker=worker,
@@ -162,7 +162,5 @@ def run_leased(engine: Engine, runner: EffectRunner, events: list[ExpiryEvent],
 
 def effect_runner(settings) -> EffectRunner:
     """The runner of the built-in actions, from settings (object store, concurrency)."""
-    from processors.object_store import store_from_settings
-
     store = store_from_settings(settings)
     return EffectRunner({"delete-object": store.delete}, settings.effect_concurrency)

@@ -11,7 +11,7 @@ import threading
 from pathlib import Path, PurePosixPath
 from typing import Protocol
 
-from processors.failures import INVALID, RATE_LIMITED, TEMPORARY, EffectFailure
+from lapse.processors.failures import INVALID, RATE_LIMITED, TEMPORARY, EffectFailure
 
 
 class ObjectStore(Protocol):

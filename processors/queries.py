@@ -11,9 +11,9 @@ from datetime import datetime
 
 from sqlalchemy import Connection, and_, bindparam, or_, select, update
 
-from lapse.batch_sql import any_of
-from lapse.ledger import CLAIMED, WAITING
-from lapse.models import cleanup_ledger as L
+from lapse.kernel.batch_sql import any_of
+from lapse.kernel.ledger import CLAIMED, WAITING
+from lapse.kernel.models import cleanup_ledger as L
 
 
 def read_states(conn: Connection, op_keys: Iterable[str]) -> dict[str, tuple]:

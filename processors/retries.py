@@ -14,13 +14,14 @@ from datetime import datetime
 
 from sqlalchemy import Connection, select
 
-from lapse.delays import delay_record
-from lapse.kinds import CleanupKind
-from lapse.ledger import DEAD_LETTER, RETRY_SCHEDULED, ExpiryEvent
-from lapse.ledger_queries import millis, outbox_row, transition
-from lapse.models import ledger_transitions
-from processors import queries
-from processors.failures import EffectFailure, decide
+from lapse.kernel.delays import delay_record
+from lapse.kernel.kinds import CleanupKind
+from lapse.kernel.ledger import DEAD_LETTER, RETRY_SCHEDULED, ExpiryEvent
+from lapse.kernel.ledger_queries import millis, outbox_row, transition
+from lapse.kernel.models import ledger_transitions
+from lapse.processors import queries
+from lapse.processors.failures import EffectFailure, decide
+from lapse.processors.payloads import dead_letter_payload, outcome_payload
 
 
 @dataclass(frozen=True)
@@ -68,8 +69,6 @@ def record_failures(conn: Connection, failed: list[FailedAttempt], *, kinds: dic
     """Move rows this worker has claimed to retry_scheduled or dead_letter; returns (retried,
     dead-lettered) keys. The caller must hold the claims (checked in the same transaction).
     Transitions and outbox rows are appended to the caller's lists (written once per batch)."""
-    from processors.rules import dead_letter_payload, outcome_payload
-
     rows, retried, dead = [], [], []
     past = history(conn, [f.event.op_key for f in failed])
     for f in failed:

@@ -14,9 +14,9 @@ from datetime import datetime, timedelta
 
 from sqlalchemy import Connection
 
-from lapse.kinds import CleanupKind
-from lapse.ledger import APPLIED, CLAIMED, PENDING, RETRY_SCHEDULED, SKIPPED, TERMINAL, ExpiryEvent
-from lapse.ledger_queries import (
+from lapse.kernel.kinds import CleanupKind
+from lapse.kernel.ledger import APPLIED, CLAIMED, PENDING, RETRY_SCHEDULED, SKIPPED, TERMINAL, ExpiryEvent
+from lapse.kernel.ledger_queries import (
     insert_outbox,
     insert_pending,
     millis,
@@ -24,9 +24,10 @@ from lapse.ledger_queries import (
     record_transitions,
     transition,
 )
-from processors import queries
-from processors.failures import INVALID, EffectFailure
-from processors.retries import FailedAttempt, record_failures
+from lapse.processors import queries
+from lapse.processors.failures import INVALID, EffectFailure
+from lapse.processors.payloads import outcome_payload
+from lapse.processors.retries import FailedAttempt, record_failures, wakeup_row
 
 
 @dataclass(frozen=True)
@@ -88,51 +89,6 @@ def collapse(events: list[ExpiryEvent]) -> tuple[dict[str, ExpiryEvent], Counter
     return unique, extra
 
 
-def outcome_payload(
-    event: ExpiryEvent, status: str, attempt: int, now: datetime, worker: str,
-    failure_class: str | None = None, reason: str | None = None,
-) -> dict:
-    return {
-        "op_key": event.op_key,
-        "kind": event.kind,
-        "tenant": event.tenant,
-        "subject_id": event.subject_id,
-        "status": status,
-        "attempt": attempt,
-        "failure_class": failure_class,
-        "reason": reason,
-        "due_at": millis(event.due_at),
-        "occurred_at": millis(now),
-        "correlation_id": event.correlation_id,
-        "replay_id": event.replay_id,
-        "worker": worker,
-    }
-
-
-def dead_letter_payload(event: ExpiryEvent, failure_class: str, reason: str, attempt: int,
-                        now: datetime, position: tuple[str, int, int] | None) -> dict:
-    topic, partition, offset = position or ("", -1, -1)
-    return {
-        "op_key": event.op_key,
-        "kind": event.kind,
-        "tenant": event.tenant,
-        "subject_id": event.subject_id,
-        "failure_class": failure_class,
-        "reason": reason,
-        "attempt": attempt,
-        "history": [],
-        "source_topic": topic,
-        "source_partition": partition,
-        "source_offset": offset,
-        "original_key": None,
-        "original_value": None,
-        "original_headers": {},
-        "dead_lettered_at": millis(now),
-        "correlation_id": event.correlation_id,
-        "replay_id": event.replay_id,
-    }
-
-
 def apply_batch(
     conn: Connection,
     events: list[ExpiryEvent],
@@ -149,7 +105,7 @@ def apply_batch(
 
     Events must name known kinds (the decoder dead-letters the others before this point).
     Kinds with an external effect are only claimed here (lease until now + `lease`) and returned
-    in `leased` with their targets; `processors.leased` runs and completes them."""
+    in `leased` with their targets; `lapse.processors.leased` runs and completes them."""
     result = BatchResult()
     rng = rng or random.Random()
     unique, extra = collapse(events)
@@ -222,8 +178,6 @@ def reschedule(conn: Connection, moved: list[tuple[ExpiryEvent, datetime]], resu
     """Work whose business row is still eligible but no longer due (a hold was extended after its
     event was produced) goes back to `pending` at the new due time, with a wake-up on a delay tier;
     skipping it would be terminal and the extended hold would never be cleaned up."""
-    from processors.retries import wakeup_row
-
     rows = []
     for event, due_at in moved:
         attempt = before[event.op_key][1]

@@ -6,7 +6,6 @@ the next consume call, so a revoke (which only happens inside consume) finds not
 
 from __future__ import annotations
 
-import signal
 import threading
 import time
 from dataclasses import dataclass, field
@@ -14,17 +13,17 @@ from dataclasses import dataclass, field
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
 from sqlalchemy.exc import InterfaceError, OperationalError
 
-from lapse import metrics
-from lapse.codec import Codec
-from lapse.database import engine_from_settings
-from lapse.kafka_clients import DeliveryFailed, DeliveryTracker, make_consumer, make_producer
-from lapse.kinds import registry
-from lapse.logs import get_logger
-from lapse.settings import Settings
-from lapse.topics import delay_tiers
-from processors.circuit import CircuitPolicy, DeadLetterCircuit
-from processors.commit import BatchContext, commit_batch
-from processors.decode import decode_batch
+from lapse.kernel.codec import Codec
+from lapse.kernel.database import engine_from_settings
+from lapse.kernel.kafka_clients import DeliveryFailed, DeliveryTracker, make_consumer, make_producer
+from lapse.kernel.kinds import registry
+from lapse.kernel.logs import get_logger
+from lapse.kernel.settings import Settings
+from lapse.kernel.topology import delay_tiers
+from lapse.processors.circuit import CircuitPolicy, DeadLetterCircuit
+from lapse.processors.commit import BatchContext, commit_batch
+from lapse.processors.decode import decode_batch
+from lapse.processors.metrics import observe_batch
 
 log = get_logger("processor")
 
@@ -177,7 +176,7 @@ class CleanupWorker:
         s.conflicts += len(result.conflicts)
         s.poison += len(poison)
         s.delayed += len(result.not_due)
-        metrics.observe_batch(len(messages), result, events, len(poison), time.monotonic() - started)
+        observe_batch(len(messages), result, events, len(poison), time.monotonic() - started)
         log.debug("batch committed", extra={
             "records": len(messages), "applied": len(result.applied),
             "duplicates": result.duplicates, "ms": round((time.monotonic() - started) * 1000, 1)})
@@ -217,9 +216,3 @@ class CleanupWorker:
         finally:
             self.ctx.producer.flush(10)
             self.engine.dispose()
-
-
-def install_signal_handlers(stop: threading.Event) -> None:
-    """SIGTERM and SIGINT finish the current batch, then stop."""
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: stop.set())

@@ -1,0 +1,9 @@
+"""The producer room: the sweep, the transactional publish API, the outbox relay, and emitting
+expiry events. This module is the room's public face."""
+
+from lapse.producers.emit import emit_events
+from lapse.producers.publish import schedule_cleanup
+from lapse.producers.relay import relay_batch, run_relay
+from lapse.producers.sweep import SweepReport, sweep_once
+
+__all__ = ["SweepReport", "emit_events", "relay_batch", "run_relay", "schedule_cleanup", "sweep_once"]

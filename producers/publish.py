@@ -12,12 +12,12 @@ from datetime import UTC, datetime
 from sqlalchemy import Connection
 from sqlalchemy.orm import Session
 
-from lapse.delays import delay_record
-from lapse.kinds import CleanupKind, registry
-from lapse.ledger import ExpiryEvent, new_correlation_id, op_key
-from lapse.ledger_queries import insert_outbox, insert_pending, millis, outbox_row
-from lapse.settings import Settings, load_settings
-from lapse.topics import delay_tiers
+from lapse.kernel.delays import delay_record
+from lapse.kernel.kinds import CleanupKind, registry
+from lapse.kernel.ledger import ExpiryEvent, new_correlation_id, op_key
+from lapse.kernel.ledger_queries import insert_outbox, insert_pending, millis, outbox_row
+from lapse.kernel.settings import Settings, load_settings
+from lapse.kernel.topology import delay_tiers
 
 SOURCE = "publish"
 _tier_cache: dict[tuple[str, str], list[tuple[str, int]]] = {}

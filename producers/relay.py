@@ -15,10 +15,10 @@ from datetime import UTC, datetime, timedelta
 from confluent_kafka import Producer
 from sqlalchemy import Engine
 
-from lapse.codec import Codec
-from lapse.kafka_clients import DeliveryTracker
-from lapse.logs import get_logger
-from producers import relay_queries
+from lapse.kernel.codec import Codec
+from lapse.kernel.kafka_clients import DeliveryTracker
+from lapse.kernel.logs import get_logger
+from lapse.producers import relay_queries
 
 log = get_logger("relay")
 

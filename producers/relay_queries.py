@@ -6,7 +6,7 @@ from datetime import datetime
 
 from sqlalchemy import Connection, delete, select, update
 
-from lapse.models import outbox
+from lapse.kernel.models import outbox
 
 
 def lock_unsent(conn: Connection, limit: int) -> list:

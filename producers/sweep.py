@@ -14,14 +14,14 @@ from datetime import UTC, datetime
 from confluent_kafka import Producer
 from sqlalchemy import Engine
 
-from lapse.codec import Codec
-from lapse.emit import emit_events
-from lapse.kafka_clients import DeliveryTracker
-from lapse.kinds import CleanupKind
-from lapse.ledger import ExpiryEvent, new_correlation_id
-from lapse.ledger_queries import insert_pending
-from lapse.logs import get_logger
-from lapse.settings import Settings
+from lapse.kernel.codec import Codec
+from lapse.kernel.kafka_clients import DeliveryTracker
+from lapse.kernel.kinds import CleanupKind
+from lapse.kernel.ledger import ExpiryEvent, new_correlation_id
+from lapse.kernel.ledger_queries import insert_pending
+from lapse.kernel.logs import get_logger
+from lapse.kernel.settings import Settings
+from lapse.producers.emit import emit_events
 
 log = get_logger("sweep")
 

@@ -13,10 +13,10 @@ from datetime import UTC, date, datetime, time, timedelta
 
 from sqlalchemy import Connection, Engine, func, select, update
 
-from lapse.batch_sql import bulk_insert
-from lapse.logs import get_logger
-from lapse.models import cleanup_ledger, daily_reports, ledger_transitions
-from reconciler.notifiers import Notifier
+from lapse.kernel.batch_sql import bulk_insert
+from lapse.kernel.logs import get_logger
+from lapse.kernel.models import cleanup_ledger, daily_reports, ledger_transitions
+from lapse.reconciler.notifiers import Notifier
 
 log = get_logger("report")
 
@@ -106,7 +106,7 @@ def deliver_pending(engine: Engine, notifier: Notifier, now: datetime,
                                      last_error=None))
             result.delivered.append(key)
             log.info("daily report delivered", extra={"report_key": key, "notifier": notifier.name})
-        except Exception as exc:  # noqa: BLE001 - recorded on the row, retried next run
+        except Exception as exc:
             reason = f"{type(exc).__name__}: {exc}".splitlines()[0][:500]
             with engine.begin() as conn:
                 conn.execute(update(daily_reports).where(daily_reports.c.report_key == key)

@@ -12,7 +12,7 @@ from email.message import EmailMessage
 from pathlib import Path
 from typing import Protocol
 
-from lapse.settings import Settings
+from lapse.kernel.settings import Settings
 
 
 class Notifier(Protocol):

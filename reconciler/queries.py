@@ -7,9 +7,8 @@ ix_cleanup_ledger_state_due_key (the op key primary key for the conditional upda
 
 from __future__ import annotations
 
-from datetime import datetime
-
 from dataclasses import dataclass
+from datetime import datetime
 
 from sqlalchemy import (
     Connection,
@@ -24,9 +23,9 @@ from sqlalchemy import (
     update,
 )
 
-from lapse.kinds import CleanupKind, EligibleRow
-from lapse.ledger import APPLIED, CLAIMED, PENDING, RETRY_SCHEDULED, SKIPPED
-from lapse.models import cleanup_ledger as L
+from lapse.kernel.kinds import CleanupKind, EligibleRow
+from lapse.kernel.ledger import APPLIED, CLAIMED, PENDING, RETRY_SCHEDULED, SKIPPED
+from lapse.kernel.models import cleanup_ledger as L
 
 # The ledger states the reconciler re-emits when stuck, with the reason it reports for each.
 STUCK_REASONS = {PENDING: "stuck_pending", CLAIMED: "stuck_claimed", RETRY_SCHEDULED: "stuck_retry"}

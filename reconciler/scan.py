@@ -17,16 +17,16 @@ from datetime import UTC, datetime, timedelta
 from confluent_kafka import Producer
 from sqlalchemy import Engine
 
-from lapse.codec import Codec
-from lapse.kafka_clients import DeliveryTracker
-from lapse.kinds import CleanupKind
-from lapse.ledger import APPLIED, PENDING, SKIPPED, ExpiryEvent, new_correlation_id
-from lapse.ledger_queries import insert_pending, record_transitions, transition
-from lapse.logs import get_logger
-from lapse.settings import Settings
-from reconciler import queries
-from lapse.emit import emit_events
-from lapse.rate_limit import TokenBucket
+from lapse.kernel.codec import Codec
+from lapse.kernel.kafka_clients import DeliveryTracker
+from lapse.kernel.kinds import CleanupKind
+from lapse.kernel.ledger import APPLIED, PENDING, SKIPPED, ExpiryEvent, new_correlation_id
+from lapse.kernel.ledger_queries import insert_pending, record_transitions, transition
+from lapse.kernel.logs import get_logger
+from lapse.kernel.rate_limit import TokenBucket
+from lapse.kernel.settings import Settings
+from lapse.producers import emit_events
+from lapse.reconciler import queries
 
 log = get_logger("reconciler")
 
@@ -181,29 +181,3 @@ def scan_rate(engine: Engine, producer: Producer, codec: Codec, settings: Settin
     report = reconcile_once(engine, producer, codec, settings, kinds)
     elapsed = time.perf_counter() - started
     return report, (report.scanned + report.ledger_scanned) / elapsed if elapsed > 0 else 0.0
-
-
-def run_reconcile_role(settings: Settings, kwargs: dict) -> None:
-    """The `reconcile` role of `lapse run` (and `lapse reconcile` without --once): a pass every
-    `reconcile_interval_s` until SIGTERM/SIGINT; a failed pass is logged and retried next time."""
-    from lapse.database import engine_from_settings
-    from lapse.kafka_clients import make_producer
-    from lapse.kinds import registry
-
-    from lapse.supervisor import stop_on_signals
-
-    stop = stop_on_signals()
-    engine = engine_from_settings(settings)
-    producer = make_producer(settings)
-    reconciler = Reconciler(engine, producer, Codec.from_settings(settings), settings,
-                            registry(settings.extra_kinds))
-    try:
-        while not stop.is_set():
-            try:
-                reconciler.run_once()
-            except Exception:  # noqa: BLE001 - the next pass retries; nothing is lost meanwhile
-                log.exception("reconcile pass failed")
-            stop.wait(settings.reconcile_interval_s)
-    finally:
-        producer.flush(10)
-        engine.dispose()

@@ -15,7 +15,7 @@ import pytest
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 
-from lapse.database import make_engine, upgrade_url
+from lapse.kernel.database import make_engine, upgrade_url
 
 DEFAULT_ADMIN_URL = "postgresql+psycopg://lapse@127.0.0.1:5432/lapse"
 
@@ -39,7 +39,7 @@ def pg_template() -> Iterator[str]:
     try:
         with engine.connect() as conn:
             conn.execute(text(f'CREATE DATABASE "{name}"'))
-    except Exception as exc:  # noqa: BLE001 - one line that says what to do
+    except Exception as exc:
         pytest.fail(f"PostgreSQL at {admin_url()} is not reachable ({type(exc).__name__}): "
                     "run `make postgres` or set LAPSE_TEST_DATABASE_URL", pytrace=False)
     url = make_url(admin_url()).set(database=name).render_as_string(hide_password=False)

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from lapse.brokers import ApacheKafkaServer, BrokerUnavailable, EmbeddedBroker
+from lapse.devtools.brokers import ApacheKafkaServer, BrokerUnavailable, EmbeddedBroker
 
 BOOTSTRAP_ENV = "LAPSE_TEST_BOOTSTRAP_SERVERS"
 JARS_ENV = "LAPSE_KAFKA_JARS"

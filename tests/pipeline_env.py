@@ -11,10 +11,10 @@ from dataclasses import dataclass
 import pytest
 from confluent_kafka import Consumer, TopicPartition
 
-from lapse.codec import Codec
-from lapse.database import make_engine
-from lapse.settings import Settings, load_settings
-from lapse.topics import delay_tiers
+from lapse.kernel.codec import Codec
+from lapse.kernel.database import make_engine
+from lapse.kernel.settings import Settings, load_settings
+from lapse.kernel.topology import delay_tiers
 from tests.fixtures_kafka import create_topics
 
 EXPIRY_PARTITIONS = 6

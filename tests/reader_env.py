@@ -9,15 +9,15 @@ from datetime import UTC, datetime
 
 from sqlalchemy import func, select
 
-from lapse.codec import Codec
-from lapse.database import make_engine
-from lapse.kafka_clients import DeliveryTracker, make_producer
-from lapse.kinds import registry
-from lapse.ledger import TERMINAL
-from lapse.models import cleanup_ledger
-from lapse.settings import Settings, load_settings
-from producers.relay import relay_until_empty
-from producers.sweep import sweep_once
+from lapse.kernel.codec import Codec
+from lapse.kernel.database import make_engine
+from lapse.kernel.kafka_clients import DeliveryTracker, make_producer
+from lapse.kernel.kinds import registry
+from lapse.kernel.ledger import TERMINAL
+from lapse.kernel.models import cleanup_ledger
+from lapse.kernel.settings import Settings, load_settings
+from lapse.producers.relay import relay_until_empty
+from lapse.producers.sweep import sweep_once
 from tests.fixtures_kafka import create_topics
 
 
@@ -42,7 +42,7 @@ def sweep(settings: Settings) -> None:
 
 def produce_events(settings: Settings, events: list, topic: str | None = None) -> None:
     """Produce ExpiryEvents as the sweep would (keyed by op key), e.g. duplicates or bad ones."""
-    from lapse.emit import emit_events
+    from lapse.producers.emit import emit_events
 
     emit_events(make_producer(settings), Codec.from_settings(settings), DeliveryTracker(),
                 topic or settings.expiry_topic, events, datetime.now(UTC))
@@ -52,7 +52,7 @@ def process_until_terminal(settings: Settings, expected: int, timeout_s: float =
                            replayed: int = 0) -> None:
     """Run one CleanupWorker until `expected` ledger rows are terminal, `replayed` of them after a
     replay (a bounded wait), then stop."""
-    from processors.worker import CleanupWorker
+    from lapse.processors.worker import CleanupWorker
 
     engine = make_engine(settings.database_url_plain())
     worker = CleanupWorker(settings)

@@ -11,8 +11,8 @@ import time
 import urllib.request
 from datetime import UTC, datetime, timedelta
 
-from lapse.brokers import free_port
-from processors.analytics import VIEW_PATH
+from lapse.devtools.brokers import free_port
+from lapse.readers.analytics import VIEW_PATH
 from tests.reader_env import outcome_record, produce_outcomes, reader_settings
 
 

@@ -11,12 +11,12 @@ from click.testing import CliRunner
 from confluent_kafka import TopicPartition
 from sqlalchemy import func, select, update
 
-from lapse.cli import main
-from lapse.database import make_engine
-from lapse.demo_data import add_reservations
-from lapse.ledger import ExpiryEvent
-from lapse.models import cleanup_ledger, outbox, reservations
-from processors.dlq_queries import Selection, replay
+from lapse.devtools.demo_data import add_reservations
+from lapse.kernel.database import make_engine
+from lapse.kernel.ledger import ExpiryEvent
+from lapse.kernel.models import cleanup_ledger, outbox, reservations
+from lapse.processors.dlq_queries import Selection, replay
+from lapse.shell.app import main
 from tests.fixtures_kafka import admin
 from tests.reader_env import (
     outcome_record,

@@ -10,7 +10,7 @@ import pytest
 from click.testing import CliRunner
 from sqlalchemy import create_engine, text
 
-from lapse.cli import main
+from lapse.shell.app import main
 from tests.fixtures_db import admin_url
 
 RATE = (int, float)

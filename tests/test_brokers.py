@@ -9,7 +9,7 @@ import sys
 import pytest
 from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
 
-from lapse.brokers import ApacheKafkaServer, BrokerUnavailable, find_kafka_jars
+from lapse.devtools.brokers import ApacheKafkaServer, BrokerUnavailable, find_kafka_jars
 from tests.fixtures_kafka import admin, create_topics
 
 
@@ -79,7 +79,7 @@ def test_a_broker_that_cannot_start_says_why(tmp_path):
 @pytest.mark.embedded
 def test_broker_command_prints_bootstrap_first_and_stops_on_sigterm():
     proc = subprocess.Popen(
-        [sys.executable, "-c", "from lapse.cli import main; main()", "broker", "--kind", "embedded"],
+        [sys.executable, "-c", "from lapse.shell.app import main; main()", "broker", "--kind", "embedded"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )
     try:

@@ -6,11 +6,11 @@ from datetime import UTC, datetime, timedelta
 
 from sqlalchemy import func, select
 
-from lapse.kafka_clients import make_producer
-from lapse.ledger import ExpiryEvent
-from lapse.models import cleanup_ledger
-from processors.circuit import CircuitPolicy, DeadLetterCircuit
-from processors.worker import CleanupWorker
+from lapse.kernel.kafka_clients import make_producer
+from lapse.kernel.ledger import ExpiryEvent
+from lapse.kernel.models import cleanup_ledger
+from lapse.processors.circuit import CircuitPolicy, DeadLetterCircuit
+from lapse.processors.worker import CleanupWorker
 from tests.pipeline_env import committed
 from tests.test_pipeline import seed
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from click.testing import CliRunner
 
-from lapse.cli import main
+from lapse.shell.app import main
 
 
 def test_help_shows_each_flags_env_var():

@@ -9,9 +9,9 @@ from collections import Counter
 import pytest
 from sqlalchemy import select
 
-from lapse.brokers import ApacheKafkaCluster
-from lapse.models import ledger_transitions
-from processors.worker import CleanupWorker
+from lapse.devtools.brokers import ApacheKafkaCluster
+from lapse.kernel.models import ledger_transitions
+from lapse.processors.worker import CleanupWorker
 from tests.pipeline_env import Pipeline, make_pipeline_settings
 from tests.test_pipeline import all_committed, expiry_event, produce, seed
 from tests.test_resilience import applied, wait_until
@@ -33,8 +33,8 @@ def cluster(tmp_path_factory):
 
 @pytest.mark.slow
 def test_killing_one_of_three_brokers_loses_nothing(cluster, pg_url, unique):
-    from lapse.codec import Codec
-    from lapse.database import make_engine
+    from lapse.kernel.codec import Codec
+    from lapse.kernel.database import make_engine
 
     settings = make_pipeline_settings(cluster.bootstrap, pg_url, unique, replication_factor=3)
     pipeline = Pipeline(settings, make_engine(pg_url), Codec.from_settings(settings))

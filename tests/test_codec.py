@@ -9,19 +9,19 @@ import re
 import socket
 import threading
 from collections.abc import Iterator
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from io import BytesIO
 
 import fastavro
 import pytest
 
-from lapse.codec import Codec, DecodeError, EncodeError, SchemaRegistryError, SchemaStore
-from lapse.settings import REPO_ROOT, Settings
+from lapse.kernel.codec import Codec, DecodeError, EncodeError, SchemaRegistryError, SchemaStore
+from lapse.kernel.settings import REPO_ROOT, Settings
 
 SCHEMAS_DIR = REPO_ROOT / "schemas"
-DUE = datetime(2025, 3, 1, 12, 0, 0, 250000, tzinfo=timezone.utc)
-NOW = datetime(2025, 3, 1, 12, 0, 5, 0, tzinfo=timezone.utc)
+DUE = datetime(2025, 3, 1, 12, 0, 0, 250000, tzinfo=UTC)
+NOW = datetime(2025, 3, 1, 12, 0, 5, 0, tzinfo=UTC)
 
 RECORDS = {
     "expiry_event": {
@@ -95,7 +95,7 @@ def test_decode_expected_rejects_another_record_type(codec: Codec) -> None:
 
 def test_single_object_fingerprint_matches_the_avro_spec() -> None:
     """CRC-64-AVRO of the canonical form `"null"` is 0x63dd24e7cc258f8a, written little-endian."""
-    from lapse.codec import schema_fingerprint
+    from lapse.kernel.codec import schema_fingerprint
 
     assert schema_fingerprint("null") == (0x63DD24E7CC258F8A).to_bytes(8, "little")
 
@@ -302,8 +302,8 @@ def test_decode_fields_reads_only_the_named_fields_of_old_and_new_records(tmp_pa
     """The audit's projection: exactly the named fields, and the type check of a full decode."""
     from datetime import UTC, datetime
 
-    from lapse.codec import Codec, SchemaStore
-    from lapse.settings import REPO_ROOT
+    from lapse.kernel.codec import Codec, SchemaStore
+    from lapse.kernel.settings import REPO_ROOT
 
     codec = Codec(SchemaStore(REPO_ROOT / "schemas"))
     now = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
@@ -315,7 +315,7 @@ def test_decode_fields_reads_only_the_named_fields_of_old_and_new_records(tmp_pa
         "op_key": "release-reservation:7", "replay_id": "r-1"}
     import pytest
 
-    from lapse.codec import DecodeError
+    from lapse.kernel.codec import DecodeError
 
     with pytest.raises(DecodeError) as err:
         codec.decode_fields("cleanup_outcome", data, ("op_key",))

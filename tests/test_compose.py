@@ -10,8 +10,8 @@ from pathlib import Path
 
 import yaml
 
-from lapse.settings import REPO_ROOT, Settings, env_var
-from lapse.topics import load_topics
+from lapse.kernel.settings import REPO_ROOT, Settings, env_var
+from lapse.kernel.topology import load_topics
 
 COMPOSE = REPO_ROOT / "compose"
 

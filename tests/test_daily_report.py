@@ -9,12 +9,12 @@ from datetime import UTC, date, datetime, timedelta
 from click.testing import CliRunner
 from sqlalchemy import insert, select
 
-from lapse.cli import main
-from lapse.database import make_engine
-from lapse.ledger_queries import transition
-from lapse.models import cleanup_ledger, daily_reports, ledger_transitions
-from reconciler.daily_report import deliver_pending, enqueue_report
-from reconciler.notifiers import FileNotifier
+from lapse.kernel.database import make_engine
+from lapse.kernel.ledger_queries import transition
+from lapse.kernel.models import cleanup_ledger, daily_reports, ledger_transitions
+from lapse.reconciler.daily_report import deliver_pending, enqueue_report
+from lapse.reconciler.notifiers import FileNotifier
+from lapse.shell.app import main
 
 DAY = date(2026, 11, 28)
 MIDNIGHT = datetime(2026, 11, 28, tzinfo=UTC)

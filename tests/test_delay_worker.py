@@ -8,8 +8,8 @@ from datetime import UTC, datetime, timedelta
 
 from confluent_kafka import Producer
 
-from lapse.delays import TARGET_HEADER, due_header, parse_due
-from processors.delay_worker import DelayWorker
+from lapse.kernel.delays import TARGET_HEADER, due_header, parse_due
+from lapse.processors.delay_worker import DelayWorker
 from tests.pipeline_env import committed, read_topic
 
 

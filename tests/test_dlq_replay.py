@@ -8,13 +8,13 @@ from datetime import UTC, datetime, timedelta
 from click.testing import CliRunner
 from sqlalchemy import func, select
 
-from lapse.cli import main
-from lapse.database import make_engine
-from lapse.kinds import registry
-from lapse.ledger import ExpiryEvent
-from lapse.models import cleanup_ledger, ledger_transitions, outbox
-from processors.dlq_queries import Selection, replay
-from processors.rules import Topics, apply_batch
+from lapse.kernel.database import make_engine
+from lapse.kernel.kinds import registry
+from lapse.kernel.ledger import ExpiryEvent
+from lapse.kernel.models import cleanup_ledger, ledger_transitions, outbox
+from lapse.processors.dlq_queries import Selection, replay
+from lapse.processors.rules import Topics, apply_batch
+from lapse.shell.app import main
 
 NOW = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
 TOPICS = Topics(outcomes="lapse.outcomes", dlq="lapse.dlq")

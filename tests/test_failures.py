@@ -12,14 +12,14 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from sqlalchemy import insert, select
 
-from lapse.database import make_engine
-from lapse.kinds import registry
-from lapse.ledger import ExpiryEvent
-from lapse.models import artifacts, cleanup_ledger, ledger_transitions, outbox
-from processors.failures import RATE_LIMITED, TEMPORARY, EffectFailure
-from processors.leased import EffectRunner, run_leased
-from processors.object_store import FilesystemObjectStore
-from processors.rules import Topics, apply_batch
+from lapse.kernel.database import make_engine
+from lapse.kernel.kinds import registry
+from lapse.kernel.ledger import ExpiryEvent
+from lapse.kernel.models import artifacts, cleanup_ledger, ledger_transitions, outbox
+from lapse.processors.failures import RATE_LIMITED, TEMPORARY, EffectFailure
+from lapse.processors.leased import EffectRunner, run_leased
+from lapse.processors.object_store import FilesystemObjectStore
+from lapse.processors.rules import Topics, apply_batch
 
 T0 = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
 LEASE = timedelta(seconds=30)
@@ -221,7 +221,7 @@ def test_invalid_effect_failure_dead_letters_at_once(engine, store):
 
 
 def test_faulty_store_fails_a_share_of_deletes_with_classified_failures(store):
-    from processors.object_store import FaultyObjectStore
+    from lapse.processors.object_store import FaultyObjectStore
 
     faulty = FaultyObjectStore(store, rate=0.5, rng=random.Random(3))
     seen = []

@@ -7,12 +7,12 @@ from datetime import UTC, datetime, timedelta
 
 from sqlalchemy import insert, select
 
-from lapse.kinds import ARTIFACT_DELETE
-from lapse.ledger_queries import pending_row
-from lapse.ledger import ExpiryEvent
-from lapse.models import cleanup_ledger
-from processors.failures import AMBIGUOUS
-from processors.leased import EffectRunner, renew_leases
+from lapse.kernel.kinds import ARTIFACT_DELETE
+from lapse.kernel.ledger import ExpiryEvent
+from lapse.kernel.ledger_queries import pending_row
+from lapse.kernel.models import cleanup_ledger
+from lapse.processors.failures import AMBIGUOUS
+from lapse.processors.leased import EffectRunner, renew_leases
 
 T0 = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
 KEY = "artifact-delete:1"

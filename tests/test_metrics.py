@@ -8,14 +8,14 @@ from datetime import UTC, datetime, timedelta
 from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import insert
 
-from lapse import metrics
-from lapse.brokers import free_port
-from lapse.database import make_engine
-from lapse.demo_data import add_reservations
-from lapse.ledger import ExpiryEvent
-from lapse.ledger_queries import pending_row
-from lapse.models import cleanup_ledger
-from lapse.status import status_report
+from lapse.devtools.brokers import free_port
+from lapse.devtools.demo_data import add_reservations
+from lapse.kernel.database import make_engine
+from lapse.kernel.ledger import ExpiryEvent
+from lapse.kernel.ledger_queries import pending_row
+from lapse.kernel.models import cleanup_ledger
+from lapse.readers.status import status_report
+from lapse.shell import metrics
 from tests.reader_env import process_until_terminal, produce_events, reader_settings, sweep
 
 

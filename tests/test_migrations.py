@@ -5,8 +5,8 @@ from __future__ import annotations
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 
-from lapse.database import make_engine
-from lapse.models import metadata
+from lapse.kernel.database import make_engine
+from lapse.kernel.models import metadata
 
 
 def test_migrated_schema_equals_models(db_url):

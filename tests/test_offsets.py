@@ -11,10 +11,10 @@ from datetime import UTC, datetime, timedelta
 from click.testing import CliRunner
 from confluent_kafka import TopicPartition
 
-from lapse.cli import main
-from lapse.codec import Codec
-from lapse.kafka_clients import make_consumer
-from lapse.offsets import committed
+from lapse.kernel.codec import Codec
+from lapse.kernel.kafka_clients import make_consumer
+from lapse.readers.offsets import committed
+from lapse.shell.app import main
 from tests.reader_env import outcome_record, produce_outcomes, reader_settings
 
 OUTCOMES = 12

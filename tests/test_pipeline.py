@@ -11,15 +11,15 @@ from datetime import UTC, datetime, timedelta
 
 from sqlalchemy import func, select, update
 
-from lapse.demo_data import add_reservations
-from lapse.kafka_clients import DeliveryTracker, make_producer
-from lapse.kinds import registry
-from lapse.ledger import ExpiryEvent
-from lapse.models import cleanup_ledger, ledger_transitions, reservations
-from processors.worker import CleanupWorker
-from producers.relay import relay_until_empty
-from lapse.emit import emit_events
-from producers.sweep import sweep_once
+from lapse.devtools.demo_data import add_reservations
+from lapse.kernel.kafka_clients import DeliveryTracker, make_producer
+from lapse.kernel.kinds import registry
+from lapse.kernel.ledger import ExpiryEvent
+from lapse.kernel.models import cleanup_ledger, ledger_transitions, reservations
+from lapse.processors.worker import CleanupWorker
+from lapse.producers.emit import emit_events
+from lapse.producers.relay import relay_until_empty
+from lapse.producers.sweep import sweep_once
 from tests.pipeline_env import EXPIRY_PARTITIONS, committed, end_offsets, read_topic
 
 PAST = datetime.now(UTC) - timedelta(minutes=5)

@@ -7,9 +7,9 @@ from datetime import UTC, datetime, timedelta
 
 from confluent_kafka import Producer
 
-from lapse.demo_data import add_reservations
-from lapse.ledger import ExpiryEvent
-from processors.worker import CleanupWorker
+from lapse.devtools.demo_data import add_reservations
+from lapse.kernel.ledger import ExpiryEvent
+from lapse.processors.worker import CleanupWorker
 from tests.pipeline_env import committed, read_topic
 
 NOW = datetime.now(UTC)

@@ -11,16 +11,16 @@ import pytest
 from click.testing import CliRunner
 from sqlalchemy import func, insert, select
 
-from lapse.cli import main
-from lapse.codec import Codec
-from lapse.demo_data import add_reservations
-from lapse.kafka_clients import DeliveryFailed, make_producer
-from lapse.kinds import registry
-from lapse.models import cleanup_ledger, ledger_transitions, reservations
-from processors.worker import CleanupWorker
-from producers.sweep import sweep_once
-from reconciler.scan import Reconciler, reconcile_once, scan_rate
-from lapse.rate_limit import TokenBucket
+from lapse.devtools.demo_data import add_reservations
+from lapse.kernel.codec import Codec
+from lapse.kernel.kafka_clients import DeliveryFailed, make_producer
+from lapse.kernel.kinds import registry
+from lapse.kernel.models import cleanup_ledger, ledger_transitions, reservations
+from lapse.kernel.rate_limit import TokenBucket
+from lapse.processors.worker import CleanupWorker
+from lapse.producers.sweep import sweep_once
+from lapse.reconciler.scan import Reconciler, reconcile_once, scan_rate
+from lapse.shell.app import main
 from tests.pipeline_env import read_topic
 
 KIND = "release-reservation"
@@ -184,7 +184,7 @@ def test_codec_reads_what_the_reconciler_writes(pipeline):
 
 def test_one_pass_on_sqlite_finds_gaps_stuck_rows_and_anomalies(kafka_bootstrap, sqlite_url, unique):
     """The embedded default database runs the same statements (row values, UPDATE … RETURNING)."""
-    from lapse.database import make_engine
+    from lapse.kernel.database import make_engine
     from tests.pipeline_env import Pipeline, make_pipeline_settings
 
     settings = make_pipeline_settings(kafka_bootstrap, sqlite_url, unique)

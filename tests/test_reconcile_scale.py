@@ -9,11 +9,11 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from sqlalchemy import text
 
-from lapse.kafka_clients import make_producer
-from lapse.kinds import RELEASE_RESERVATION, registry
-from lapse.ledger import CLAIMED, PENDING, RETRY_SCHEDULED
-from reconciler import queries
-from reconciler.scan import Reconciler
+from lapse.kernel.kafka_clients import make_producer
+from lapse.kernel.kinds import RELEASE_RESERVATION, registry
+from lapse.kernel.ledger import CLAIMED, PENDING, RETRY_SCHEDULED
+from lapse.reconciler import queries
+from lapse.reconciler.scan import Reconciler
 from tests.pipeline_env import read_topic
 
 ROWS = 1_000_000

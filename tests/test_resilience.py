@@ -9,8 +9,8 @@ from collections import Counter
 from sqlalchemy import create_engine, func, select, text
 from sqlalchemy.engine import make_url
 
-from lapse.models import cleanup_ledger, ledger_transitions
-from processors.worker import CleanupWorker
+from lapse.kernel.models import cleanup_ledger, ledger_transitions
+from lapse.processors.worker import CleanupWorker
 from tests.fixtures_db import admin_url
 from tests.test_pipeline import all_committed, expiry_event, produce, seed
 

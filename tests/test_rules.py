@@ -3,18 +3,17 @@
 from __future__ import annotations
 
 import threading
-from datetime import UTC, datetime, timedelta
-
 from dataclasses import replace
+from datetime import UTC, datetime, timedelta
 
 from sqlalchemy import func, select, text, update
 
-from lapse.database import make_engine
-from lapse.demo_data import add_reservations
-from lapse.kinds import RELEASE_RESERVATION, registry, release_reservations
-from lapse.ledger import ExpiryEvent
-from lapse.models import cleanup_ledger, ledger_transitions, outbox, reservations
-from processors.rules import Topics, apply_batch
+from lapse.devtools.demo_data import add_reservations
+from lapse.kernel.database import make_engine
+from lapse.kernel.kinds import RELEASE_RESERVATION, registry, release_reservations
+from lapse.kernel.ledger import ExpiryEvent
+from lapse.kernel.models import cleanup_ledger, ledger_transitions, outbox, reservations
+from lapse.processors.rules import Topics, apply_batch
 
 NOW = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
 TOPICS = Topics(outcomes="lapse.outcomes", dlq="lapse.dlq")
@@ -147,7 +146,7 @@ def release_unless_thirteen(conn, ids, now):
 def test_an_event_that_breaks_the_batch_transaction_is_dead_lettered_alone(pg_url):
     """One event whose effect fails in the database must not fail its batch forever: the batch
     is redone event by event and only that event is dead-lettered, with the database's reason."""
-    from processors.commit import isolate_failures
+    from lapse.processors.commit import isolate_failures
 
     engine = make_engine(pg_url)
     with engine.begin() as conn:

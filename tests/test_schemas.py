@@ -9,15 +9,15 @@ from __future__ import annotations
 
 import json
 import re
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from io import BytesIO
 from typing import Any
 
 import fastavro
 import pytest
 
-from lapse.codec import Codec, SchemaStore, StoredSchema
-from lapse.settings import REPO_ROOT
+from lapse.kernel.codec import Codec, SchemaStore, StoredSchema
+from lapse.kernel.settings import REPO_ROOT
 
 SCHEMAS_DIR = REPO_ROOT / "schemas"
 STORE = SchemaStore(SCHEMAS_DIR)
@@ -48,7 +48,7 @@ def sample(schema: Any, name: str = "x") -> Any:
         return sample(next(branch for branch in schema if branch != "null"), name)
     if isinstance(schema, dict):
         if schema.get("logicalType") == "timestamp-millis":
-            return datetime(2025, 3, 1, 12, 30, 15, 123000, tzinfo=timezone.utc)
+            return datetime(2025, 3, 1, 12, 30, 15, 123000, tzinfo=UTC)
         kind = schema["type"]
         if kind == "record":
             return {f["name"]: sample(f["type"], f["name"]) for f in schema["fields"]}

@@ -10,12 +10,12 @@ import pytest
 from click.testing import CliRunner
 from sqlalchemy import insert
 
-from lapse.cli import main
-from lapse.database import make_engine
-from lapse.ledger import ExpiryEvent
-from lapse.ledger_queries import pending_row
-from lapse.models import cleanup_ledger
-from lapse.status import status_report
+from lapse.kernel.database import make_engine
+from lapse.kernel.ledger import ExpiryEvent
+from lapse.kernel.ledger_queries import pending_row
+from lapse.kernel.models import cleanup_ledger
+from lapse.readers.status import status_report
+from lapse.shell.app import main
 from tests.reader_env import produce_events, reader_settings
 
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from lapse.settings import load_settings
-from lapse.supervisor import Role, Supervisor
+from lapse.kernel.settings import load_settings
+from lapse.shell.supervisor import Role, Supervisor
 
 
 def write_worker_id(settings, kwargs) -> None:

@@ -7,8 +7,8 @@ import pytest
 from click.testing import CliRunner
 from confluent_kafka.admin import ConfigResource, ResourceType
 
-from lapse.cli import main
-from lapse.topics import TopicsFileError, apply, declared_groups, delay_tiers, load_topics, plan
+from lapse.kernel.topology import TopicsFileError, apply, declared_groups, delay_tiers, load_topics, plan
+from lapse.shell.app import main
 from tests.fixtures_kafka import admin, create_topics
 
 DAY_MS = 86_400_000

@@ -1,0 +1,92 @@
+"""The Faust baseline: the same cleanup as an idiomatic faust-streaming agent, one event at a time
+(apply_batch of one event per record, commits managed by Faust), in a worker subprocess.
+
+Run as `python -m lapse.devtools.bench.faust_stage ARGS_JSON`; `run_faust` starts it and watches the ledger.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+from lapse.devtools.bench.events import unique_name
+from lapse.devtools.bench.ledger_watch import StageFailed, ledger_span, wait_terminal
+from lapse.devtools.brokers import terminate_process
+from lapse.kernel.database import make_engine
+from lapse.kernel.settings import Settings
+
+
+def run_faust(settings: Settings, database_url: str, topic: str, events: int) -> dict:
+    """Start the Faust worker on `topic` with a fresh app id; stop it once `events` rows are done."""
+    datadir = tempfile.mkdtemp(prefix="lapse-bench-faust-")
+    args = {"bootstrap": settings.bootstrap_servers, "topic": topic, "app_id": unique_name("bench-faust"),
+            "database_url": database_url, "schemas_dir": str(settings.schemas_dir),
+            "outcomes": settings.outcomes_topic, "dlq": settings.dlq_topic, "datadir": datadir}
+    engine = make_engine(database_url)
+    proc = subprocess.Popen([sys.executable, "-m", "lapse.devtools.bench.faust_stage", json.dumps(args)],
+                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            cwd=datadir)
+    started = time.time()
+    try:
+        try:
+            seen_at = wait_terminal(engine, events, alive=lambda: proc.poll() is None, stall_s=90)
+        except StageFailed as exc:
+            proc.kill()
+            tail = proc.stderr.read().decode(errors="replace").strip().splitlines()[-3:]
+            raise StageFailed(f"faust worker: {exc}: {' | '.join(tail)}") from None
+        span = ledger_span(engine, events, seen_at)
+    finally:
+        _stop(proc)
+        engine.dispose()
+        shutil.rmtree(datadir, ignore_errors=True)
+    return {"events": events, "seconds": round(span.seconds, 3), "events_per_s": round(span.rate, 1),
+            "startup_s": round(seen_at - started - span.seconds, 3)}
+
+
+def _stop(proc: subprocess.Popen, timeout: float = 15.0) -> None:
+    terminate_process(proc, timeout)
+    proc.stderr.close()
+
+
+def _worker(args: dict) -> None:
+    """The Faust app: one agent over the expiry topic, one transaction per event."""
+    import logging
+    from datetime import UTC, datetime, timedelta
+
+    import faust
+
+    from lapse.kernel.codec import Codec
+    from lapse.kernel.kinds import registry
+    from lapse.kernel.ledger import ExpiryEvent
+    from lapse.kernel.settings import load_settings
+    from lapse.processors.rules import Topics, apply_batch
+
+    settings = load_settings(bootstrap_servers=args["bootstrap"], database_url=args["database_url"],
+                             schemas_dir=args["schemas_dir"])
+    codec = Codec.from_settings(settings)
+    engine = make_engine(args["database_url"])
+    kinds, topics = registry(), Topics(outcomes=args["outcomes"], dlq=args["dlq"])
+    app = faust.App(args["app_id"], broker=f"kafka://{args['bootstrap']}", store="memory://",
+                    datadir=args["datadir"],
+                    web_enabled=False, topic_disable_leader=True, consumer_auto_offset_reset="earliest",
+                    broker_session_timeout=6.0, broker_heartbeat_interval=1.0)
+    source = app.topic(args["topic"], value_type=bytes, value_serializer="raw")
+
+    @app.agent(source)
+    async def cleanup(stream):
+        async for value in stream:
+            event = ExpiryEvent.from_record(codec.decode_expected("expiry_event", value))
+            with engine.begin() as conn:
+                apply_batch(conn, [event], kinds=kinds, topics=topics, worker="bench-faust",
+                            now=datetime.now(UTC), lease=timedelta(seconds=30))
+
+    logging.getLogger("faust").setLevel(logging.WARNING)
+    faust.Worker(app, loglevel="WARNING", quiet=True).execute_from_commandline()
+
+
+if __name__ == "__main__":
+    _worker(json.loads(sys.argv[1]))

@@ -1,0 +1,127 @@
+"""Latency at a fixed offered load: a paced producer emits events for fresh reservations while one
+worker runs; latency runs from each record's produce timestamp to its ledger row turning terminal.
+
+Two figures per event: to the row's `finished_at` (stamped when its batch starts, so a lower
+bound) and to when a watcher polling every few ms saw the row terminal (an upper bound).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from datetime import UTC, datetime
+
+from sqlalchemy import select
+
+from lapse.devtools.bench.events import produce_events, reservation_event, unique_name
+from lapse.devtools.bench.lapse_stage import start_workers, worker_settings
+from lapse.devtools.bench.ledger_watch import StageFailed, wait_terminal
+from lapse.kernel.codec import Codec
+from lapse.kernel.database import make_engine
+from lapse.kernel.kafka_clients import make_producer
+from lapse.kernel.ledger import TERMINAL
+from lapse.kernel.models import cleanup_ledger as L
+from lapse.kernel.settings import Settings
+
+WATCH_POLL_S = 0.01
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, round(q / 100 * len(ordered)) - 1))]
+
+
+def run_latency(base: Settings, database_url: str, topic: str, rate: float, events: int,
+                batch_size: int) -> dict:
+    """Offer `rate` events/s (ids 2..events+1 of the seeded holds) to one worker; percentiles in ms."""
+    settings = worker_settings(base, database_url, topic, unique_name("bench-latency"), batch_size)
+    engine = make_engine(database_url)
+    sup = start_workers(settings, 1)
+    alive = lambda: all(p.is_alive() for p in sup.procs.values())
+    watcher = TerminalWatcher(engine)
+    try:
+        produce_events(settings, topic, [reservation_event(1, datetime.now(UTC))], datetime.now(UTC))
+        wait_terminal(engine, 1, alive=alive)  # the worker has joined and caught up
+        watcher.start()
+        produced = _paced_produce(settings, topic, range(2, events + 2), rate)
+        while len(watcher.seen) < events + 1:
+            if not alive() or watcher.error:
+                why = f"the watcher failed: {watcher.error}" if watcher.error else "the worker exited"
+                raise StageFailed(f"{why} with {len(watcher.seen)} of {events + 1} rows done")
+            time.sleep(WATCH_POLL_S)
+    finally:
+        watcher.stop()
+        sup.shutdown()
+        engine.dispose()
+    seen = watcher.seen
+    to_finished = [(seen[k][0].timestamp() - ts) * 1000 for k, ts in produced.items()]
+    to_seen = [(seen[k][1] - ts) * 1000 for k, ts in produced.items()]
+    return {
+        "offered_events_per_s": round(rate, 1), "events": events, "batch_size": batch_size,
+        **{f"p{q}_ms": round(percentile(to_finished, q), 1) for q in (50, 95, 99)},
+        **{f"observed_p{q}_ms": round(percentile(to_seen, q), 1) for q in (50, 95, 99)},
+        "max_ms": round(max(to_finished), 1), "latencies_ms": [round(x, 1) for x in to_finished],
+    }
+
+
+class TerminalWatcher:
+    """A thread polling the ledger for rows that turned terminal since its last poll (one worker,
+    so batches finish in finished_at order): op_key → (finished_at, wall-clock time first seen)."""
+
+    def __init__(self, engine) -> None:
+        self.engine = engine
+        self.seen: dict[str, tuple] = {}
+        self.after = None
+        self.error: str | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="bench-latency-watch", daemon=True)
+
+    def start(self) -> None:
+        self.poll()
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join()
+
+    def _run(self) -> None:
+        try:
+            while not self._stop.wait(WATCH_POLL_S):
+                self.poll()
+        except Exception as exc:
+            self.error = f"{type(exc).__name__}: {exc}".splitlines()[0]
+
+    def poll(self) -> None:
+        stmt = select(L.c.op_key, L.c.finished_at).where(L.c.state.in_(TERMINAL))
+        if self.after is not None:
+            stmt = stmt.where(L.c.finished_at > self.after)
+        with self.engine.connect() as conn:
+            rows = conn.execute(stmt).all()
+        now = time.time()
+        for key, finished in rows:
+            self.seen.setdefault(key, (finished, now))
+            self.after = finished if self.after is None else max(self.after, finished)
+
+
+def _paced_produce(settings: Settings, topic: str, ids, rate: float) -> dict:
+    """Produce one event per id at `rate`/s; op_key → record timestamp in epoch seconds."""
+    codec = Codec.from_settings(settings)
+    producer = make_producer(settings)
+    stamps: dict[str, float] = {}
+
+    def delivered(err, msg):
+        if err is None:
+            stamps[msg.key().decode()] = msg.timestamp()[1] / 1000
+
+    started = time.perf_counter()
+    for i, rid in enumerate(ids):
+        delay = started + i / rate - time.perf_counter()
+        if delay > 0:
+            time.sleep(delay)
+        event = reservation_event(rid, datetime.now(UTC))
+        producer.produce(topic, key=event.op_key.encode(), on_delivery=delivered,
+                         value=codec.encode("expiry_event", event.to_record(datetime.now(UTC))))
+        producer.poll(0)
+    producer.flush(30)
+    return stamps

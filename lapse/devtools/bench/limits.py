@@ -1,0 +1,55 @@
+"""The ceilings: the processor's batch transaction alone (no Kafka), and a raw COPY of the same
+ledger rows (the fastest any write path could put them in the table)."""
+
+from __future__ import annotations
+
+import time
+from datetime import UTC, datetime, timedelta
+
+from lapse.kernel.database import make_engine
+from lapse.kernel.kinds import registry
+from lapse.kernel.ledger import APPLIED, ExpiryEvent
+from lapse.processors.rules import Topics, apply_batch
+
+COPY_COLUMNS = ("op_key", "kind", "tenant", "subject_id", "state", "attempt", "due_at",
+                "correlation_id", "source", "duplicates", "created_at", "updated_at", "finished_at")
+
+
+def batch_transaction_limit(database_url: str, events: list[ExpiryEvent], batch_size: int,
+                            topics: Topics, worker: str = "bench-limit") -> dict:
+    """Run apply_batch over pre-decoded events, one transaction per batch, as the processor does."""
+    kinds = registry()
+    lease = timedelta(seconds=30)
+    engine = make_engine(database_url)
+    try:
+        started = time.perf_counter()
+        for start in range(0, len(events), batch_size):
+            with engine.begin() as conn:
+                apply_batch(conn, events[start:start + batch_size], kinds=kinds, topics=topics,
+                            worker=worker, now=datetime.now(UTC), lease=lease)
+        seconds = time.perf_counter() - started
+    finally:
+        engine.dispose()
+    return {"events": len(events), "batch_size": batch_size, "seconds": round(seconds, 3),
+            "events_per_s": round(len(events) / seconds, 1)}
+
+
+def copy_limit(database_url: str, events: list[ExpiryEvent]) -> dict:
+    """COPY one finished ledger row per event into the ledger table in one transaction."""
+    now = datetime.now(UTC)
+    rows = [(e.op_key, e.kind, e.tenant, e.subject_id, APPLIED, 1, e.due_at, e.correlation_id,
+             e.source, 0, now, now, now) for e in events]
+    columns = ", ".join(COPY_COLUMNS)
+    engine = make_engine(database_url)
+    raw = engine.raw_connection()
+    try:
+        started = time.perf_counter()
+        with raw.cursor() as cur, cur.copy(f"COPY cleanup_ledger ({columns}) FROM STDIN") as copy:
+            for row in rows:
+                copy.write_row(row)
+        raw.commit()
+        seconds = time.perf_counter() - started
+    finally:
+        raw.close()
+        engine.dispose()
+    return {"rows": len(rows), "seconds": round(seconds, 3), "rows_per_s": round(len(rows) / seconds, 1)}

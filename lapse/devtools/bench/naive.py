@@ -1,0 +1,49 @@
+"""The naive baseline: one consumer, one transaction and one synchronous offset commit per message,
+doing the same claim + conditional update + ledger/outbox writes (apply_batch of one event)."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+from confluent_kafka import KafkaError, KafkaException
+
+from lapse.devtools.bench.events import unique_name
+from lapse.devtools.bench.ledger_watch import ledger_span, wait_terminal
+from lapse.kernel.codec import Codec
+from lapse.kernel.database import make_engine
+from lapse.kernel.kafka_clients import make_consumer
+from lapse.kernel.kinds import registry
+from lapse.kernel.ledger import ExpiryEvent
+from lapse.kernel.settings import Settings
+from lapse.processors.rules import Topics, apply_batch
+
+
+def run_naive(settings: Settings, database_url: str, topic: str, events: int) -> dict:
+    """Process the first `events` records of `topic` the way most teams first write it."""
+    engine = make_engine(database_url)
+    codec = Codec.from_settings(settings)
+    kinds = registry()
+    topics = Topics(outcomes=settings.outcomes_topic, dlq=settings.dlq_topic)
+    consumer = make_consumer(settings, unique_name("bench-naive"))
+    consumer.subscribe([topic])
+    done = 0
+    try:
+        while done < events:
+            msg = consumer.poll(1.0)
+            if msg is None:
+                continue
+            if msg.error():
+                if msg.error().code() == KafkaError._PARTITION_EOF:
+                    continue
+                raise KafkaException(msg.error())
+            event = ExpiryEvent.from_record(codec.decode_expected("expiry_event", msg.value()))
+            with engine.begin() as conn:
+                apply_batch(conn, [event], kinds=kinds, topics=topics, worker="bench-naive",
+                            now=datetime.now(UTC), lease=timedelta(seconds=30))
+            consumer.commit(message=msg, asynchronous=False)
+            done += 1
+        span = ledger_span(engine, events, wait_terminal(engine, events))
+    finally:
+        consumer.close()
+        engine.dispose()
+    return {"events": events, "seconds": round(span.seconds, 3), "events_per_s": round(span.rate, 1)}

@@ -1,0 +1,83 @@
+"""Batch-shaped SQL whose text does not depend on the batch size.
+
+On PostgreSQL a batch travels as one string parameter: `col IN (SELECT unnest(CAST(:literal AS
+type[])))` instead of an `IN` list of placeholders, and `INSERT … SELECT … FROM json_populate_recordset(…, :rows)` instead of
+multi-row VALUES. The statement text is then the same for every batch, so psycopg converts it
+once and the server prepares it once; per-placeholder parsing and per-element array escaping were
+most of a batch's cost. SQLite keeps the portable forms.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from datetime import date, datetime
+from typing import Any
+
+from sqlalchemy import ColumnElement, Connection, Table, Text, bindparam, cast, func, insert, select, text
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.types import TypeEngine
+
+_TEMPLATES: dict[tuple, str] = {}
+
+
+def _array_literal(values: Sequence[Any]) -> str:
+    """A PostgreSQL array literal, built in one pass: `{1,2}` or `{"a","b"}`."""
+    if all(isinstance(v, int) for v in values):
+        return "{" + ",".join(map(str, values)) + "}"
+    quoted = (str(v).replace("\\", "\\\\").replace('"', '\\"') for v in values)
+    return '{"' + '","'.join(quoted) + '"}'
+
+
+def any_of(conn: Connection, column, values: Sequence[Any], element_type: TypeEngine | None = None
+           ) -> ColumnElement[bool]:
+    """`column IN (SELECT unnest(CAST(:literal AS type[])))` on PostgreSQL, `column IN (…)`
+    elsewhere. The subquery is evaluated once, even under a generic plan, and joins on the index;
+    a bare `= ANY(CAST(…))` may be re-cast for every row scanned."""
+    if conn.dialect.name == "postgresql":
+        array = postgresql.ARRAY(element_type if element_type is not None else column.type)
+        literal = bindparam(None, _array_literal(values), type_=Text)
+        return column.in_(select(func.unnest(cast(literal, array))).scalar_subquery())
+    return column.in_(list(values))
+
+
+def _json_default(value: Any) -> str:
+    if isinstance(value, (datetime, date)):
+        return value.isoformat()
+    raise TypeError(f"cannot send {type(value).__name__} in a batch")
+
+
+def _recordset_insert_sql(table: Table, cols: tuple[str, ...], ignore_conflicts: bool,
+                          returning: tuple[str, ...]) -> str:
+    key = (table.name, cols, ignore_conflicts, returning)
+    sql = _TEMPLATES.get(key)
+    if sql is None:
+        names = ", ".join(cols)
+        sql = (f"INSERT INTO {table.name} ({names}) SELECT {names} "
+               f"FROM json_populate_recordset(NULL::{table.name}, CAST(:rows AS json))")
+        if ignore_conflicts:
+            sql += " ON CONFLICT DO NOTHING"
+        if returning:
+            sql += f" RETURNING {', '.join(returning)}"
+        _TEMPLATES[key] = sql
+    return sql
+
+
+def bulk_insert(conn: Connection, table: Table, rows: Sequence[dict], *, ignore_conflicts: bool = False,
+                returning: Sequence[str] = ()) -> list:
+    """Insert `rows` (all with the same keys) in one statement; with `ignore_conflicts`, rows that
+    hit a unique key are dropped and only the inserted ones come back in `returning`.
+
+    On PostgreSQL the whole batch is one JSON parameter expanded by `json_populate_recordset`
+    (timestamps as ISO 8601 with their offset)."""
+    if not rows:
+        return []
+    if conn.dialect.name != "postgresql":
+        stmt = sqlite.insert(table).on_conflict_do_nothing() if ignore_conflicts else insert(table)
+        if returning:
+            return conn.execute(stmt.returning(*(table.c[r] for r in returning)), list(rows)).all()
+        conn.execute(stmt, list(rows))
+        return []
+    sql = _recordset_insert_sql(table, tuple(rows[0]), ignore_conflicts, tuple(returning))
+    result = conn.execute(text(sql), {"rows": json.dumps(rows, default=_json_default)})
+    return result.all() if returning else []

@@ -1,0 +1,274 @@
+"""Avro encoding and decoding of Lapse records, in either wire format.
+
+Without a schema registry records use Avro single-object encoding (`C3 01`, 8-byte little-endian
+CRC-64-AVRO fingerprint, body) and writer schemas come from `schemas/` and `schemas/history/`.
+With a registry they use the Confluent format (`00`, 4-byte big-endian schema id, body). Decoding
+detects the format from the first byte and always reads into the current schema of the record's
+name, so records written by older (or newer) code still decode.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from io import BytesIO
+from pathlib import Path
+from typing import Any
+
+import fastavro
+from fastavro.schema import fingerprint, to_parsing_canonical_form
+
+from lapse.kernel.schema_registry import SchemaRegistryClient, SchemaRegistryError
+
+__all__ = ["Codec", "DecodeError", "EncodeError", "SchemaRegistryError", "SchemaStore", "StoredSchema"]
+
+SINGLE_OBJECT_MAGIC = b"\xc3\x01"
+SINGLE_OBJECT_HEADER_LEN = 10
+CONFLUENT_MAGIC = 0x00
+CONFLUENT_HEADER_LEN = 5
+
+
+class DecodeError(Exception):
+    """Bytes that cannot be decoded; `reason` is a short machine code, str(self) a one-line message.
+
+    Reasons: empty, bad_magic, unknown_fingerprint, unknown_schema_id, malformed_body,
+    unexpected_schema, registry_unavailable. `transient` is True only when the registry could not
+    be reached (retrying later may succeed); every other decode error is permanent for those bytes.
+    """
+
+    def __init__(self, reason: str, message: str, transient: bool = False):
+        super().__init__(message)
+        self.reason = reason
+        self.transient = transient
+
+
+class EncodeError(Exception):
+    """A record that does not fit its schema (missing required field, wrong type); names the field."""
+
+
+def schema_fingerprint(schema: dict[str, Any]) -> bytes:
+    """The 8-byte CRC-64-AVRO fingerprint of the schema's Parsing Canonical Form, in wire order.
+
+    fastavro returns the hex of the fingerprint's little-endian bytes (like Java's
+    `SchemaNormalization`), which is exactly the byte order single-object encoding uses.
+    """
+    return bytes.fromhex(fingerprint(to_parsing_canonical_form(schema), "CRC-64-AVRO"))
+
+
+@dataclass(frozen=True)
+class StoredSchema:
+    """One schema file: its record's stem and full name, the fastavro-parsed form and the raw JSON."""
+
+    stem: str
+    full_name: str
+    parsed: Any
+    schema_json: str
+    fingerprint: bytes
+    path: Path
+
+
+@dataclass(frozen=True)
+class _ReadPlan:
+    """How to read a body: the writer schema, and the reader schema (None when identical)."""
+
+    stem: str
+    writer: Any
+    reader: Any
+
+
+class SchemaStore:
+    """Every .avsc under the schemas folder: current schemas by stem and name, writers by fingerprint."""
+
+    def __init__(self, schemas_dir: Path | str):
+        root = Path(schemas_dir)
+        if not root.is_dir():
+            raise ValueError(f"schemas folder {root} does not exist")
+        self.current: dict[str, StoredSchema] = {}
+        self.by_name: dict[str, StoredSchema] = {}
+        for path in sorted(root.glob("*.avsc")):
+            stored = _load(path, path.stem)
+            self.current[stored.stem] = stored
+            self.by_name[stored.full_name] = stored
+        self.history: list[StoredSchema] = []
+        for path in sorted((root / "history").glob("*.avsc")):
+            stem = path.name.split(".", 1)[0]
+            stored = _load(path, stem)
+            if stem not in self.current or self.current[stem].full_name != stored.full_name:
+                raise ValueError(f"{path}: history of {stored.full_name} without a current {stem}.avsc")
+            self.history.append(stored)
+        # Current schemas win a fingerprint tie (a doc-only change keeps the canonical form).
+        self.by_fingerprint: dict[bytes, StoredSchema] = {s.fingerprint: s for s in self.history}
+        self.by_fingerprint.update({s.fingerprint: s for s in self.current.values()})
+
+
+def _load(path: Path, stem: str) -> StoredSchema:
+    try:
+        raw = json.loads(path.read_text())
+        parsed = fastavro.parse_schema(raw, named_schemas={})
+    except (OSError, ValueError, fastavro.schema.SchemaParseException) as exc:
+        raise ValueError(f"{path}: not a valid Avro schema: {exc}") from None
+    return StoredSchema(stem, parsed["name"], parsed, json.dumps(raw), schema_fingerprint(raw), path)
+
+
+class Codec:
+    """Encodes records of the current schemas and decodes either wire format (see module doc)."""
+
+    def __init__(self, store: SchemaStore, registry: SchemaRegistryClient | None = None):
+        self.store = store
+        self.registry = registry
+        self._by_fingerprint = {
+            fp: _ReadPlan(s.stem, s.parsed, self._reader_for(s)) for fp, s in store.by_fingerprint.items()
+        }
+        self._by_schema_id: dict[int, _ReadPlan] = {}
+        self._projections: dict[tuple, _ReadPlan] = {}
+        self._headers: dict[str, bytes] = {}
+        if registry is None:
+            self._headers = {stem: SINGLE_OBJECT_MAGIC + s.fingerprint for stem, s in store.current.items()}
+
+    @classmethod
+    def from_settings(cls, settings: Any) -> Codec:
+        """A codec for `settings.schemas_dir`, in Confluent format if `schema_registry_url` is set."""
+        registry = None
+        if settings.schema_registry_url:
+            auth = settings.schema_registry_auth
+            registry = SchemaRegistryClient(
+                settings.schema_registry_url, auth.get_secret_value() if auth else None
+            )
+        return cls(SchemaStore(settings.schemas_dir), registry)
+
+    # Encoding.
+
+    def encode(self, name: str, record: dict[str, Any]) -> bytes:
+        """Framed Avro bytes of `record` under the current schema `name` (a file stem, e.g. "expiry_event").
+
+        Raises EncodeError for a record that does not fit, SchemaRegistryError if the registry
+        cannot register the schema.
+        """
+        schema = self.store.current.get(name)
+        if schema is None:
+            raise EncodeError(f"unknown schema {name!r}; known: {', '.join(sorted(self.store.current))}")
+        header = self._headers.get(name) or self._register(schema)
+        out = BytesIO()
+        out.write(header)
+        try:
+            fastavro.schemaless_writer(out, schema.parsed, record)
+        except Exception as exc:  # fastavro raises TypeError/ValueError/AttributeError…
+            raise EncodeError(_encode_message(schema, record, exc)) from None
+        return out.getvalue()
+
+    def _register(self, schema: StoredSchema) -> bytes:
+        assert self.registry is not None
+        schema_id = self.registry.register(schema.full_name, schema.schema_json)
+        self._by_schema_id[schema_id] = _ReadPlan(schema.stem, schema.parsed, None)
+        header = bytes([CONFLUENT_MAGIC]) + schema_id.to_bytes(4, "big")
+        self._headers[schema.stem] = header
+        return header
+
+    # Decoding.
+
+    def decode(self, data: bytes) -> tuple[str, dict[str, Any]]:
+        """The record's schema stem and the record, read into the current schema of that name."""
+        plan, offset = self._plan(data)
+        return plan.stem, _read(plan, data, offset)
+
+    def decode_expected(self, name: str, data: bytes) -> dict[str, Any]:
+        """Like decode, but raises DecodeError("unexpected_schema") unless the record is a `name`."""
+        plan, offset = self._plan(data)
+        if plan.stem != name:
+            raise DecodeError("unexpected_schema", f"expected a {name} record, got a {plan.stem}")
+        return _read(plan, data, offset)
+
+    def decode_fields(self, name: str, data: bytes, fields: tuple[str, ...]) -> dict[str, Any]:
+        """Like decode_expected, but reads only `fields` (the rest of the body is skipped, not
+        built): for readers of long histories, such as the audit, that need a few fields."""
+        plan, offset = self._plan(data)
+        if plan.stem != name:
+            raise DecodeError("unexpected_schema", f"expected a {name} record, got a {plan.stem}")
+        key = (id(plan.writer), fields)
+        projected = self._projections.get(key)
+        if projected is None:
+            current = json.loads(self.store.current[name].schema_json)
+            current["fields"] = [f for f in current["fields"] if f["name"] in fields]
+            projected = _ReadPlan(name, plan.writer, fastavro.parse_schema(current, named_schemas={}))
+            self._projections[key] = projected
+        return _read(projected, data, offset)
+
+    def _plan(self, data: bytes) -> tuple[_ReadPlan, int]:
+        if not data:
+            raise DecodeError("empty", "empty record value")
+        first = data[0]
+        if first == 0xC3:
+            if len(data) < 2 or data[1] != 0x01:
+                raise DecodeError("bad_magic", "not an Avro record: bad single-object marker")
+            if len(data) < SINGLE_OBJECT_HEADER_LEN:
+                raise DecodeError("malformed_body", "truncated single-object header")
+            plan = self._by_fingerprint.get(bytes(data[2:SINGLE_OBJECT_HEADER_LEN]))
+            if plan is None:
+                fp = bytes(data[2:SINGLE_OBJECT_HEADER_LEN]).hex()
+                raise DecodeError("unknown_fingerprint", f"no schema with fingerprint {fp} in schemas/")
+            return plan, SINGLE_OBJECT_HEADER_LEN
+        if first == CONFLUENT_MAGIC:
+            if self.registry is None:
+                raise DecodeError(
+                    "registry_unavailable", "Confluent-format record but no schema registry is configured"
+                )
+            if len(data) < CONFLUENT_HEADER_LEN:
+                raise DecodeError("malformed_body", "truncated Confluent header")
+            schema_id = int.from_bytes(data[1:CONFLUENT_HEADER_LEN], "big")
+            plan = self._by_schema_id.get(schema_id) or self._fetch(schema_id)
+            return plan, CONFLUENT_HEADER_LEN
+        raise DecodeError("bad_magic", f"not an Avro record: first byte 0x{first:02x}")
+
+    def _fetch(self, schema_id: int) -> _ReadPlan:
+        """Resolve an unseen registry id to a read plan (network call, then cached)."""
+        assert self.registry is not None
+        try:
+            raw = json.loads(self.registry.schema_by_id(schema_id))
+            writer = fastavro.parse_schema(raw, named_schemas={})
+        except SchemaRegistryError as exc:
+            if exc.not_found:
+                message = f"schema id {schema_id} is not in the registry"
+                raise DecodeError("unknown_schema_id", message) from None
+            raise DecodeError("registry_unavailable", str(exc), transient=exc.transient) from None
+        except (ValueError, fastavro.schema.SchemaParseException) as exc:
+            message = f"schema id {schema_id} is not a valid Avro schema: {exc}"
+            raise DecodeError("unknown_schema_id", message) from None
+        name = writer.get("name") if isinstance(writer, dict) else writer
+        current = self.store.by_name.get(name)
+        if current is None:
+            message = f"schema id {schema_id} is {name!r}, not a Lapse record"
+            raise DecodeError("unexpected_schema", message)
+        same = schema_fingerprint(raw) == current.fingerprint
+        plan = _ReadPlan(current.stem, current.parsed if same else writer, None if same else current.parsed)
+        self._by_schema_id[schema_id] = plan
+        return plan
+
+    def _reader_for(self, writer: StoredSchema) -> Any:
+        """None when the writer is the current schema (no resolution needed), else the current one."""
+        current = self.store.current[writer.stem]
+        return None if writer.fingerprint == current.fingerprint else current.parsed
+
+
+def _read(plan: _ReadPlan, data: bytes, offset: int) -> dict[str, Any]:
+    body = BytesIO(data)
+    body.seek(offset)
+    try:
+        record = fastavro.schemaless_reader(body, plan.writer, plan.reader)
+    except Exception as exc:  # EOFError, UnicodeDecodeError, schema resolution errors…
+        message = f"cannot read {plan.stem} body: {type(exc).__name__}: {exc}"
+        raise DecodeError("malformed_body", message.replace("\n", " ")) from None
+    if body.tell() != len(data):
+        message = f"{len(data) - body.tell()} unread bytes after the {plan.stem} body"
+        raise DecodeError("malformed_body", message)
+    return record
+
+
+def _encode_message(schema: StoredSchema, record: Any, exc: Exception) -> str:
+    """One line naming the offending field: missing required fields first, else fastavro's message."""
+    if not isinstance(record, dict):
+        return f"{schema.stem}: record must be a dict, got {type(record).__name__}"
+    fields = schema.parsed["fields"]
+    missing = [f["name"] for f in fields if "default" not in f and f["name"] not in record]
+    if missing:
+        return f"{schema.stem}: missing required field{'s' if len(missing) > 1 else ''} {', '.join(missing)}"
+    return f"{schema.stem}: {exc}".replace("\n", " ")

@@ -1,0 +1,1 @@
+"""The application shell: the `lapse` command, process roles, supervisor and metrics endpoint."""

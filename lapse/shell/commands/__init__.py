@@ -1,0 +1,16 @@
+"""Subcommands of `lapse`, one module per concern; importing this package registers each on
+`lapse.shell.cli.main`."""
+
+from lapse.shell.commands import (  # noqa: F401
+    analytics,
+    audit,
+    db,
+    delay,
+    dlq,
+    offsets,
+    pipeline,
+    reconcile,
+    report,
+    status,
+    topics,
+)

@@ -1,0 +1,68 @@
+"""`lapse audit`: replay the retained history and check the invariants; non-zero exit when broken."""
+
+from __future__ import annotations
+
+import json
+import sys
+from datetime import timedelta
+
+import click
+
+from lapse.shell.cli import main
+from lapse.shell.cli_options import connection_options, emit, pass_settings, setting_option
+from lapse.shell.time_args import DURATION, TIMESTAMP
+
+
+def _text(r: dict) -> str:
+    lines = [
+        "records read: " + ", ".join(f"{t}={n}" for t, n in r["records"].items()),
+        f"events seen: {r['events_seen']} ({r['op_keys_seen']} op keys)",
+        f"outcomes: {r['outcomes']} (+{r['outcome_repeats']} relay repeats dropped) "
+        + " ".join(f"{s}={n}" for s, n in r["outcomes_by_status"].items()),
+        "final status: " + " ".join(f"{s}={n}" for s, n in r["final_by_status"].items()),
+        f"without terminal outcome after grace: {r['without_terminal']}",
+        f"applied more than once: {len(r['applied_twice'])}",
+        f"dead letters: {r['dead_letters']}, unresolved {r['unresolved_dead_letters']} "
+        f"(poison {r['poison_dead_letters']})",
+    ]
+    lines += [f"replay {rid}: " + " ".join(f"{k}={v}" for k, v in c.items())
+              for rid, c in r["replays"].items()]
+    undecodable = {t: n for t, n in r["undecodable"].items() if n}
+    if undecodable:
+        lines.append("undecodable records: " + ", ".join(f"{t}={n}" for t, n in undecodable.items()))
+    lines += [f"WARNING gap: {g['topic']}[{g['partition']}] starts at offset {g['first_retained']} "
+              f"({g['note']})" for g in r["gaps"]]
+    lines += [f"BROKEN: {b}" for b in r["broken"]] or ["invariants hold"]
+    return "\n".join(lines)
+
+
+@main.command()
+@connection_options
+@setting_option("expiry_topic")
+@setting_option("outcomes_topic")
+@setting_option("dlq_topic")
+@click.option("--since", type=TIMESTAMP, help="Read records from this time (ISO 8601 or epoch ms).")
+@click.option("--from-beginning", is_flag=True, help="Read everything retained.")
+@click.option("--until", type=TIMESTAMP, help="Ignore records at or after this time.")
+@click.option("--grace", type=DURATION, default="5m", show_default=True,
+              help="How long an event may wait for its terminal outcome.")
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+@click.option("--out", type=click.Path(dir_okay=False, writable=True), help="Also write the JSON report here.")
+@pass_settings
+def audit(settings, since, from_beginning: bool, until, grace: timedelta, as_json: bool, out) -> None:
+    """Replay lapse.expiry, lapse.outcomes and lapse.dlq (manual assignment, no commits) and check
+    that every event reached one terminal outcome and no op key was applied twice."""
+    from lapse.readers.audit import run_audit
+    from lapse.readers.offsets import OffsetsError
+
+    if bool(since) == from_beginning:
+        raise click.UsageError("give exactly one of --since TS or --from-beginning")
+    try:
+        report = run_audit(settings, since=since, until=until, grace=grace).to_dict()
+    except (OffsetsError, TimeoutError) as exc:
+        raise click.ClickException(str(exc)) from None
+    if out:
+        with open(out, "w") as fh:
+            json.dump(report, fh, indent=2, sort_keys=True)
+    emit(report, as_json, _text)
+    sys.exit(1 if report["broken"] else 0)

@@ -1,0 +1,29 @@
+"""`lapse delay`: forward delay-tier records to lapse.expiry when they are due."""
+
+from __future__ import annotations
+
+import click
+
+from lapse.shell.cli import main
+from lapse.shell.cli_options import connection_options, emit, pass_settings, setting_option
+
+
+@main.command()
+@connection_options
+@setting_option("delay_group", "--group")
+@setting_option("session_timeout_ms")
+@setting_option("metrics_port")
+@click.option("--json", "as_json", is_flag=True, help="Print the final count as JSON.")
+@pass_settings
+def delay(settings, as_json: bool) -> None:
+    """Consume every lapse.delay.<tier> topic in group lapse-delay; hold each partition until its
+    head record is due, then forward it to its target topic (lapse.expiry)."""
+    from lapse.kernel.signals import stop_on_signals
+    from lapse.processors import DelayWorker
+    from lapse.shell.metrics import serve
+
+    serve(settings)
+    worker = DelayWorker(settings)
+    stop_on_signals(worker.stop)
+    forwarded = worker.run()
+    emit({"forwarded": forwarded}, as_json, lambda d: f"forwarded {d['forwarded']} delayed records")

@@ -1,0 +1,114 @@
+"""`lapse sweep`, `lapse process`, `lapse relay`, `lapse run`: the pipeline's long-running jobs."""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+
+import click
+
+from lapse.shell.cli import main
+from lapse.shell.cli_options import connection_options, emit, pass_settings, setting_option
+
+
+def _exit_when_idle():
+    return click.option("--exit-when-idle", type=float, default=None, metavar="SECONDS",
+                        help="Stop after this long with nothing to do (default: run until stopped).")
+
+
+@main.command()
+@connection_options
+@setting_option("sweep_page_size", "--page-size")
+@setting_option("sweep_interval_s", "--interval")
+@setting_option("metrics_port")
+@click.option("--once", is_flag=True, help="One pass, then exit.")
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+@pass_settings
+def sweep(settings, once: bool, as_json: bool) -> None:
+    """Emit expiry events for due business rows that have no ledger row yet."""
+    from lapse.kernel.codec import Codec
+    from lapse.kernel.database import engine_from_settings
+    from lapse.kernel.kafka_clients import make_producer
+    from lapse.kernel.kinds import registry
+    from lapse.producers import sweep_once
+    from lapse.shell.roles import run_sweep_role
+
+    if not once:
+        from lapse.shell.metrics import serve
+
+        serve(settings)
+        run_sweep_role(settings, {})
+        return
+    engine = engine_from_settings(settings)
+    producer = make_producer(settings)
+    try:
+        report = sweep_once(engine, producer, Codec.from_settings(settings), settings,
+                            registry(settings.extra_kinds))
+    finally:
+        engine.dispose()
+    emit(asdict(report), as_json,
+         lambda r: f"swept {r['pages']} pages: {r['found']} due, {r['emitted']} events emitted")
+
+
+@main.command()
+@connection_options
+@setting_option("batch_size")
+@setting_option("session_timeout_ms")
+@setting_option("metrics_port")
+@_exit_when_idle()
+@click.option("--json", "as_json", is_flag=True, help="Print the final counts as JSON.")
+@pass_settings
+def process(settings, exit_when_idle: float | None, as_json: bool) -> None:
+    """Consume lapse.expiry in group lapse-cleanup and apply each cleanup once."""
+    from lapse.kernel.signals import stop_on_signals
+    from lapse.processors import CleanupWorker
+    from lapse.shell.metrics import serve
+
+    serve(settings)
+    worker = CleanupWorker(settings)
+    stop_on_signals(worker.stop)
+    stats = worker.run(exit_when_idle=exit_when_idle)
+    data = {k: v for k, v in asdict(stats).items() if k != "started"}
+    emit(data, as_json, lambda d: " ".join(f"{k}={v}" for k, v in d.items()))
+
+
+@main.command()
+@connection_options
+@setting_option("relay_batch_size", "--batch-size")
+@setting_option("metrics_port")
+@_exit_when_idle()
+@pass_settings
+def relay(settings, exit_when_idle: float | None) -> None:
+    """Publish outbox rows (outcomes, dead letters) to Kafka in order."""
+    from lapse.shell.metrics import serve
+    from lapse.shell.roles import run_relay_role
+
+    serve(settings)
+    total = run_relay_role(settings, {"exit_when_idle": exit_when_idle})
+    click.echo(f"relayed {total} outbox rows")
+
+
+@main.command()
+@connection_options
+@setting_option("metrics_port", help="Serve Prometheus metrics from port N + role index.")
+@click.option("--workers", type=click.IntRange(1, 64), default=2, show_default=True,
+              help="Processor processes.")
+@pass_settings
+def run(settings, workers: int) -> None:
+    """Run sweep, processors, relay, delay tiers and reconciler in one process tree until
+    interrupted; a role that dies is restarted."""
+    import signal
+
+    from lapse.shell.roles import pipeline_roles, run_monitor_role
+    from lapse.shell.supervisor import Role, Supervisor
+
+    roles = pipeline_roles(workers)
+    # The status gauges (oldest eligible age, expired claims, lag) come from one monitor role.
+    roles.append(Role("monitor", run_monitor_role, {"metrics_offset": len(roles)}))
+    sup = Supervisor(settings, roles)
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: sup.stop.set())
+    sup.start()
+    try:
+        sup.watch()
+    finally:
+        sup.shutdown()

@@ -1,0 +1,54 @@
+"""`lapse reconcile`: rescan for lapsed work that never produced an event or got stuck."""
+
+from __future__ import annotations
+
+import click
+
+from lapse.shell.cli import main
+from lapse.shell.cli_options import connection_options, emit, pass_settings, setting_option
+from lapse.shell.time_args import Duration
+
+
+def _summary(r: dict) -> str:
+    gaps = ", ".join(f"{k}={v}" for k, v in sorted(r["gaps"].items())) or "none"
+    anomalies = ", ".join(f"{k}={v}" for k, v in sorted(r["anomalies"].items())) or "none"
+    return (f"scanned {r['scanned']} business rows and {r['ledger_scanned']} ledger rows; "
+            f"gaps: {gaps}; re-emitted {r['reemitted']}; anomalies: {anomalies}")
+
+
+@main.command()
+@connection_options
+@setting_option("reconcile_grace_s", "--grace", type=Duration(as_seconds=True), metavar="DURATION",
+                help="Leave work alone until it has looked stuck this long (30s, 5m, 1h).")
+@setting_option("reconcile_page_size", "--page-size", type=click.IntRange(1, 100_000))
+@setting_option("reconcile_rate", "--rate", type=click.FloatRange(min=0, min_open=True),
+                help="Most events re-emitted per second.")
+@setting_option("reconcile_interval_s", "--interval", type=Duration(as_seconds=True), metavar="DURATION")
+@setting_option("metrics_port")
+@click.option("--once", is_flag=True, help="One pass, then exit.")
+@click.option("--json", "as_json", is_flag=True, help="Print the pass summary as JSON.")
+@pass_settings
+def reconcile(settings, once: bool, as_json: bool) -> None:
+    """Re-emit eligible work with no ledger row or stuck past the grace period; report anomalies."""
+    from lapse.kernel.codec import Codec
+    from lapse.kernel.database import engine_from_settings
+    from lapse.kernel.kafka_clients import make_producer
+    from lapse.kernel.kinds import registry
+    from lapse.reconciler import reconcile_once
+    from lapse.shell.roles import run_reconcile_role
+
+    if not once:
+        from lapse.shell.metrics import serve
+
+        serve(settings)
+        run_reconcile_role(settings, {})
+        return
+    engine = engine_from_settings(settings)
+    producer = make_producer(settings)
+    try:
+        report = reconcile_once(engine, producer, Codec.from_settings(settings), settings,
+                                registry(settings.extra_kinds))
+    finally:
+        producer.flush(10)
+        engine.dispose()
+    emit(report.to_dict(), as_json, _summary)

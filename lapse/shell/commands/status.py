@@ -1,0 +1,63 @@
+"""`lapse status`: the ledger, the alarm signals and consumer lag, for a person or a monitor."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+import click
+
+from lapse.shell.cli import main
+from lapse.shell.cli_options import connection_options, emit, pass_settings, setting_option
+
+
+def _text(r: dict) -> str:
+    lines = ["ledger:"]
+    for state, kinds in r["ledger"].items():
+        lines.append(f"  {state:<16} " + " ".join(f"{k}={n}" for k, n in kinds.items()))
+    age = r["oldest_eligible_age_s"]
+    lines.append(f"oldest eligible unfinished: {'none' if age is None else f'{age:.0f}s'}")
+    claims = r["expired_claims"]
+    lines.append(f"expired claims: {claims['count']}" + (
+        f" (oldest expired {claims['oldest_expired_for_s']:.0f}s ago)" if claims["count"] else ""))
+    lines.append(f"dead letters: {r['dead_letters']}")
+    for row in r.get("lag", []):
+        if "error" in row:
+            lines.append(f"lag {row['group']} on {row['topic']}: {row['error']}")
+        else:
+            lines.append(f"lag {row['group']} on {row['topic']}: {row['records']} records, "
+                         f"{row['seconds']:.0f}s")
+    return "\n".join(lines)
+
+
+@main.command()
+@connection_options
+@setting_option("topics_file")
+@setting_option("metrics_port", help="With --watch: serve the status gauges to Prometheus here.")
+@click.option("--watch", type=click.FloatRange(min=1), metavar="SECONDS",
+              help="Keep running, refreshing the Prometheus gauges every SECONDS (a monitor service).")
+@click.option("--no-lag", is_flag=True, help="Only the ledger; do not ask Kafka for consumer lag.")
+@click.option("--json", "as_json", is_flag=True, help="Print the status as JSON.")
+@pass_settings
+def status(settings, watch: float | None, no_lag: bool, as_json: bool) -> None:
+    """Ledger counts by state and kind, the oldest eligible-but-unfinished operation, expired
+    claims, dead letters and the lag of every group declared in topics.yaml."""
+    from lapse.kernel.database import engine_from_settings
+    from lapse.readers.status import status_report
+
+    if watch is not None:
+        from lapse.shell.metrics import monitor, serve
+
+        if settings.metrics_port is None:
+            raise click.UsageError("--watch needs --metrics-port (or LAPSE_METRICS_PORT)")
+        from lapse.kernel.signals import stop_on_signals
+
+        stop = stop_on_signals()
+        serve(settings)
+        monitor(settings, stop, watch)
+        return
+    engine = engine_from_settings(settings)
+    try:
+        report = status_report(settings, engine, datetime.now(UTC), lag=not no_lag)
+    finally:
+        engine.dispose()
+    emit(report, as_json, _text)

@@ -1,0 +1,80 @@
+"""`lapse topics apply`: make the cluster's topics match topics.yaml, idempotently.
+
+Creates missing topics and sets declared configs; reports what it will not fix (partition count,
+replication factor) and exits 1 when such drift remains, so CI notices.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from lapse.shell.cli import main
+from lapse.shell.cli_options import emit, pass_settings, setting_option
+
+_VERB = {"create": ("created", "would create"), "alter_config": ("changed", "would change"),
+         "drift": ("DRIFT", "DRIFT"), "error": ("ERROR", "ERROR")}
+
+
+@main.group("topics")
+def topics() -> None:
+    """Declared topics and consumer groups (topics.yaml)."""
+
+
+def _text(result: dict) -> str:
+    if not result["actions"]:
+        return "no change"
+    lines = []
+    for action in result["actions"]:
+        done, planned = _VERB[action["kind"]]
+        verb = planned if result["dry_run"] else done
+        if action["status"] == "failed":
+            verb = f"FAILED to {action['kind'].replace('_config', '')}"
+        lines.append(f"{verb} {action['topic']}: {action['detail']}")
+    return "\n".join(lines)
+
+
+@topics.command("apply")
+@setting_option("topics_file", "--file", type=click.Path(dir_okay=False, path_type=Path))
+@setting_option("bootstrap_servers")
+@setting_option("log_level")
+@click.option("--dry-run", is_flag=True, help="Show what would change; change nothing.")
+@click.option("--replication-factor", type=click.IntRange(min=1), default=None,
+              help="Use this replication factor for every topic (1 for a single test broker).")
+@click.option("--name-prefix", default="", help="Prefix every topic name (side-by-side environments, tests).")
+@click.option("--json", "as_json", is_flag=True, help="One JSON object on stdout.")
+@pass_settings
+def topics_apply(settings, dry_run: bool, replication_factor: int | None, name_prefix: str,
+                 as_json: bool) -> None:
+    """Create missing topics and set declared configs; report drift it cannot fix."""
+    from confluent_kafka import KafkaException
+    from confluent_kafka.admin import AdminClient
+
+    from lapse.kernel.logs import get_logger
+    from lapse.kernel.topology import TopicsFileError, apply, load_topics, plan
+
+    try:
+        declared = load_topics(settings.topics_file, name_prefix=name_prefix,
+                               replication_factor=replication_factor)
+    except TopicsFileError as exc:
+        raise click.ClickException(str(exc)) from None
+    admin = AdminClient({**settings.kafka_common(), "logger": get_logger("kafka")})
+    try:
+        actions = plan(admin, declared)
+        if not dry_run:
+            actions = apply(admin, actions)
+    except KafkaException as exc:
+        err = exc.args[0] if exc.args else exc
+        detail = err.str() if hasattr(err, "str") else str(exc)
+        raise click.ClickException(f"cannot reach Kafka at {settings.bootstrap_servers}: {detail}") from None
+    unresolved = [a for a in actions if not a.fixable or a.status == "failed"]
+    result = {
+        "dry_run": dry_run,
+        "changed": any(a.status == "done" for a in actions),
+        "ok": not unresolved,
+        "actions": [a.to_dict() for a in actions],
+    }
+    emit(result, as_json, _text)
+    if unresolved:
+        raise SystemExit(1)

@@ -1,0 +1,66 @@
+"""The Prometheus endpoint of every long-running Lapse process, served on `metrics_port`, and the
+alarm gauges the monitor role sets from `lapse status` figures (`observe_status`). The processor's
+batch counters are defined in its room (`lapse.processors.metrics`). In `lapse run` each role
+serves on metrics_port plus its index, since every role is its own process.
+"""
+
+from __future__ import annotations
+
+import threading
+from datetime import UTC, datetime
+
+from prometheus_client import Gauge, start_http_server
+
+from lapse.kernel.database import engine_from_settings
+from lapse.kernel.logs import get_logger
+from lapse.kernel.settings import Settings
+from lapse.readers import status_report
+
+log = get_logger("metrics")
+
+OLDEST_ELIGIBLE = Gauge("lapse_oldest_eligible_age_seconds",
+                        "Age of the oldest due operation not finished (pending, claimed, retry).")
+EXPIRED_CLAIMS = Gauge("lapse_expired_claims", "Claims whose lease has expired.")
+LEDGER_ROWS = Gauge("lapse_ledger_rows", "Ledger rows by state.", ["state"])
+LAG_RECORDS = Gauge("lapse_consumer_lag_records", "Records behind the end of the log.", ["group", "topic"])
+LAG_SECONDS = Gauge("lapse_consumer_lag_seconds", "Age of the oldest unconsumed record.", ["group", "topic"])
+
+_served: set[int] = set()
+
+
+def serve(settings: Settings, offset: int = 0) -> int | None:
+    """Serve /metrics on settings.metrics_port + offset (once per process); None when unset."""
+    if settings.metrics_port is None:
+        return None
+    port = settings.metrics_port + offset
+    if port not in _served:
+        start_http_server(port)
+        _served.add(port)
+        log.info("metrics served", extra={"port": port})
+    return port
+
+
+def observe_status(report: dict) -> None:
+    """Set the alarm gauges from a `lapse.readers.status.status_report` dict."""
+    OLDEST_ELIGIBLE.set(report["oldest_eligible_age_s"] or 0)
+    EXPIRED_CLAIMS.set(report["expired_claims"]["count"])
+    for state, kinds in report["ledger"].items():
+        LEDGER_ROWS.labels(state=state).set(sum(kinds.values()))
+    for row in report.get("lag", []):
+        if "error" not in row:
+            LAG_RECORDS.labels(group=row["group"], topic=row["topic"]).set(row["records"])
+            LAG_SECONDS.labels(group=row["group"], topic=row["topic"]).set(row["seconds"])
+
+
+def monitor(settings: Settings, stop: threading.Event, interval_s: float = 15.0) -> None:
+    """Refresh the status gauges every `interval_s` until stopped."""
+    engine = engine_from_settings(settings)
+    try:
+        while not stop.is_set():
+            try:
+                observe_status(status_report(settings, engine, datetime.now(UTC)))
+            except Exception as exc:
+                log.warning("status refresh failed", extra={"error": str(exc)[:200]})
+            stop.wait(interval_s)
+    finally:
+        engine.dispose()

@@ -1,0 +1,103 @@
+"""The long-running roles of `lapse run` (and of the single-role commands): each builds its room's
+worker from settings, stops on SIGTERM/SIGINT, and releases its clients on the way out.
+
+A role is `target(settings, kwargs)`, run in its own process by the supervisor.
+"""
+
+from __future__ import annotations
+
+from lapse.kernel.codec import Codec
+from lapse.kernel.database import engine_from_settings
+from lapse.kernel.kafka_clients import make_producer
+from lapse.kernel.kinds import registry
+from lapse.kernel.logs import get_logger
+from lapse.kernel.settings import Settings
+from lapse.kernel.signals import stop_on_signals
+from lapse.processors import CleanupWorker, DelayWorker
+from lapse.producers import run_relay, sweep_once
+from lapse.reconciler import Reconciler
+from lapse.shell.metrics import monitor
+from lapse.shell.supervisor import Role
+
+log = get_logger("roles")
+
+
+def run_worker(settings: Settings, kwargs: dict) -> None:
+    """A cleanup worker in group lapse-cleanup until stopped (or idle for `exit_when_idle` s)."""
+    worker = CleanupWorker(settings)
+    stop_on_signals(worker.stop)
+    worker.run(exit_when_idle=kwargs.get("exit_when_idle"))
+
+
+def run_delay_role(settings: Settings, kwargs: dict) -> None:
+    """The delay-tier forwarder until stopped."""
+    worker = DelayWorker(settings)
+    stop_on_signals(worker.stop)
+    worker.run()
+
+
+def run_relay_role(settings: Settings, kwargs: dict) -> int:
+    """Relay until stopped (or idle for kwargs["exit_when_idle"] seconds); returns rows relayed."""
+    stop = stop_on_signals()
+    engine = engine_from_settings(settings)
+    producer = make_producer(settings)
+    try:
+        return run_relay(engine, producer, Codec.from_settings(settings),
+                         limit=settings.relay_batch_size, idle_s=settings.relay_interval_s,
+                         stop=stop, exit_when_idle=kwargs.get("exit_when_idle"))
+    finally:
+        producer.flush(10)
+        engine.dispose()
+
+
+def run_sweep_role(settings: Settings, kwargs: dict) -> None:
+    """A sweep pass every `sweep_interval_s` until stopped."""
+    stop = stop_on_signals()
+    engine = engine_from_settings(settings)
+    producer = make_producer(settings)
+    codec = Codec.from_settings(settings)
+    kinds = registry(settings.extra_kinds)
+    try:
+        while not stop.is_set():
+            sweep_once(engine, producer, codec, settings, kinds)
+            stop.wait(settings.sweep_interval_s)
+    finally:
+        producer.flush(10)
+        engine.dispose()
+
+
+def run_reconcile_role(settings: Settings, kwargs: dict) -> None:
+    """A reconciler pass every `reconcile_interval_s` until stopped; a failed pass is logged and
+    retried next time."""
+    stop = stop_on_signals()
+    engine = engine_from_settings(settings)
+    producer = make_producer(settings)
+    reconciler = Reconciler(engine, producer, Codec.from_settings(settings), settings,
+                            registry(settings.extra_kinds))
+    try:
+        while not stop.is_set():
+            try:
+                reconciler.run_once()
+            except Exception:
+                log.exception("reconcile pass failed")
+            stop.wait(settings.reconcile_interval_s)
+    finally:
+        producer.flush(10)
+        engine.dispose()
+
+
+def run_monitor_role(settings: Settings, kwargs: dict) -> None:
+    """Keep the oldest-eligible, claim and lag gauges current until stopped."""
+    monitor(settings, stop_on_signals(), kwargs.get("interval_s", 15.0))
+
+
+def pipeline_roles(workers: int) -> list[Role]:
+    """The smallest topology: a sweep, `workers` processors, a relay, a delay-tier forwarder and a
+    reconciler; role i serves metrics on metrics_port + i."""
+    roles = [Role("sweep", run_sweep_role, {}), Role("relay", run_relay_role, {})]
+    roles += [Role(f"process-{i}", run_worker, {}) for i in range(workers)]
+    roles.append(Role("delay", run_delay_role, {}))  # forwards retries and wake-ups when due
+    roles.append(Role("reconcile", run_reconcile_role, {}))  # its own, slower interval
+    for offset, role in enumerate(roles):
+        role.kwargs["metrics_offset"] = offset
+    return roles

@@ -1,0 +1,23 @@
+"""Producing expiry events: keyed by op key, and flushed before the caller moves on."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from confluent_kafka import Producer
+
+from lapse.kernel.codec import Codec
+from lapse.kernel.kafka_clients import DeliveryTracker
+from lapse.kernel.ledger import ExpiryEvent
+
+
+def emit_events(producer: Producer, codec: Codec, delivery: DeliveryTracker, topic: str,
+                events: list[ExpiryEvent], now: datetime) -> None:
+    """Produce expiry events keyed by op key and wait until every one is acknowledged; raises
+    DeliveryFailed otherwise, so no caller reports work done that is not on the topic."""
+    for event in events:
+        producer.produce(topic, key=event.op_key.encode(),
+                         value=codec.encode("expiry_event", event.to_record(now)),
+                         on_delivery=delivery)
+        producer.poll(0)
+    delivery.flush(producer)

@@ -1,0 +1,222 @@
+"""The audit: replay the retained history (expiry events, outcomes, dead letters) and check it.
+
+The topics are read by manual assignment up to the high watermarks captured at the start (or
+partition EOF), with no group and no commits. Records are joined by op key into small per-key
+tuples (payloads are not kept), and the report says which invariants hold.
+
+On the embedded tansu broker the high watermark can be short of the log's end (PITFALLS.md), so an
+audit there may stop early; audit an Apache Kafka cluster.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime, timedelta
+
+from lapse.kernel.codec import Codec, DecodeError
+from lapse.kernel.ledger import APPLIED, SKIPPED, TERMINAL
+from lapse.kernel.ledger_queries import millis
+from lapse.kernel.settings import Settings
+from lapse.readers.offsets import Span, manual_consumer, offsets_at, partitions_of, read_spans, watermarks
+
+SAMPLE = 20  # op keys listed per finding; counts are always complete
+# The only fields the audit reads: the rest of each record is skipped, not decoded.
+EVENT_FIELDS = ("op_key", "replay_id")
+OUTCOME_FIELDS = ("outcome_id", "op_key", "status", "occurred_at", "replay_id")
+DEAD_LETTER_FIELDS = ("op_key", "dead_lettered_at")
+
+
+@dataclass
+class AuditReport:
+    """What the history shows; `broken` names every invariant that does not hold."""
+
+    since: str | None = None
+    until: str | None = None
+    records: dict[str, int] = field(default_factory=dict)
+    undecodable: dict[str, int] = field(default_factory=dict)
+    gaps: list[dict] = field(default_factory=list)
+    events_seen: int = 0
+    op_keys_seen: int = 0
+    outcomes: int = 0
+    outcome_repeats: int = 0
+    outcomes_by_status: dict[str, int] = field(default_factory=dict)
+    final_by_status: dict[str, int] = field(default_factory=dict)
+    without_terminal: int = 0
+    without_terminal_sample: list[str] = field(default_factory=list)
+    applied_twice: dict[str, list[int]] = field(default_factory=dict)
+    dead_letters: int = 0
+    poison_dead_letters: int = 0
+    unresolved_dead_letters: int = 0
+    unresolved_sample: list[str] = field(default_factory=list)
+    replays: dict[str, dict] = field(default_factory=dict)
+    broken: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+class Progress:
+    """A one-line progress bar on stderr when it is a terminal; silent otherwise."""
+
+    def __init__(self, total: int, stream=None) -> None:
+        self.total, self.done, self.last = max(total, 1), 0, 0.0
+        self.stream = stream or sys.stderr
+        self.enabled = self.stream.isatty()
+
+    def __call__(self, _msg=None) -> None:
+        self.done += 1
+        if self.enabled and (time.monotonic() - self.last > 0.2 or self.done >= self.total):
+            self.last = time.monotonic()
+            share = min(1.0, self.done / self.total)
+            bar = "#" * int(share * 30)
+            self.stream.write(f"\raudit [{bar:<30}] {share:4.0%} {self.done}/{self.total} records")
+            self.stream.flush()
+
+    def close(self) -> None:
+        if self.enabled:
+            self.stream.write("\n")
+
+
+class _History:
+    """The per-op-key joins, as small tuples of ints and strings."""
+
+    def __init__(self) -> None:
+        self.event_first_ms: dict[str, int] = {}
+        self.events = 0
+        self.outcome_ids: set[int] = set()
+        self.repeats = 0
+        self.by_status: Counter = Counter()
+        self.final: dict[str, tuple[int, int, str]] = {}   # op key → (occurred ms, outcome id, status)
+        self.applied: dict[str, list[int]] = {}
+        self.resolved_ms: dict[str, int] = {}               # latest applied/skipped outcome time
+        self.dead_ms: dict[str, int] = {}                   # latest dead letter time
+        self.dead_letters = 0
+        self.poison = 0
+        self.replays: dict[str, Counter] = {}
+
+    def event(self, record: dict, ts_ms: int) -> None:
+        self.events += 1
+        key = record["op_key"]
+        self.event_first_ms[key] = min(ts_ms, self.event_first_ms.get(key, ts_ms))
+        if record.get("replay_id"):
+            self.replays.setdefault(record["replay_id"], Counter())["events"] += 1
+
+    def outcome(self, record: dict) -> None:
+        oid = record["outcome_id"]
+        if oid in self.outcome_ids:
+            self.repeats += 1  # the relay's at-least-once repeat of one outbox row
+            return
+        self.outcome_ids.add(oid)
+        key, status, at = record["op_key"], record["status"], millis(record["occurred_at"])
+        self.by_status[status] += 1
+        if record.get("replay_id"):
+            self.replays.setdefault(record["replay_id"], Counter())[f"outcome:{status}"] += 1
+        if status not in TERMINAL:
+            return
+        if self.final.get(key, (-1, -1, ""))[:2] < (at, oid):
+            self.final[key] = (at, oid, status)
+        if status == APPLIED:
+            self.applied.setdefault(key, []).append(oid)
+        if status in (APPLIED, SKIPPED):
+            self.resolved_ms[key] = max(at, self.resolved_ms.get(key, at))
+
+    def dead_letter(self, record: dict) -> None:
+        self.dead_letters += 1
+        key = record.get("op_key")
+        if key is None:
+            self.poison += 1  # undecodable input: only an operator can resolve it
+            return
+        at = millis(record["dead_lettered_at"])
+        self.dead_ms[key] = max(at, self.dead_ms.get(key, at))
+
+
+def _plan_spans(consumer, topic: str, since: datetime | None, report: AuditReport) -> list[Span]:
+    parts = partitions_of(consumer, topic)
+    marks = watermarks(consumer, topic, parts)
+    hints = offsets_at(consumer, topic, parts, since) if since else {}
+    spans = []
+    for p in parts:
+        low, high = marks[p]
+        if since is None:
+            start = low
+            if low > 0:
+                report.gaps.append({"topic": topic, "partition": p, "first_retained": low,
+                                    "note": "retention deleted offsets before this one"})
+        else:
+            hint = hints[p]
+            start = high if hint < 0 else max(hint, low)
+        spans.append(Span(topic, p, start, high))
+    return spans
+
+
+def run_audit(settings: Settings, *, since: datetime | None = None, until: datetime | None = None,
+              grace: timedelta = timedelta(minutes=5), now: datetime | None = None,
+              progress: bool = True) -> AuditReport:
+    """Read the three topics and build the report. `since` None means from the beginning."""
+    now = now or datetime.now(UTC)
+    report = AuditReport(since=since.isoformat() if since else None,
+                         until=until.isoformat() if until else None)
+    codec = Codec.from_settings(settings)
+    expected = {settings.expiry_topic: "expiry_event", settings.outcomes_topic: "cleanup_outcome",
+                settings.dlq_topic: "dead_letter"}
+    fields = {settings.expiry_topic: EVENT_FIELDS, settings.outcomes_topic: OUTCOME_FIELDS,
+              settings.dlq_topic: DEAD_LETTER_FIELDS}
+    history = _History()
+    since_ms = millis(since) if since else None
+    until_ms = millis(until) if until else None
+    consumer = manual_consumer(settings)
+    try:
+        spans = [s for topic in expected for s in _plan_spans(consumer, topic, since, report)]
+        bar = Progress(sum(s.size for s in spans)) if progress else None
+        records: Counter = Counter()
+        undecodable: Counter = Counter()
+        for msg in read_spans(consumer, spans, on_message=bar):
+            topic, ts_ms = msg.topic(), msg.timestamp()[1]
+            if (since_ms is not None and ts_ms < since_ms) or (until_ms is not None and ts_ms >= until_ms):
+                continue
+            records[topic] += 1
+            try:
+                record = codec.decode_fields(expected[topic], msg.value() or b"", fields[topic])
+            except DecodeError:
+                undecodable[topic] += 1
+                continue
+            if topic == settings.expiry_topic:
+                history.event(record, ts_ms)
+            elif topic == settings.outcomes_topic:
+                history.outcome(record)
+            else:
+                history.dead_letter(record)
+        if bar:
+            bar.close()
+    finally:
+        consumer.close()
+    report.records = {t: records[t] for t in expected}
+    report.undecodable = {t: undecodable[t] for t in expected}
+    _summarise(history, report, cutoff_ms=millis(min(until or now, now) - grace))
+    return report
+
+
+def _summarise(h: _History, report: AuditReport, cutoff_ms: int) -> None:
+    report.events_seen = h.events
+    report.op_keys_seen = len(h.event_first_ms)
+    report.outcomes = len(h.outcome_ids)
+    report.outcome_repeats = h.repeats
+    report.outcomes_by_status = dict(sorted(h.by_status.items()))
+    report.final_by_status = dict(sorted(Counter(s for _, _, s in h.final.values()).items()))
+    missing = sorted(k for k, t in h.event_first_ms.items() if k not in h.final and t <= cutoff_ms)
+    report.without_terminal = len(missing)
+    report.without_terminal_sample = missing[:SAMPLE]
+    report.applied_twice = {k: sorted(ids) for k, ids in sorted(h.applied.items()) if len(ids) > 1}
+    report.dead_letters = h.dead_letters
+    report.poison_dead_letters = h.poison
+    unresolved = sorted(k for k, at in h.dead_ms.items() if h.resolved_ms.get(k, -1) < at)
+    report.unresolved_dead_letters = len(unresolved) + h.poison
+    report.unresolved_sample = unresolved[:SAMPLE]
+    report.replays = {rid: dict(sorted(c.items())) for rid, c in sorted(h.replays.items())}
+    if report.applied_twice:
+        report.broken.append(f"{len(report.applied_twice)} op keys applied more than once")
+    if missing:
+        report.broken.append(f"{len(missing)} events without a terminal outcome after the grace period")

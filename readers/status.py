@@ -1,0 +1,79 @@
+"""`lapse status` figures: the ledger by state and kind, the alarm signals (oldest eligible but
+unfinished operation, expired claims, dead letters) and consumer lag of every declared group."""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from datetime import datetime
+
+from sqlalchemy import Connection, Engine, func, select
+
+from lapse.kernel.ledger import CLAIMED, DEAD_LETTER, PENDING, RETRY_SCHEDULED
+from lapse.kernel.models import cleanup_ledger as L
+from lapse.kernel.settings import Settings
+from lapse.kernel.topology import load_topics
+from lapse.readers.offsets import OffsetsError, group_lag
+
+UNFINISHED = (PENDING, CLAIMED, RETRY_SCHEDULED)
+
+
+def _age_s(now: datetime, since: datetime | None) -> float | None:
+    return None if since is None else round(max(0.0, (now - since).total_seconds()), 3)
+
+
+def ledger_status(conn: Connection, now: datetime) -> dict:
+    """Counts by state and kind, the oldest eligible-but-unfinished age, expired claims."""
+    by_state: dict[str, dict[str, int]] = {}
+    for state, kind, n in conn.execute(
+            select(L.c.state, L.c.kind, func.count()).group_by(L.c.state, L.c.kind)):
+        by_state.setdefault(state, {})[kind] = n
+    oldest_due = conn.execute(select(func.min(L.c.due_at)).where(
+        L.c.state.in_(UNFINISHED), L.c.due_at <= now)).scalar()
+    expired, oldest_lease = conn.execute(select(func.count(), func.min(L.c.claim_until)).where(
+        L.c.state == CLAIMED, L.c.claim_until < now)).one()
+    return {
+        "ledger": {s: dict(sorted(k.items())) for s, k in sorted(by_state.items())},
+        "oldest_eligible_age_s": _age_s(now, oldest_due),
+        "dead_letters": sum(by_state.get(DEAD_LETTER, {}).values()),
+        "expired_claims": {"count": expired, "oldest_expired_for_s": _age_s(now, oldest_lease)},
+    }
+
+
+def declared_reads(settings: Settings) -> list[tuple[str, str]]:
+    """(group, topic) pairs from topics.yaml, with default names replaced by the configured ones."""
+    rename = {}
+    for field in ("expiry_topic", "outcomes_topic", "dlq_topic", "cleanup_group", "delay_group"):
+        rename[Settings.model_fields[field].default] = getattr(settings, field)
+    default_prefix = Settings.model_fields["delay_topic_prefix"].default
+    pairs = []
+    for spec in load_topics(settings.topics_file):
+        topic = rename.get(spec.name, spec.name)
+        if topic.startswith(default_prefix) and spec.delay_seconds is not None:
+            topic = settings.delay_topic_prefix + topic[len(default_prefix):]
+        pairs += [(rename.get(group, group), topic) for group in spec.groups]
+    return sorted(pairs)
+
+
+def lag_status(settings: Settings, now: datetime) -> list[dict]:
+    """Lag per declared (group, topic): records behind and age of the oldest unconsumed record."""
+    rows = []
+    for group, topic in declared_reads(settings):
+        try:
+            parts = group_lag(settings, group, topic, now)
+        except OffsetsError as exc:
+            rows.append({"group": group, "topic": topic, "error": str(exc)})
+            continue
+        ages = [p.seconds for p in parts if p.seconds is not None]
+        rows.append({"group": group, "topic": topic, "records": sum(p.records for p in parts),
+                     "seconds": round(max(ages), 3) if ages else 0.0,
+                     "partitions": [asdict(p) for p in parts]})
+    return rows
+
+
+def status_report(settings: Settings, engine: Engine, now: datetime, *, lag: bool = True) -> dict:
+    with engine.connect() as conn:
+        report = ledger_status(conn, now)
+    report["at"] = now.isoformat()
+    if lag:
+        report["lag"] = lag_status(settings, now)
+    return report
