@@ -89,7 +89,7 @@ def record_failures(conn: Connection, failed: list[FailedAttempt], *, kinds: dic
             outbox.append(wakeup_row(event, d.due_at, d.attempt, now, topics=topics))
             continue
         dead.append(event.op_key)
-        entries = past.get(event.op_key, []) + [
+        entries = [*past.get(event.op_key, []),
             {"attempt": d.attempt, "failure_class": f.failure.failure_class, "reason": f.failure.reason,
              "at": millis(now)}]
         payload = dead_letter_payload(event, d.failure_class, d.reason, d.attempt, now, f.position)

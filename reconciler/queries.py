@@ -2,7 +2,8 @@
 
 Every statement is a bounded page walked by a keyset cursor, and each one is served by an index:
 the kind's due index (e.g. ix_reservations_held_due), ix_cleanup_ledger_kind_subject and
-ix_cleanup_ledger_state_due_key (the op key primary key for the conditional update). tests/test_reconcile_scale.py checks that with EXPLAIN.
+ix_cleanup_ledger_state_due_key (the op key primary key for the conditional update).
+tests/test_reconcile_scale.py checks that with EXPLAIN.
 """
 
 from __future__ import annotations

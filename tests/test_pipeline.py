@@ -190,6 +190,6 @@ def test_two_relays_at_once_publish_each_outbox_row_once_in_order(pipeline):
     ids_seen = [pipeline.codec.decode_expected("cleanup_outcome", m.value())["outcome_id"] for m in records]
     assert sorted(ids_seen) == sorted(set(ids_seen)) and len(ids_seen) == 600
     by_partition: dict[int, list[int]] = {}
-    for msg, oid in zip(records, ids_seen):
+    for msg, oid in zip(records, ids_seen, strict=True):
         by_partition.setdefault(msg.partition(), []).append(oid)
     assert all(seq == sorted(seq) for seq in by_partition.values())  # outbox order kept

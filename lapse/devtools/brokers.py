@@ -119,7 +119,7 @@ def _log_tail(path: Path, lines: int = 8) -> str:
 
 def _launch(cmd: list[str], log_path: Path, cwd: Path) -> subprocess.Popen:
     """Start `cmd` in its own session (Ctrl-C in a terminal reaches us, not it), output to a log."""
-    log = open(log_path, "ab")
+    log = open(log_path, "ab")  # noqa: SIM115 - handed to the child, closed once it started
     try:
         proc = subprocess.Popen(
             cmd, cwd=cwd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
@@ -162,7 +162,7 @@ def wait_for_brokers(bootstrap: str, count: int, procs: list[subprocess.Popen],
                          "log_level": 0})  # "connection refused" until it listens is expected
     deadline = time.monotonic() + timeout
     while True:
-        for proc, log in zip(procs, logs):
+        for proc, log in zip(procs, logs, strict=True):
             if proc.poll() is not None:
                 raise BrokerUnavailable(
                     f"{what} exited with status {proc.returncode} during start; log {log}: "

@@ -1,10 +1,10 @@
 """Batch-shaped SQL whose text does not depend on the batch size.
 
 On PostgreSQL a batch travels as one string parameter: `col IN (SELECT unnest(CAST(:literal AS
-type[])))` instead of an `IN` list of placeholders, and `INSERT … SELECT … FROM json_populate_recordset(…, :rows)` instead of
-multi-row VALUES. The statement text is then the same for every batch, so psycopg converts it
-once and the server prepares it once; per-placeholder parsing and per-element array escaping were
-most of a batch's cost. SQLite keeps the portable forms.
+type[])))` instead of an `IN` list of placeholders, and `INSERT … SELECT … FROM
+json_populate_recordset(…, :rows)` instead of multi-row VALUES. The statement text is then the
+same for every batch, so psycopg converts it once and the server prepares it once; per-placeholder
+parsing and per-element array escaping were most of a batch's cost. SQLite keeps the portable forms.
 """
 
 from __future__ import annotations

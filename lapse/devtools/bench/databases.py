@@ -80,7 +80,8 @@ def seed_held(engine: Engine, count: int, expires_at: datetime, first_id: int = 
     with engine.begin() as conn:
         conn.execute(text(
             "INSERT INTO reservations (id, tenant, status, expires_at) "
-            "SELECT i, 'tenant-' || (i % 7), 'held', :expires FROM generate_series(CAST(:a AS bigint), CAST(:b AS bigint)) AS i"
+            "SELECT i, 'tenant-' || (i % 7), 'held', :expires"
+            " FROM generate_series(CAST(:a AS bigint), CAST(:b AS bigint)) AS i"
         ), {"expires": expires_at, "a": first_id, "b": first_id + count - 1})
         conn.execute(text("SELECT setval(pg_get_serial_sequence('reservations', 'id'), :b)"),
                      {"b": first_id + count - 1})

@@ -24,7 +24,7 @@ def write_plot(result: dict, path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, (bars, hist) = plt.subplots(1, 2, figsize=(13, 5))
-    labels, values = zip(*stage_rates(result))
+    labels, values = zip(*stage_rates(result), strict=True)
     bars.barh(labels, values, color="tab:blue")
     bars.set_xscale("log")
     bars.set_xlabel("events/s (log scale)")

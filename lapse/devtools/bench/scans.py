@@ -77,5 +77,6 @@ def audit_replay(settings: Settings, topic: str) -> dict:
         seconds = time.perf_counter() - (started or time.perf_counter())
     finally:
         consumer.close()
-    return {"records": records, "seconds": round(seconds, 3), "records_per_s": round(records / seconds, 1) if seconds else 0.0,
+    rate = round(records / seconds, 1) if seconds else 0.0
+    return {"records": records, "seconds": round(seconds, 3), "records_per_s": rate,
             "method": "manual assignment to EOF, the audit's projected decode"}
