@@ -4,19 +4,20 @@ This module is the room's public face: other rooms, the shell and the dev tools 
 """
 
 from lapse.processors.commit import BatchContext, commit_batch
+from lapse.processors.dead_letters import list_dead_letters, replay
 from lapse.processors.delay_worker import DelayWorker
-from lapse.processors.dlq_queries import Selection, list_dead_letters, replay
 from lapse.processors.object_store import FilesystemObjectStore
-from lapse.processors.rules import BatchResult, Topics, apply_batch
+from lapse.processors.rules import apply_batch
+from lapse.processors.scope import BatchResult, BatchScope, Topics
 from lapse.processors.worker import CleanupWorker, WorkerStats
 
 __all__ = [
     "BatchContext",
     "BatchResult",
+    "BatchScope",
     "CleanupWorker",
     "DelayWorker",
     "FilesystemObjectStore",
-    "Selection",
     "Topics",
     "WorkerStats",
     "apply_batch",

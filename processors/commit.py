@@ -13,21 +13,21 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
-from confluent_kafka import Consumer, Producer, TopicPartition
-from sqlalchemy import Engine
+from confluent_kafka import Consumer, Message, Producer, TopicPartition
+from sqlalchemy import Connection, Engine
 from sqlalchemy.exc import InterfaceError, OperationalError
 
 from lapse.kernel.codec import Codec
 from lapse.kernel.delays import delay_record
 from lapse.kernel.kafka_clients import DeliveryTracker
 from lapse.kernel.kinds import CleanupKind
-from lapse.kernel.ledger import ExpiryEvent
-from lapse.kernel.ledger_queries import millis
+from lapse.kernel.ledger import ExpiryEvent, Original, Position, dead_letter_record, expiry_record
 from lapse.kernel.logs import get_logger
 from lapse.kernel.settings import Settings
-from lapse.processors.decode import Poison
+from lapse.processors.decode import Poison, position_of
 from lapse.processors.leased import EffectRunner, effect_runner, run_leased
-from lapse.processors.rules import BatchResult, Topics, apply_batch, dead_letter_events
+from lapse.processors.rules import apply_batch, dead_letter_events
+from lapse.processors.scope import BatchResult, BatchScope, Topics
 
 DEADLOCK_RETRIES = 3
 log = get_logger("processor")
@@ -54,14 +54,26 @@ class BatchContext:
                       expiry=self.settings.expiry_topic,
                       delay_prefix=self.settings.delay_topic_prefix, tiers=tuple(self.tiers))
 
+    def scope(self, conn: Connection, now: datetime, positions: dict[str, Position]) -> BatchScope:
+        """The scope of one batch on `conn`: the worker's settings are read here, once."""
+        return BatchScope(conn, kinds=self.kinds, topics=self.topics, worker=self.settings.worker_id,
+                          now=now, lease=timedelta(seconds=self.settings.lease_seconds),
+                          positions=positions, rng=self.rng)
+
+    def effect_runner(self) -> EffectRunner:
+        """The runner of external effects, built from settings on first use."""
+        if self.effects is None:
+            self.effects = effect_runner(self.settings)
+        return self.effects
+
 
 def commit_batch(
     ctx: BatchContext,
     consumer: Consumer,
     owned: set[tuple[str, int]],
-    messages: list,
+    messages: list[Message],
     events: list[ExpiryEvent],
-    positions: dict,
+    positions: dict[str, Position],
     poison: list[Poison],
 ) -> BatchResult:
     """Make one batch durable, then move its offsets.
@@ -86,9 +98,11 @@ def commit_batch(
     now = ctx.clock()
     result = BatchResult()
     if events:
-        result = _apply_with_retry(ctx, events, positions, now)
-        if result.leased:
-            _run_leased(ctx, result, positions)
+        with ctx.engine.connect() as conn:
+            scope = ctx.scope(conn, now, positions)
+            result = _apply_with_retry(scope, events)
+            if result.leased:
+                result.absorb(run_leased(ctx.effect_runner(), scope, result, ctx.clock))
     _crash_if("after_db_commit", ctx.settings)
 
     for item in poison:
@@ -103,43 +117,34 @@ def commit_batch(
     return result
 
 
-def _apply_with_retry(ctx: BatchContext, events, positions, now) -> BatchResult:
+def _apply_with_retry(scope: BatchScope, events: list[ExpiryEvent]) -> BatchResult:
     """The batch transaction, retried on deadlock. Any other failure that is not about the
     connection is taken as one event's fault: the batch is redone event by event (see
     `isolate_failures`), so one bad event cannot fail its batch, and the worker, forever."""
-    lease = timedelta(seconds=ctx.settings.lease_seconds)
     for attempt in range(DEADLOCK_RETRIES):
         try:
-            with ctx.engine.begin() as conn:
-                return apply_batch(
-                    conn, events, kinds=ctx.kinds, topics=ctx.topics,
-                    worker=ctx.settings.worker_id, now=now, lease=lease, positions=positions,
-                    rng=ctx.rng,
-                )
+            with scope.conn.begin():
+                return apply_batch(scope.fresh(), events)
         except (OperationalError, InterfaceError) as exc:
             if "deadlock" not in str(exc).lower() or attempt == DEADLOCK_RETRIES - 1:
                 raise
         except Exception as exc:
             log.warning("batch transaction failed, isolating the event at fault",
                         extra={"records": len(events), "error": _one_line(exc)})
-            return isolate_failures(ctx.engine, events, kinds=ctx.kinds, topics=ctx.topics,
-                                    worker=ctx.settings.worker_id, now=now, lease=lease,
-                                    positions=positions, rng=ctx.rng)
+            return isolate_failures(scope, events)
     raise AssertionError("unreachable")
 
 
-def isolate_failures(engine, events: list[ExpiryEvent], *, kinds, topics, worker: str,
-                     now: datetime, lease: timedelta, positions: dict | None = None,
-                     rng: random.Random | None = None) -> BatchResult:
-    """Apply each event in its own transaction; an event whose transaction fails (other than by
-    the connection) is dead-lettered as invalid with the error's first line."""
+def isolate_failures(scope: BatchScope, events: list[ExpiryEvent]) -> BatchResult:
+    """Apply each event in its own transaction on the scope's connection; an event whose
+    transaction fails (other than by the connection) is dead-lettered as invalid with the
+    error's first line."""
     result = BatchResult()
     failed: list[tuple[ExpiryEvent, str]] = []
     for event in events:
         try:
-            with engine.begin() as conn:
-                result.absorb(apply_batch(conn, [event], kinds=kinds, topics=topics, worker=worker,
-                                          now=now, lease=lease, positions=positions, rng=rng))
+            with scope.conn.begin():
+                result.absorb(apply_batch(scope.fresh(), [event]))
         except (OperationalError, InterfaceError):
             raise
         except Exception as exc:
@@ -148,9 +153,8 @@ def isolate_failures(engine, events: list[ExpiryEvent], *, kinds, topics, worker
                         extra={"op_key": event.op_key, "correlation_id": event.correlation_id,
                                "error": _one_line(exc)})
     if failed:
-        with engine.begin() as conn:
-            result.absorb(dead_letter_events(conn, failed, kinds=kinds, topics=topics, worker=worker,
-                                             now=now, lease=lease, positions=positions, rng=rng))
+        with scope.conn.begin():
+            result.absorb(dead_letter_events(scope.fresh(), failed))
     return result
 
 
@@ -160,25 +164,13 @@ def _one_line(exc: BaseException) -> str:
     return f"{type(cause).__name__}: {first}"[:500]
 
 
-def _run_leased(ctx: BatchContext, result: BatchResult, positions) -> None:
-    """Run the leased external effects and record them (the second transaction)."""
-    if ctx.effects is None:
-        ctx.effects = effect_runner(ctx.settings)
-    done = run_leased(ctx.engine, ctx.effects, result.leased, result.targets, kinds=ctx.kinds,
-                      topics=ctx.topics, worker=ctx.settings.worker_id, clock=ctx.clock,
-                      lease=timedelta(seconds=ctx.settings.lease_seconds), rng=ctx.rng,
-                      positions=positions)
-    result.applied += done.applied
-    result.retried += done.retried
-    result.dead_lettered += done.dead_lettered
-
-
-def commit_offsets(consumer: Consumer, owned: set[tuple[str, int]], messages: list) -> list[TopicPartition]:
+def commit_offsets(consumer: Consumer, owned: set[tuple[str, int]], messages: list[Message]
+                   ) -> list[TopicPartition]:
     """Store and commit last+1 per owned partition seen in `messages`; returns what was committed."""
     nxt: dict[tuple[str, int], int] = {}
     for msg in messages:
-        tp = (msg.topic(), msg.partition())
-        nxt[tp] = max(nxt.get(tp, -1), msg.offset() + 1)
+        topic, partition, offset = position_of(msg)
+        nxt[(topic, partition)] = max(nxt.get((topic, partition), -1), offset + 1)
     offsets = [TopicPartition(t, p, o) for (t, p), o in nxt.items() if (t, p) in owned]
     if offsets:
         consumer.store_offsets(offsets=offsets)
@@ -187,28 +179,23 @@ def commit_offsets(consumer: Consumer, owned: set[tuple[str, int]], messages: li
 
 
 def _produce_poison(ctx: BatchContext, item: Poison, now: datetime) -> None:
-    record = {
-        "op_key": None, "kind": None, "tenant": None, "subject_id": None,
-        "failure_class": "poison", "reason": f"{item.reason_code}: {item.reason}"[:2000],
-        "attempt": 0, "history": [],
-        "source_topic": item.topic, "source_partition": item.partition, "source_offset": item.offset,
-        "original_key": item.key, "original_value": item.value,
-        "original_headers": {k: (v or b"") for k, v in item.headers},
-        "dead_lettered_at": millis(now), "correlation_id": None, "replay_id": None,
-    }
+    record = dead_letter_record(
+        "poison", f"{item.reason_code}: {item.reason}"[:2000], 0, now,
+        position=(item.topic, item.partition, item.offset),
+        original=Original(item.key, item.value, {k: (v or b"") for k, v in item.headers}))
     ctx.producer.produce(
-        ctx.settings.dlq_topic, key=item.key, value=ctx.codec.encode("dead_letter", record),
+        ctx.topics.dlq, key=item.key, value=ctx.codec.encode("dead_letter", record),
         headers=[("failure_class", b"poison"), ("reason", item.reason_code.encode())],
         on_delivery=ctx.delivery,
     )
 
 
 def _produce_delayed(ctx: BatchContext, event: ExpiryEvent, now: datetime) -> None:
-    topic, headers = delay_record(ctx.tiers, ctx.settings.delay_topic_prefix, event.due_at, now,
-                                  ctx.settings.expiry_topic)
+    topics = ctx.topics
+    topic, headers = delay_record(topics.tiers, topics.delay_prefix, event.due_at, now, topics.expiry)
     ctx.producer.produce(topic, key=event.op_key.encode(),
-                         value=ctx.codec.encode("expiry_event", event.to_record(now)),
-                         headers=headers, on_delivery=ctx.delivery)
+                         value=ctx.codec.encode("expiry_event", expiry_record(event, now)),
+                         headers=list(headers), on_delivery=ctx.delivery)
 
 
 def _crash_if(point: str, settings: Settings) -> None:

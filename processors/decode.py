@@ -7,10 +7,15 @@ the partition.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
+
+from confluent_kafka import Message
 
 from lapse.kernel.codec import Codec, DecodeError
-from lapse.kernel.ledger import ExpiryEvent, InvalidEvent
+from lapse.kernel.kinds import CleanupKind
+from lapse.kernel.ledger import ExpiryEvent, InvalidEvent, Position
 
 
 class UnknownKind(InvalidEvent):
@@ -24,15 +29,32 @@ class Poison:
     offset: int
     key: bytes | None
     value: bytes | None
-    headers: list
+    headers: list[Any]  # (name, bytes) pairs as the consumer returned them
     reason_code: str
     reason: str
 
 
-def decode_batch(messages, codec: Codec, kinds) -> tuple[list[ExpiryEvent], dict, list[Poison]]:
+def partition_of(msg: Message) -> tuple[str, int]:
+    """The (topic, partition) of a consumed record (or of its partition's EOF event)."""
+    topic, partition = msg.topic(), msg.partition()
+    if topic is None or partition is None:
+        raise ValueError("a consumed record without its topic or partition")
+    return topic, partition
+
+
+def position_of(msg: Message) -> Position:
+    """The (topic, partition, offset) of a consumed record."""
+    offset = msg.offset()
+    if offset is None:
+        raise ValueError("a consumed record without its offset")
+    return (*partition_of(msg), offset)
+
+
+def decode_batch(messages: list[Message], codec: Codec, kinds: Mapping[str, CleanupKind]
+                 ) -> tuple[list[ExpiryEvent], dict[str, Position], list[Poison]]:
     """Split consumed messages into (events, positions by op key, poison)."""
     events: list[ExpiryEvent] = []
-    positions: dict[str, tuple[str, int, int]] = {}
+    positions: dict[str, Position] = {}
     poison: list[Poison] = []
     for msg in messages:
         value = msg.value()
@@ -54,10 +76,9 @@ def decode_batch(messages, codec: Codec, kinds) -> tuple[list[ExpiryEvent], dict
             poison.append(_poison(msg, "missing_field", f"missing or wrong field: {exc}"))
             continue
         events.append(event)
-        positions[event.op_key] = (msg.topic(), msg.partition(), msg.offset())
+        positions[event.op_key] = position_of(msg)
     return events, positions, poison
 
 
-def _poison(msg, code: str, reason: str) -> Poison:
-    return Poison(msg.topic(), msg.partition(), msg.offset(), msg.key(), msg.value(),
-                  list(msg.headers() or []), code, reason)
+def _poison(msg: Message, code: str, reason: str) -> Poison:
+    return Poison(*position_of(msg), msg.key(), msg.value(), list(msg.headers() or []), code, reason)

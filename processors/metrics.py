@@ -11,7 +11,7 @@ from collections import Counter as Tally
 from prometheus_client import Counter, Histogram
 
 from lapse.kernel.ledger import ExpiryEvent
-from lapse.processors.rules import BatchResult
+from lapse.processors.scope import BatchResult
 
 EVENTS_CONSUMED = Counter("lapse_events_consumed", "Records consumed from the expiry topic.")
 EFFECTS_APPLIED = Counter("lapse_effects_applied", "Cleanup effects applied (ledger: applied).")

@@ -1,83 +1,94 @@
-"""The cleanup rules for one batch, as plain functions over a database connection.
+"""The cleanup rules for one batch, as plain functions over the batch's scope.
 
-`apply_batch` runs inside the caller's transaction: it creates missing ledger rows, claims the
-claimable ones, runs each kind's in-database effect, and records transitions and outbox rows. It
+`apply_batch` runs inside the transaction its caller began on the scope's connection: it creates
+missing ledger rows, claims the claimable ones, runs each kind's in-database effect (or leases
+its external one), decides what happened to each event, and flushes the ledger writes once. It
 never touches Kafka, so it is tested against a real database with no broker.
 """
 
 from __future__ import annotations
 
-import random
 from collections import Counter
-from dataclasses import dataclass, field, replace
-from datetime import datetime, timedelta
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, replace
+from datetime import datetime
+from typing import Any
 
-from sqlalchemy import Connection
-
-from lapse.kernel.kinds import CleanupKind
-from lapse.kernel.ledger import APPLIED, CLAIMED, PENDING, RETRY_SCHEDULED, SKIPPED, TERMINAL, ExpiryEvent
-from lapse.kernel.ledger_queries import (
-    insert_outbox,
+from lapse.kernel.kinds import CleanupKind, ExternalEffect
+from lapse.kernel.ledger import (
+    APPLIED,
+    CLAIMED,
+    RETRY_SCHEDULED,
+    SKIPPED,
+    TERMINAL,
+    ExpiryEvent,
+    LedgerRow,
+    claim,
     insert_pending,
     millis,
-    outbox_row,
-    record_transitions,
-    transition,
+    read_rows,
 )
-from lapse.processors import queries
 from lapse.processors.failures import INVALID, EffectFailure
-from lapse.processors.payloads import outcome_payload
-from lapse.processors.retries import FailedAttempt, record_failures, wakeup_row
+from lapse.processors.retries import FailedAttempt, record_failures, wake_up
+from lapse.processors.scope import BatchResult, BatchScope
+
+Invalid = tuple[ExpiryEvent, str]  # an event whose work can never run, and why
 
 
 @dataclass(frozen=True)
-class Topics:
-    """Where the rules send records: outcomes, dead letters, and retry wake-ups (a delay tier
-    `delay_prefix + tier`, forwarded to `expiry` when due)."""
+class KindRun:
+    """One kind's claimed events after step 4: those left to record (not leased) with their
+    parsed subjects, the subject ids the in-database effect changed, and the invalid ones."""
 
-    outcomes: str
-    dlq: str
-    expiry: str = "lapse.expiry"
-    delay_prefix: str = "lapse.delay."
-    tiers: tuple[tuple[str, int], ...] = (("30s", 30), ("2m", 120), ("10m", 600), ("1h", 3600))
-
-
-@dataclass
-class BatchResult:
-    """What one batch did, for the commit step, metrics and logs."""
-
-    applied: list[str] = field(default_factory=list)
-    skipped: list[str] = field(default_factory=list)
-    dead_lettered: list[str] = field(default_factory=list)
-    duplicates: int = 0
-    conflicts: list[str] = field(default_factory=list)
-    not_due: list[ExpiryEvent] = field(default_factory=list)
-    leased: list[ExpiryEvent] = field(default_factory=list)
-    retried: list[str] = field(default_factory=list)
-    rescheduled: list[str] = field(default_factory=list)  # still eligible, due later than thought
-    backed_off: list[ExpiryEvent] = field(default_factory=list)  # due_at = the other lease's end
-    targets: dict[str, str] = field(default_factory=dict)  # leased op key → effect target
-
-    def absorb(self, other: BatchResult) -> None:
-        """Add another result's counts and keys to this one (results of one batch, split)."""
-        for name, value in vars(other).items():
-            mine = getattr(self, name)
-            if isinstance(mine, list):
-                mine.extend(value)
-            elif isinstance(mine, dict):
-                mine.update(value)
-            else:
-                setattr(self, name, mine + value)
-
-    @property
-    def completed(self) -> int:
-        return len(self.applied) + len(self.skipped) + len(self.dead_lettered)
+    kind: CleanupKind
+    to_record: list[tuple[ExpiryEvent, Any]]
+    changed: set[str]
+    invalid: list[Invalid]
 
 
-def collapse(events: list[ExpiryEvent]) -> tuple[dict[str, ExpiryEvent], Counter]:
+def apply_batch(scope: BatchScope, events: Sequence[ExpiryEvent]) -> BatchResult:
+    """Claim, apply and record one batch of decoded events in the scope's transaction.
+
+    Events must name known kinds (the decoder dead-letters the others before this point).
+
+    1. Collapse: one event per op key, the latest attempt winning; the others are duplicates.
+    2. Claim: create the missing ledger rows (`pending`), read every row as it is before the
+       claim, and claim the claimable ones for this worker until now + lease.
+    3. Sort out the unclaimed by their rows as they are after the claim: duplicates, held under
+       another worker's live lease (backed off until it ends), or not due (handed back).
+    4. Run each kind: parse the subjects (a malformed one is invalid), then apply the in-database
+       effect, or only lease the external one (`leased`, with its targets, for
+       `lapse.processors.leased` to run and complete).
+    5. Record the rest: applied or skipped; rescheduled when the business row is due later now;
+       invalid work dead-lettered at once.
+    6. Flush the ledger writes once: finishes, moves, transitions, outbox rows, duplicate counts.
+    """
+    result = scope.result
+    # 1.
+    unique, extra = collapse(events)
+    if not unique:
+        return result
+    scope.writes.duplicates.update(extra)
+    # 2.
+    before, claimed = claim_rows(scope, unique)
+    # 3.
+    classify_unclaimed(scope, unique, claimed)
+    # 4.
+    runs = [run_kind(scope, kind, batch, before) for kind, batch in claimed_by_kind(scope, unique, claimed)]
+    # 5.
+    later = [moved for run in runs for moved in record_run(scope, run, before)]
+    reschedule(scope, later, before)
+    dead_letter_invalid(scope, [bad for run in runs for bad in run.invalid], before)
+    # 6.
+    result.duplicates = sum(scope.writes.duplicates.values())
+    scope.writes.flush(scope.conn)
+    return result
+
+
+def collapse(events: Sequence[ExpiryEvent]) -> tuple[dict[str, ExpiryEvent], Counter[str]]:
     """One event per op key (the latest attempt wins); the rest are duplicates of this batch."""
     unique: dict[str, ExpiryEvent] = {}
-    extra: Counter = Counter()
+    extra: Counter[str] = Counter()
     for event in events:
         seen = unique.get(event.op_key)
         if seen is None:
@@ -89,133 +100,16 @@ def collapse(events: list[ExpiryEvent]) -> tuple[dict[str, ExpiryEvent], Counter
     return unique, extra
 
 
-def apply_batch(
-    conn: Connection,
-    events: list[ExpiryEvent],
-    *,
-    kinds: dict[str, CleanupKind],
-    topics: Topics,
-    worker: str,
-    now: datetime,
-    lease: timedelta,
-    positions: dict[str, tuple[str, int, int]] | None = None,
-    rng: random.Random | None = None,
-) -> BatchResult:
-    """Claim, apply and record one batch of decoded events in the caller's transaction.
-
-    Events must name known kinds (the decoder dead-letters the others before this point).
-    Kinds with an external effect are only claimed here (lease until now + `lease`) and returned
-    in `leased` with their targets; `lapse.processors.leased` runs and completes them."""
-    result = BatchResult()
-    rng = rng or random.Random()
-    unique, extra = collapse(events)
-    if not unique:
-        return result
-    insert_pending(conn, list(unique.values()), now)
-    before = queries.read_states(conn, unique)
-    claimed = queries.claim(conn, list(unique), worker, now, now + lease)
-    duplicates = Counter(extra)
-    classify_unclaimed(conn, unique, claimed, result, duplicates)
-    result.duplicates = sum(duplicates.values())
-
-    by_kind: dict[str, list[ExpiryEvent]] = {}
-    for key in claimed:
-        by_kind.setdefault(unique[key].kind, []).append(unique[key])
-
-    transitions: list[dict] = []
-    outbox: list[dict] = []
-    invalid: list[tuple[ExpiryEvent, str]] = []
-    reschedules: list[tuple[ExpiryEvent, datetime]] = []
-    for kind_name, batch in by_kind.items():
-        kind = kinds[kind_name]
-        subjects: dict[str, object] = {}
-        for event in batch:
-            try:
-                subjects[event.subject_id] = kind.parse_subject(event.subject_id)
-            except ValueError as exc:
-                invalid.append((event, str(exc)))
-        if kind.apply_in_db is None:
-            lease_external(conn, kind, batch, subjects, result, before=before, worker=worker,
-                           now=now, transitions=transitions)
-            changed: set[str] = set()  # subjects without a target are already clean: skipped
-        else:
-            changed = kind.apply_in_db(conn, list(subjects.values()), now)
-        unchanged = [subjects[e.subject_id] for e in batch if e.subject_id in subjects
-                     and e.subject_id not in changed and e.op_key not in result.targets]
-        moved = kind.not_yet_due(conn, unchanged, now) if unchanged else {}
-        for event in batch:
-            if event.subject_id not in subjects or event.op_key in result.targets:
-                continue
-            if event.subject_id in moved:
-                reschedules.append((event, moved[event.subject_id]))
-                continue
-            status = APPLIED if event.subject_id in changed else SKIPPED
-            (result.applied if status == APPLIED else result.skipped).append(event.op_key)
-            attempt = before[event.op_key][1] + 1
-            transitions.append(transition(
-                event.op_key, before[event.op_key][0], status, attempt, worker,
-                now, replay_id=event.replay_id, correlation_id=event.correlation_id))
-            outbox.append(outbox_row(topics.outcomes, event.op_key, "cleanup_outcome",
-                                     outcome_payload(event, status, attempt, now, worker), now))
-
-    queries.finish(conn, result.applied, worker, APPLIED, now)
-    queries.finish(conn, result.skipped, worker, SKIPPED, now)
-    if reschedules:
-        reschedule(conn, reschedules, result, topics=topics, worker=worker, now=now,
-                   before=before, transitions=transitions, outbox=outbox)
-    if invalid:
-        dead_letter_invalid(conn, invalid, result, kinds=kinds, topics=topics, worker=worker,
-                            now=now, before=before, positions=positions or {},
-                            transitions=transitions, outbox=outbox, rng=rng)
-    record_transitions(conn, transitions)
-    insert_outbox(conn, outbox)
-    queries.add_duplicates(conn, duplicates)
-    return result
+def claim_rows(scope: BatchScope, events: Mapping[str, ExpiryEvent]) -> tuple[dict[str, LedgerRow], set[str]]:
+    """Create the missing ledger rows, read them all, claim the claimable: (rows before the
+    claim, op keys claimed)."""
+    insert_pending(scope.conn, list(events.values()), scope.now)
+    before = read_rows(scope.conn, events)
+    claimed = claim(scope.conn, list(events), scope.worker, scope.now, scope.now + scope.lease)
+    return before, claimed
 
 
-def reschedule(conn: Connection, moved: list[tuple[ExpiryEvent, datetime]], result: BatchResult, *,
-               topics, worker, now, before, transitions, outbox) -> None:
-    """Work whose business row is still eligible but no longer due (a hold was extended after its
-    event was produced) goes back to `pending` at the new due time, with a wake-up on a delay tier;
-    skipping it would be terminal and the extended hold would never be cleaned up."""
-    rows = []
-    for event, due_at in moved:
-        attempt = before[event.op_key][1]
-        rows.append({"op_key": event.op_key, "state": PENDING, "attempt": attempt, "due_at": due_at,
-                     "failure_class": None, "failure": None, "finished_at": None})
-        transitions.append(transition(
-            event.op_key, CLAIMED, PENDING, attempt, worker, now,
-            reason=f"rescheduled: not due until {due_at.isoformat()}",
-            replay_id=event.replay_id, correlation_id=event.correlation_id))
-        outbox.append(wakeup_row(event, due_at, attempt, now, topics=topics, source="reschedule"))
-        result.rescheduled.append(event.op_key)
-    queries.finish_with_failure(conn, rows, worker, now)
-
-
-def dead_letter_events(conn: Connection, failed: list[tuple[ExpiryEvent, str]], *, kinds, topics,
-                       worker: str, now: datetime, lease: timedelta,
-                       positions: dict | None = None, rng: random.Random | None = None) -> BatchResult:
-    """Dead-letter events whose cleanup cannot run at all (their own transaction failed), as
-    `invalid` with the reason: ledger row, transition, DLQ record and outcome, in one transaction.
-    Rows already terminal are left alone (the event was a duplicate)."""
-    result = BatchResult()
-    events = {e.op_key: e for e, _ in failed}
-    insert_pending(conn, list(events.values()), now)
-    before = queries.read_states(conn, events)
-    claimed = queries.claim(conn, list(events), worker, now, now + lease)
-    transitions: list[dict] = []
-    outbox: list[dict] = []
-    dead_letter_invalid(conn, [(e, r) for e, r in failed if e.op_key in claimed], result,
-                        kinds=kinds, topics=topics, worker=worker, now=now, before=before,
-                        positions=positions or {}, transitions=transitions, outbox=outbox,
-                        rng=rng or random.Random())
-    record_transitions(conn, transitions)
-    insert_outbox(conn, outbox)
-    return result
-
-
-def classify_unclaimed(conn: Connection, unique: dict[str, ExpiryEvent], claimed: set[str],
-                       result: BatchResult, duplicates: Counter) -> None:
+def classify_unclaimed(scope: BatchScope, unique: Mapping[str, ExpiryEvent], claimed: set[str]) -> None:
     """Sort events whose row could not be claimed, by the row's state as it is now (read after the
     claim, so a race lost to a concurrent worker shows its outcome):
 
@@ -224,41 +118,114 @@ def classify_unclaimed(conn: Connection, unique: dict[str, ExpiryEvent], claimed
     - waiting and not due: handed back through a delay tier with the ledger's due time.
     """
     rest = [key for key in unique if key not in claimed]
-    states = queries.read_states(conn, rest) if rest else {}
+    rows = read_rows(scope.conn, rest) if rest else {}
+    result = scope.result
     for key in rest:
-        event = unique[key]
-        state, attempt, due_at, _owner, claim_until, *_ = states[key]
-        stale = state == RETRY_SCHEDULED and millis(event.due_at) != millis(due_at)
-        if state in TERMINAL or event.attempt < attempt or stale:
-            duplicates[key] += 1
-        elif state == CLAIMED:
+        event, row = unique[key], rows[key]
+        stale = row.state == RETRY_SCHEDULED and millis(event.due_at) != millis(row.due_at)
+        if row.state in TERMINAL or event.attempt < row.attempt or stale:
+            scope.writes.duplicates[key] += 1
+        elif row.state == CLAIMED:
             result.conflicts.append(key)
-            result.backed_off.append(replace(event, due_at=claim_until))
+            # A claimed row always has its lease end; the due time only keeps the type whole.
+            result.backed_off.append(replace(event, due_at=row.claim_until or row.due_at))
         else:
-            result.not_due.append(replace(event, due_at=due_at))
+            result.not_due.append(replace(event, due_at=row.due_at))
 
 
-def lease_external(conn, kind: CleanupKind, batch: list[ExpiryEvent], subjects: dict, result,
-                   *, before, worker, now, transitions) -> None:
-    """Keep the claims of subjects that still have a target: they go to `leased` with it, and the
-    lease is recorded as a transition. The others are already clean (the caller skips them)."""
-    targets = kind.external_effect.targets(conn, list(subjects.values()), now)
+def claimed_by_kind(scope: BatchScope, unique: Mapping[str, ExpiryEvent], claimed: set[str]
+                    ) -> Iterator[tuple[CleanupKind, list[ExpiryEvent]]]:
+    by_kind: dict[str, list[ExpiryEvent]] = {}
+    for key in claimed:
+        by_kind.setdefault(unique[key].kind, []).append(unique[key])
+    for name, batch in by_kind.items():
+        yield scope.kinds[name], batch
+
+
+def run_kind(scope: BatchScope, kind: CleanupKind, batch: list[ExpiryEvent],
+             before: Mapping[str, LedgerRow]) -> KindRun:
+    """Step 4 for one kind: parse, then apply in the database or lease the external effect.
+    Subjects an external effect has no target for are already clean: recorded as skipped."""
+    subjects: dict[str, Any] = {}
+    invalid: list[Invalid] = []
     for event in batch:
+        try:
+            subjects[event.subject_id] = kind.parse_subject(event.subject_id)
+        except ValueError as exc:
+            invalid.append((event, str(exc)))
+    parsed = [e for e in batch if e.subject_id in subjects]
+    if kind.apply_in_db is not None:
+        changed = kind.apply_in_db(scope.conn, list(subjects.values()), scope.now)
+    else:
+        lease_external(scope, external_effect(kind), parsed, subjects, before)
+        changed = set()
+    to_record = [(e, subjects[e.subject_id]) for e in parsed if e.op_key not in scope.result.targets]
+    return KindRun(kind, to_record, changed, invalid)
+
+
+def external_effect(kind: CleanupKind) -> ExternalEffect:
+    if kind.external_effect is None:
+        raise TypeError(f"cleanup kind {kind.name!r} has neither an in-database nor an external effect")
+    return kind.external_effect
+
+
+def lease_external(scope: BatchScope, effect: ExternalEffect, events: list[ExpiryEvent],
+                   subjects: Mapping[str, Any], before: Mapping[str, LedgerRow]) -> None:
+    """Keep the claims of subjects that still have a target: they go to `leased` with it, and the
+    lease is recorded as a transition."""
+    targets = effect.targets(scope.conn, list(subjects.values()), scope.now)
+    for event in events:
         if event.subject_id in targets:
-            result.leased.append(event)
-            result.targets[event.op_key] = targets[event.subject_id]
-            transitions.append(transition(
-                event.op_key, before[event.op_key][0], CLAIMED, before[event.op_key][1], worker, now,
-                replay_id=event.replay_id, correlation_id=event.correlation_id))
+            scope.result.leased.append(event)
+            scope.result.targets[event.op_key] = targets[event.subject_id]
+            row = before[event.op_key]
+            scope.writes.event_transition(event, row.state, CLAIMED, row.attempt)
 
 
-def dead_letter_invalid(conn, invalid, result, *, kinds, topics, worker, now, before, positions,
-                        transitions, outbox, rng) -> None:
+def record_run(scope: BatchScope, run: KindRun, before: Mapping[str, LedgerRow]
+               ) -> list[tuple[ExpiryEvent, datetime]]:
+    """Step 5 for one kind: applied where the effect changed the subject, else skipped; returns
+    the events whose business row turned out to be due later (with that due time)."""
+    unchanged = [subject for e, subject in run.to_record if e.subject_id not in run.changed]
+    moved = run.kind.not_yet_due(scope.conn, unchanged, scope.now) if unchanged else {}
+    later: list[tuple[ExpiryEvent, datetime]] = []
+    for event, _ in run.to_record:
+        if event.subject_id in moved:
+            later.append((event, moved[event.subject_id]))
+            continue
+        status = APPLIED if event.subject_id in run.changed else SKIPPED
+        (scope.result.applied if status == APPLIED else scope.result.skipped).append(event.op_key)
+        row = before[event.op_key]
+        scope.writes.finish(event, row.state, status, row.attempt + 1)
+    return later
+
+
+def reschedule(scope: BatchScope, later: list[tuple[ExpiryEvent, datetime]],
+               before: Mapping[str, LedgerRow]) -> None:
+    """Work whose business row is still eligible but no longer due (a hold was extended after its
+    event was produced) goes back to `pending` at the new due time, with a wake-up on a delay tier;
+    skipping it would be terminal and the extended hold would never be cleaned up."""
+    for event, due_at in later:
+        attempt = before[event.op_key].attempt
+        scope.writes.reschedule(event, due_at, attempt)
+        wake_up(scope, event, due_at, attempt, source="reschedule")
+        scope.result.rescheduled.append(event.op_key)
+
+
+def dead_letter_invalid(scope: BatchScope, invalid: list[Invalid], before: Mapping[str, LedgerRow]) -> None:
     """Invalid work is dead-lettered at once: the ledger row, a transition, a DLQ record and an
     outcome, all in this transaction."""
-    failed = [FailedAttempt(event, EffectFailure(INVALID, reason), before[event.op_key][0],
-                            before[event.op_key][1], positions.get(event.op_key))
-              for event, reason in invalid]
-    _, dead = record_failures(conn, failed, kinds=kinds, topics=topics, worker=worker, now=now,
-                              rng=rng, transitions=transitions, outbox=outbox)
-    result.dead_lettered.extend(dead)
+    record_failures(scope, [
+        FailedAttempt(event, EffectFailure(INVALID, reason), before[event.op_key].state,
+                      before[event.op_key].attempt)
+        for event, reason in invalid])
+
+
+def dead_letter_events(scope: BatchScope, failed: list[Invalid]) -> BatchResult:
+    """Dead-letter events whose cleanup cannot run at all (their own transaction failed), as
+    `invalid` with the reason: ledger row, transition, DLQ record and outcome, in the scope's
+    transaction. Rows already terminal are left alone (the event was a duplicate)."""
+    before, claimed = claim_rows(scope, {e.op_key: e for e, _ in failed})
+    dead_letter_invalid(scope, [(e, r) for e, r in failed if e.op_key in claimed], before)
+    scope.writes.flush(scope.conn)
+    return scope.result

@@ -22,7 +22,7 @@ from lapse.kernel.settings import Settings
 from lapse.kernel.topology import delay_tiers
 from lapse.processors.circuit import CircuitPolicy, DeadLetterCircuit
 from lapse.processors.commit import BatchContext, commit_batch
-from lapse.processors.decode import decode_batch
+from lapse.processors.decode import decode_batch, partition_of, position_of
 from lapse.processors.metrics import observe_batch
 
 log = get_logger("processor")
@@ -118,8 +118,8 @@ class CleanupWorker:
             raise exc
         first: dict[tuple[str, int], int] = {}
         for msg in messages:
-            tp = (msg.topic(), msg.partition())
-            first[tp] = min(first.get(tp, msg.offset()), msg.offset())
+            topic, partition, offset = position_of(msg)
+            first[(topic, partition)] = min(first.get((topic, partition), offset), offset)
         for (topic, partition), offset in first.items():
             if (topic, partition) in self.owned:
                 self.consumer.seek(TopicPartition(topic, partition, offset))
@@ -143,13 +143,13 @@ class CleanupWorker:
         messages = []
         for msg in batch:
             err = msg.error()
-            tp = (msg.topic(), msg.partition())
             if err is None:
+                tp = partition_of(msg)
                 if tp in self.owned and not self.circuit.is_open(tp):
                     self.at_eof.discard(tp)
                     messages.append(msg)
             elif err.code() == KafkaError._PARTITION_EOF:
-                self.at_eof.add(tp)
+                self.at_eof.add(partition_of(msg))
             elif err.fatal():
                 raise KafkaException(err)
             else:
@@ -164,7 +164,8 @@ class CleanupWorker:
                 "partition": item.partition, "offset": item.offset, "reason": item.reason_code})
         result = commit_batch(self.ctx, self.consumer, self.owned, messages, events, positions, poison)
         for msg in messages:
-            self.next_offset[(msg.topic(), msg.partition())] = msg.offset() + 1
+            topic, partition, offset = position_of(msg)
+            self.next_offset[(topic, partition)] = offset + 1
         self._feed_circuit(result, positions, poison)
         s = self.stats
         s.batches += 1

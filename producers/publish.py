@@ -14,21 +14,12 @@ from sqlalchemy.orm import Session
 
 from lapse.kernel.delays import delay_record
 from lapse.kernel.kinds import CleanupKind, registry
-from lapse.kernel.ledger import ExpiryEvent, new_correlation_id, op_key
-from lapse.kernel.ledger_queries import insert_outbox, insert_pending, millis, outbox_row
+from lapse.kernel.ledger import LedgerWrites, expiry_event, insert_pending
 from lapse.kernel.settings import Settings, load_settings
 from lapse.kernel.topology import delay_tiers
 
 SOURCE = "publish"
 _tier_cache: dict[tuple[str, str], list[tuple[str, int]]] = {}
-
-
-def expiry_payload(event: ExpiryEvent, now: datetime) -> dict:
-    """An expiry_event record for the JSON outbox: timestamps as epoch milliseconds."""
-    record = event.to_record(now)
-    record["due_at"] = millis(event.due_at)
-    record["produced_at"] = millis(now)
-    return record
 
 
 def _tiers(settings: Settings) -> list[tuple[str, int]]:
@@ -65,10 +56,7 @@ def schedule_cleanup(
     if due_at.tzinfo is None:
         raise ValueError("due_at must be timezone-aware")
     now = now or datetime.now(UTC)
-    event = ExpiryEvent(
-        op_key=op_key(name, subject_id), kind=name, tenant=tenant, subject_id=str(subject_id),
-        due_at=due_at, correlation_id=correlation_id or new_correlation_id(), source=SOURCE,
-    )
+    event = expiry_event(name, subject_id, tenant, due_at, source=SOURCE, correlation_id=correlation_id)
     conn = _connection(conn_or_session)
     if not insert_pending(conn, [event], now):
         return False
@@ -77,6 +65,7 @@ def schedule_cleanup(
         topic, record_headers = delay_record(_tiers(settings), settings.delay_topic_prefix, due_at, now,
                                              settings.expiry_topic)
         headers = {key: value.decode() for key, value in record_headers}
-    insert_outbox(conn, [outbox_row(topic, event.op_key, "expiry_event",
-                                    expiry_payload(event, now), now, headers)])
+    writes = LedgerWrites(SOURCE, now)
+    writes.expiry(topic, event, headers)
+    writes.flush(conn)
     return True

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 from datetime import datetime
+from typing import Any
 
 from sqlalchemy import Connection, delete, select, update
 
 from lapse.kernel.models import outbox
 
 
-def lock_unsent(conn: Connection, limit: int) -> list:
+def lock_unsent(conn: Connection, limit: int) -> list[Any]:
     """The oldest unsent rows, locked (FOR UPDATE on PostgreSQL; SQLite's write lock serialises),
     so a second relay waits instead of publishing the same rows out of order."""
     stmt = (
@@ -20,7 +21,7 @@ def lock_unsent(conn: Connection, limit: int) -> list:
         .limit(limit)
         .with_for_update()
     )
-    return conn.execute(stmt).all()
+    return list(conn.execute(stmt).all())
 
 
 def mark_sent(conn: Connection, ids: list[int], now: datetime) -> None:

@@ -17,8 +17,7 @@ from sqlalchemy import Engine
 from lapse.kernel.codec import Codec
 from lapse.kernel.kafka_clients import DeliveryTracker
 from lapse.kernel.kinds import CleanupKind
-from lapse.kernel.ledger import ExpiryEvent, new_correlation_id
-from lapse.kernel.ledger_queries import insert_pending
+from lapse.kernel.ledger import expiry_event, insert_pending
 from lapse.kernel.logs import get_logger
 from lapse.kernel.settings import Settings
 from lapse.producers.emit import emit_events
@@ -44,12 +43,7 @@ def sweep_kind(engine: Engine, producer: Producer, codec: Codec, settings: Setti
                 now, cursor, settings.sweep_page_size, without_ledger=True))]
             if not rows:
                 return
-            events = [
-                ExpiryEvent(op_key=kind.op_key(r.subject_id), kind=kind.name, tenant=r.tenant,
-                            subject_id=r.subject_id, due_at=r.due_at,
-                            correlation_id=new_correlation_id(), source=source)
-                for r in rows
-            ]
+            events = [expiry_event(kind.name, r.subject_id, r.tenant, r.due_at, source=source) for r in rows]
             created = set(insert_pending(conn, events, now))
         fresh = [e for e in events if e.op_key in created]
         emit_events(producer, codec, delivery, settings.expiry_topic, fresh, now)

@@ -1,43 +1,39 @@
-"""SQL of the reconciler: eligible business rows with their ledger states, stuck ledger rows.
+"""SQL of the reconciler's business-table scan: pages of eligible business rows with their ledger
+states. (Its ledger statements, such as marking stuck rows, live in `lapse.kernel.ledger`.)
 
-Every statement is a bounded page walked by a keyset cursor, and each one is served by an index:
-the kind's due index (e.g. ix_reservations_held_due), ix_cleanup_ledger_kind_subject and
-ix_cleanup_ledger_state_due_key (the op key primary key for the conditional update).
-tests/test_reconcile_scale.py checks that with EXPLAIN.
+Every page is bounded and walked by a keyset cursor, and served by indexes: the kind's due index
+(e.g. ix_reservations_held_due) and ix_cleanup_ledger_kind_subject.
+tests/system/test_reconcile_scale.py checks that with EXPLAIN.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
 
 from sqlalchemy import (
+    CompoundSelect,
     Connection,
-    Select,
     func,
     literal,
     null,
     or_,
     select,
-    tuple_,
     union_all,
-    update,
 )
 
 from lapse.kernel.kinds import CleanupKind, EligibleRow
-from lapse.kernel.ledger import APPLIED, CLAIMED, PENDING, RETRY_SCHEDULED, SKIPPED
+from lapse.kernel.ledger import APPLIED, SKIPPED
 from lapse.kernel.models import cleanup_ledger as L
-
-# The ledger states the reconciler re-emits when stuck, with the reason it reports for each.
-STUCK_REASONS = {PENDING: "stuck_pending", CLAIMED: "stuck_claimed", RETRY_SCHEDULED: "stuck_retry"}
-
 
 # Ledger states of an eligible business row that the reconciler acts on: none (a gap), or a
 # terminal state while the business row still looks eligible (an anomaly).
 NEEDS_ATTENTION = (APPLIED, SKIPPED)
 
 
-def eligible_statement(kind: CleanupKind, cutoff: datetime, after: tuple | None, limit: int) -> Select:
+def eligible_statement(kind: CleanupKind, cutoff: datetime, after: tuple[Any, ...] | None, limit: int
+                       ) -> CompoundSelect[Any]:
     """One page of business rows of `kind` due at or before `cutoff`, in (due, id) order after
     `after`. Only the rows that need attention come back (no ledger row, or a terminal one), with
     their ledger state; the last row of the page always comes back too, flagged `last`, with the
@@ -70,57 +66,19 @@ class EligiblePage:
     """What one page of an eligible scan found."""
 
     rows_scanned: int
-    cursor: tuple | None
+    cursor: tuple[Any, ...] | None
     attention: list[tuple[EligibleRow, str | None]]
 
 
-def eligible_page(conn: Connection, kind: CleanupKind, cutoff: datetime, after: tuple | None,
+def eligible_page(conn: Connection, kind: CleanupKind, cutoff: datetime, after: tuple[Any, ...] | None,
                   limit: int) -> EligiblePage:
     """One page: rows scanned, the cursor after it, and the (row, ledger state) needing attention."""
-    found, cursor, scanned = [], None, 0
+    found: list[tuple[EligibleRow, str | None]] = []
+    cursor: tuple[Any, ...] | None = None
+    scanned = 0
     for subject, tenant, due, state, is_last, n in conn.execute(eligible_statement(kind, cutoff, after, limit)):
         if is_last:
             scanned, cursor = n, (due, subject)
         else:
             found.append((kind.to_eligible((subject, tenant, due)), state))
     return EligiblePage(scanned, cursor, found)
-
-
-def stuck_order(state: str) -> tuple:
-    """The keyset of a stuck scan: claims by lease end (ix_cleanup_ledger_claimed_until), the
-    waiting states by due time (ix_cleanup_ledger_state_due_key); op key breaks ties."""
-    return (L.c.claim_until if state == CLAIMED else L.c.due_at, L.c.op_key)
-
-
-def stuck_statement(state: str, cutoff: datetime, after: tuple | None, limit: int) -> Select:
-    """Ledger rows in `state` untouched since `cutoff` and due by then (a claim: whose lease ended
-    by then), in keyset order after `after`."""
-    order = stuck_order(state)
-    conds = [L.c.state == state, order[0] <= cutoff, L.c.updated_at <= cutoff]
-    if after is not None:
-        conds.append(tuple_(*order) > tuple_(*after))
-    return select(L.c.op_key).where(*conds).order_by(*order).limit(limit)
-
-
-def mark_stuck_statement(state: str, cutoff: datetime, after: tuple | None, limit: int, now: datetime):
-    """Mark one page of stuck rows as re-emitted (updated_at = now) in one statement, re-checking
-    the state so a processor that claimed a row meanwhile wins; returns what the events need."""
-    page = stuck_statement(state, cutoff, after, limit).scalar_subquery()
-    return (
-        update(L)
-        .where(L.c.op_key.in_(page), L.c.state == state, L.c.updated_at <= cutoff)
-        .values(updated_at=now)
-        .returning(L.c.op_key, L.c.kind, L.c.tenant, L.c.subject_id, L.c.due_at, L.c.attempt,
-                   L.c.correlation_id, L.c.replay_id, L.c.claim_until)
-    )
-
-
-def mark_stuck_page(conn: Connection, state: str, cutoff: datetime, after: tuple | None, limit: int,
-                    now: datetime) -> list:
-    """The rows marked, in keyset order; `stuck_cursor` of the last one continues the scan."""
-    rows = conn.execute(mark_stuck_statement(state, cutoff, after, limit, now)).all()
-    return sorted(rows, key=lambda r: stuck_cursor(state, r))
-
-
-def stuck_cursor(state: str, row) -> tuple:
-    return (row.claim_until if state == CLAIMED else row.due_at, row.op_key)

@@ -19,9 +19,21 @@ from sqlalchemy import Engine
 
 from lapse.kernel.codec import Codec
 from lapse.kernel.kafka_clients import DeliveryTracker
-from lapse.kernel.kinds import CleanupKind
-from lapse.kernel.ledger import APPLIED, PENDING, SKIPPED, ExpiryEvent, new_correlation_id
-from lapse.kernel.ledger_queries import insert_pending, record_transitions, transition
+from lapse.kernel.kinds import CleanupKind, EligibleRow
+from lapse.kernel.ledger import (
+    APPLIED,
+    CLAIMED,
+    PENDING,
+    RETRY_SCHEDULED,
+    SKIPPED,
+    ExpiryEvent,
+    LedgerWrites,
+    event_for_row,
+    expiry_event,
+    insert_pending,
+    mark_stuck,
+    stuck_cursor,
+)
 from lapse.kernel.logs import get_logger
 from lapse.kernel.rate_limit import TokenBucket
 from lapse.kernel.settings import Settings
@@ -34,6 +46,8 @@ SOURCE = "reconciler"
 ACTOR = "reconciler"
 NO_LEDGER = "no_ledger"
 ANOMALY_REASONS = {APPLIED: "applied_but_eligible", SKIPPED: "skipped_but_eligible"}
+# The ledger states the reconciler re-emits when stuck, with the reason it reports for each.
+STUCK_REASONS = {PENDING: "stuck_pending", CLAIMED: "stuck_claimed", RETRY_SCHEDULED: "stuck_retry"}
 MAX_ANOMALY_KEYS = 100
 
 
@@ -82,7 +96,7 @@ class Reconciler:
         cutoff = now - timedelta(seconds=self.settings.reconcile_grace_s)
         for kind in self.kinds.values():
             self._scan_kind(kind, cutoff, now, report)
-        for state in queries.STUCK_REASONS:
+        for state in STUCK_REASONS:
             self._scan_stuck(state, cutoff, now, report)
         log.info("reconcile pass", extra={k: v for k, v in report.to_dict().items() if k != "anomaly_keys"})
         return report
@@ -116,43 +130,40 @@ class Reconciler:
         log.warning("ledger says done but the business row is still eligible",
                     extra={"op_key": key, "reason": reason})
 
-    def _reemit_missing(self, kind: CleanupKind, rows, now: datetime, report: ReconcileReport) -> None:
-        events = [ExpiryEvent(op_key=kind.op_key(r.subject_id), kind=kind.name, tenant=r.tenant,
-                              subject_id=r.subject_id, due_at=r.due_at,
-                              correlation_id=new_correlation_id(), source=SOURCE) for r in rows]
+    def _reemit_missing(self, kind: CleanupKind, rows: list[EligibleRow], now: datetime,
+                        report: ReconcileReport) -> None:
+        events = [expiry_event(kind.name, r.subject_id, r.tenant, r.due_at, source=SOURCE) for r in rows]
         self.bucket.acquire(len(events))
         with self.engine.begin() as conn:
             created = set(insert_pending(conn, events, now))
-            record_transitions(conn, [
-                transition(e.op_key, None, PENDING, 0, ACTOR, now, reason=NO_LEDGER,
-                           correlation_id=e.correlation_id)
-                for e in events if e.op_key in created])
-        fresh = [e for e in events if e.op_key in created]  # the others: the sweep got there first
+            fresh = [e for e in events if e.op_key in created]  # the others: the sweep got there first
+            writes = LedgerWrites(ACTOR, now)
+            for event in fresh:
+                writes.transition(event.op_key, None, PENDING, event.attempt, reason=NO_LEDGER,
+                                  correlation_id=event.correlation_id)
+            writes.flush(conn)
         report.count(report.gaps, NO_LEDGER, len(fresh))
         self._produce(fresh, now, report)
 
     def _scan_stuck(self, state: str, cutoff: datetime, now: datetime, report: ReconcileReport) -> None:
-        reason = queries.STUCK_REASONS[state]
+        reason = STUCK_REASONS[state]
         cursor = None
         while True:
             with self.engine.begin() as conn:
-                rows = queries.mark_stuck_page(conn, state, cutoff, cursor, self.page_size, now)
-                record_transitions(conn, [
-                    transition(r.op_key, state, state, r.attempt, ACTOR, now, reason=reason,
-                               replay_id=r.replay_id, correlation_id=r.correlation_id)
-                    for r in rows])
+                rows = mark_stuck(conn, state, cutoff, cursor, self.page_size, now)
+                writes = LedgerWrites(ACTOR, now)
+                for r in rows:
+                    writes.transition(r.op_key, state, state, r.attempt, reason=reason,
+                                      replay_id=r.replay_id, correlation_id=r.correlation_id)
+                writes.flush(conn)
             if not rows:
                 return
             report.pages += 1
             report.ledger_scanned += len(rows)
             report.count(report.gaps, reason, len(rows))
             self.bucket.acquire(len(rows))
-            self._produce([ExpiryEvent(op_key=r.op_key, kind=r.kind, tenant=r.tenant,
-                                       subject_id=r.subject_id, due_at=r.due_at,
-                                       correlation_id=r.correlation_id, source=SOURCE,
-                                       attempt=r.attempt, replay_id=r.replay_id) for r in rows],
-                          now, report)
-            cursor = queries.stuck_cursor(state, rows[-1])
+            self._produce([event_for_row(r, source=SOURCE) for r in rows], now, report)
+            cursor = stuck_cursor(state, rows[-1])
             if len(rows) < self.page_size:
                 return
 

@@ -1,0 +1,105 @@
+"""The ledger: one row per operation key, the state machine its rows follow, every statement that
+reads or writes it, and the records that describe its work (expiry events, outcomes, dead letters).
+
+This module is the package's face: every other module imports the ledger from here.
+
+- `states`  — states and the allowed transitions, as data; `check` raises on any other move;
+- `keys`    — op keys and correlation ids;
+- `records` — the expiry event, its factory, and the serializer of each record type;
+- `rows`    — the typed rows the statements return and take;
+- `queries` — every ledger statement (the SQL);
+- `writes`  — the accumulator a transaction fills and flushes once.
+"""
+
+from lapse.kernel.ledger.keys import InvalidEvent, InvalidOpKey, new_correlation_id, op_key, parse_op_key
+from lapse.kernel.ledger.queries import (
+    claim,
+    dead_letters,
+    failure_history,
+    insert_pending,
+    lock_claims,
+    mark_stuck,
+    mark_stuck_statement,
+    pending_row,
+    read_rows,
+    release_dead_letters,
+    renew_leases,
+    stuck_cursor,
+)
+from lapse.kernel.ledger.records import (
+    ExpiryEvent,
+    FailureEntry,
+    Original,
+    Position,
+    dead_letter_record,
+    event_for_row,
+    expiry_event,
+    expiry_record,
+    millis,
+    outcome_record,
+)
+from lapse.kernel.ledger.rows import ClaimedMove, DeadLetterRow, LedgerRow, Selection
+from lapse.kernel.ledger.states import (
+    ALLOWED,
+    APPLIED,
+    CLAIMED,
+    DEAD_LETTER,
+    PENDING,
+    RETRY_SCHEDULED,
+    SKIPPED,
+    STATES,
+    TERMINAL,
+    WAITING,
+    IllegalTransition,
+    allowed,
+    check,
+)
+from lapse.kernel.ledger.writes import LedgerWrites
+
+__all__ = [
+    "ALLOWED",
+    "APPLIED",
+    "CLAIMED",
+    "DEAD_LETTER",
+    "PENDING",
+    "RETRY_SCHEDULED",
+    "SKIPPED",
+    "STATES",
+    "TERMINAL",
+    "WAITING",
+    "ClaimedMove",
+    "DeadLetterRow",
+    "ExpiryEvent",
+    "FailureEntry",
+    "IllegalTransition",
+    "InvalidEvent",
+    "InvalidOpKey",
+    "LedgerRow",
+    "LedgerWrites",
+    "Original",
+    "Position",
+    "Selection",
+    "allowed",
+    "check",
+    "claim",
+    "dead_letter_record",
+    "dead_letters",
+    "event_for_row",
+    "expiry_event",
+    "expiry_record",
+    "failure_history",
+    "insert_pending",
+    "lock_claims",
+    "mark_stuck",
+    "mark_stuck_statement",
+    "millis",
+    "new_correlation_id",
+    "op_key",
+    "outcome_record",
+    "parse_op_key",
+    "pending_row",
+    "read_rows",
+    "release_dead_letters",
+    "renew_leases",
+    "stuck_cursor",
+]

@@ -1,0 +1,299 @@
+"""Every ledger statement: create, read, move and append, each one round trip for a whole batch.
+
+A move is a conditional UPDATE: the row must still be in the state it is moved from (and, for a
+claim, still held by its owner), so two workers racing on one op key cannot both win. The target
+states are checked against the state machine (`states.ALLOWED`). Statements work on PostgreSQL
+and SQLite; `lapse.kernel.batch_sql` keeps their text independent of the batch size on PostgreSQL.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import (
+    ColumnElement,
+    Connection,
+    Select,
+    and_,
+    bindparam,
+    or_,
+    select,
+    tuple_,
+    update,
+)
+
+from lapse.kernel.batch_sql import any_of, bulk_insert
+from lapse.kernel.ledger.records import ExpiryEvent, FailureEntry
+from lapse.kernel.ledger.rows import ClaimedMove, DeadLetterRow, LedgerRow, Selection
+from lapse.kernel.ledger.states import (
+    APPLIED,
+    CLAIMED,
+    DEAD_LETTER,
+    PENDING,
+    RETRY_SCHEDULED,
+    SKIPPED,
+    WAITING,
+    check,
+)
+from lapse.kernel.models import cleanup_ledger as L
+from lapse.kernel.models import ledger_transitions as T
+from lapse.kernel.models import outbox
+
+ROW_COLUMNS = (L.c.op_key, L.c.state, L.c.attempt, L.c.due_at, L.c.claim_owner, L.c.claim_until,
+               L.c.kind, L.c.subject_id, L.c.tenant, L.c.correlation_id, L.c.replay_id,
+               L.c.last_failure_class)
+DEAD_LETTER_COLUMNS = (L.c.op_key, L.c.kind, L.c.tenant, L.c.subject_id, L.c.attempt,
+                       L.c.last_failure_class, L.c.last_failure, L.c.replay_id, L.c.finished_at)
+
+# Where the two statements that end a claim may take it (each a move `states.ALLOWED` allows).
+FINISHED = (APPLIED, SKIPPED)
+SET_BACK = (PENDING, RETRY_SCHEDULED, DEAD_LETTER)
+
+
+# Create ------------------------------------------------------------------------------------------
+
+def pending_row(event: ExpiryEvent, now: datetime) -> dict[str, Any]:
+    """The `pending` ledger row of `event`, as `insert_pending` writes it."""
+    return {
+        "op_key": event.op_key,
+        "kind": event.kind,
+        "tenant": event.tenant,
+        "subject_id": event.subject_id,
+        "state": PENDING,
+        "attempt": event.attempt,
+        "due_at": event.due_at,
+        "correlation_id": event.correlation_id,
+        "source": event.source,
+        "replay_id": event.replay_id,
+        "duplicates": 0,
+        "created_at": now,
+        "updated_at": now,
+    }
+
+
+def insert_pending(conn: Connection, events: Sequence[ExpiryEvent], now: datetime) -> list[str]:
+    """Create `pending` ledger rows for events that have none; returns the op keys created."""
+    rows = [pending_row(e, now) for e in events]
+    created = bulk_insert(conn, L, rows, ignore_conflicts=True, returning=["op_key"])
+    return [r.op_key for r in created]
+
+
+# Read --------------------------------------------------------------------------------------------
+
+def read_rows(conn: Connection, op_keys: Iterable[str]) -> dict[str, LedgerRow]:
+    """op_key → its ledger row, for the keys that have one."""
+    stmt = select(*ROW_COLUMNS).where(any_of(conn, L.c.op_key, list(op_keys)))
+    rows: Iterable[Sequence[Any]] = conn.execute(stmt)
+    return {row[0]: LedgerRow(*row) for row in rows}
+
+
+def lock_claims(conn: Connection, op_keys: Sequence[str], owner: str) -> dict[str, LedgerRow]:
+    """Lock the rows among `op_keys` still claimed by `owner` (FOR UPDATE on PostgreSQL)."""
+    stmt = select(*ROW_COLUMNS).where(L.c.op_key.in_(op_keys), L.c.state == CLAIMED,
+                                      L.c.claim_owner == owner)
+    if conn.dialect.name == "postgresql":
+        stmt = stmt.with_for_update()
+    rows: Iterable[Sequence[Any]] = conn.execute(stmt)
+    return {row[0]: LedgerRow(*row) for row in rows}
+
+
+def failure_history(conn: Connection, op_keys: Sequence[str]) -> dict[str, list[FailureEntry]]:
+    """Earlier failed attempts per op key, oldest first, from the transitions."""
+    if not op_keys:
+        return {}
+    rows = conn.execute(
+        select(T.c.op_key, T.c.attempt, T.c.failure_class, T.c.reason, T.c.at)
+        .where(T.c.op_key.in_(op_keys), T.c.failure_class.is_not(None))
+        .order_by(T.c.id)
+    )
+    out: dict[str, list[FailureEntry]] = {}
+    for key, attempt, cls, reason, at in rows:
+        out.setdefault(key, []).append(FailureEntry(attempt, cls, reason or "", at))
+    return out
+
+
+def _dead_letter_filter(selection: Selection) -> list[ColumnElement[bool]]:
+    conds = [L.c.state == DEAD_LETTER]
+    if selection.kind:
+        conds.append(L.c.kind == selection.kind)
+    if selection.tenant:
+        conds.append(L.c.tenant == selection.tenant)
+    if selection.op_keys:
+        conds.append(L.c.op_key.in_(selection.op_keys))
+    if not selection.include_replayed:
+        conds.append(L.c.replay_id.is_(None))
+    return conds
+
+
+def dead_letters(conn: Connection, selection: Selection, limit: int) -> list[DeadLetterRow]:
+    """Dead letters matching `selection`, oldest first."""
+    stmt = (select(*DEAD_LETTER_COLUMNS).where(*_dead_letter_filter(selection))
+            .order_by(L.c.finished_at, L.c.op_key).limit(limit))
+    return [DeadLetterRow(*row) for row in conn.execute(stmt)]
+
+
+# Move --------------------------------------------------------------------------------------------
+
+def claimable(now: datetime) -> ColumnElement[bool]:
+    """Waiting and due, or claimed under a lease that has expired."""
+    return or_(
+        and_(L.c.state.in_(WAITING), L.c.due_at <= now),
+        and_(L.c.state == CLAIMED, L.c.claim_until < now),
+    )
+
+
+def claim(conn: Connection, op_keys: Sequence[str], owner: str, now: datetime, until: datetime
+          ) -> set[str]:
+    """pending | retry_scheduled | expired claimed → claimed by `owner` until `until`, for the
+    claimable rows among `op_keys`; returns the op keys claimed."""
+    if not op_keys:
+        return set()
+    stmt = (
+        update(L)
+        .where(any_of(conn, L.c.op_key, op_keys), claimable(now))
+        .values(state=CLAIMED, claim_owner=owner, claim_until=until, updated_at=now)
+        .returning(L.c.op_key)
+    )
+    return set(conn.execute(stmt).scalars())
+
+
+def renew_leases(conn: Connection, op_keys: Sequence[str], owner: str, until: datetime) -> None:
+    """claimed → claimed: extend this owner's live claims on `op_keys` to `until`."""
+    conn.execute(update(L).where(L.c.op_key.in_(op_keys), L.c.state == CLAIMED,
+                                 L.c.claim_owner == owner).values(claim_until=until))
+
+
+def finish(conn: Connection, op_keys: Sequence[str], owner: str, state: str, now: datetime) -> int:
+    """claimed → `state` (applied or skipped) for rows this owner claimed, one more attempt
+    counted; returns how many moved.
+
+    `claim_owner` is set only while a row is claimed (every move out of `claimed` clears it), so
+    it stands for `state = 'claimed'` here; leaving `state` out keeps the planner on the primary
+    key instead of a state index full of dead entries from earlier transitions."""
+    if state not in FINISHED:
+        raise ValueError(f"finish moves a claim to applied or skipped, not {state}")
+    if not op_keys:
+        return 0
+    stmt = (
+        update(L)
+        .where(any_of(conn, L.c.op_key, op_keys), L.c.claim_owner == owner)
+        .values(state=state, attempt=L.c.attempt + 1, finished_at=now, updated_at=now,
+                claim_owner=None, claim_until=None)
+    )
+    return conn.execute(stmt).rowcount
+
+
+def move_claimed(conn: Connection, moves: Sequence[ClaimedMove], owner: str, now: datetime) -> int:
+    """claimed → pending | retry_scheduled | dead_letter for rows this owner claimed, each with its
+    attempt, due time and failure; returns how many moved."""
+    if not moves:
+        return 0
+    for move in moves:
+        if move.state not in SET_BACK:
+            raise ValueError(f"move_claimed moves a claim to {', '.join(SET_BACK)}, not {move.state}")
+    stmt = (
+        update(L)
+        .where(L.c.op_key == bindparam("k"), L.c.state == CLAIMED, L.c.claim_owner == owner)
+        .values(
+            state=bindparam("new_state"),
+            attempt=bindparam("new_attempt"),
+            due_at=bindparam("new_due_at"),
+            last_failure_class=bindparam("failure_class"),
+            last_failure=bindparam("failure"),
+            finished_at=bindparam("new_finished_at"),
+            claim_owner=None,
+            claim_until=None,
+            updated_at=now,
+        )
+    )
+    params = [{"k": m.op_key, "new_state": m.state, "new_attempt": m.attempt, "new_due_at": m.due_at,
+               "failure_class": m.failure_class, "failure": m.failure,
+               "new_finished_at": m.finished_at} for m in moves]
+    return conn.execute(stmt, params).rowcount
+
+
+def release_dead_letters(conn: Connection, selection: Selection, limit: int, replay_id: str,
+                         now: datetime) -> list[LedgerRow]:
+    """dead_letter → pending, due now, attempt 0, under `replay_id`: up to `limit` dead letters
+    matching `selection`, oldest first (skipping rows another replay holds); returns them as
+    released."""
+    pick = (select(L.c.op_key).where(*_dead_letter_filter(selection))
+            .order_by(L.c.finished_at, L.c.op_key).limit(limit))
+    if conn.dialect.name == "postgresql":
+        pick = pick.with_for_update(skip_locked=True)
+    keys = list(conn.execute(pick).scalars())
+    if not keys:
+        return []
+    stmt = (
+        update(L)
+        .where(L.c.op_key.in_(keys), L.c.state == DEAD_LETTER)
+        .values(state=PENDING, attempt=0, due_at=now, replay_id=replay_id, finished_at=None,
+                claim_owner=None, claim_until=None, updated_at=now)
+        .returning(*ROW_COLUMNS)
+    )
+    released = {row[0]: LedgerRow(*row) for row in conn.execute(stmt)}
+    return [released[k] for k in keys if k in released]
+
+
+def stuck_order(state: str) -> tuple[ColumnElement[Any], ColumnElement[Any]]:
+    """The keyset of a stuck scan: claims by lease end (ix_cleanup_ledger_claimed_until), the
+    waiting states by due time (ix_cleanup_ledger_state_due_key); op key breaks ties."""
+    return (L.c.claim_until if state == CLAIMED else L.c.due_at, L.c.op_key)
+
+
+def stuck_statement(state: str, cutoff: datetime, after: tuple[Any, ...] | None, limit: int
+                    ) -> Select[str]:
+    """Ledger rows in `state` untouched since `cutoff` and due by then (a claim: whose lease ended
+    by then), in keyset order after `after`."""
+    order = stuck_order(state)
+    conds = [L.c.state == state, order[0] <= cutoff, L.c.updated_at <= cutoff]
+    if after is not None:
+        conds.append(tuple_(*order) > tuple_(*after))
+    return select(L.c.op_key).where(*conds).order_by(*order).limit(limit)
+
+
+def mark_stuck_statement(state: str, cutoff: datetime, after: tuple[Any, ...] | None, limit: int,
+                         now: datetime) -> Any:
+    """`state` → `state`: mark one page of stuck rows as re-emitted (updated_at = now) in one
+    statement, re-checking the state so a processor that claimed a row meanwhile wins."""
+    check(state, state)
+    page = stuck_statement(state, cutoff, after, limit).scalar_subquery()
+    return (
+        update(L)
+        .where(L.c.op_key.in_(page), L.c.state == state, L.c.updated_at <= cutoff)
+        .values(updated_at=now)
+        .returning(*ROW_COLUMNS)
+    )
+
+
+def mark_stuck(conn: Connection, state: str, cutoff: datetime, after: tuple[Any, ...] | None,
+               limit: int, now: datetime) -> list[LedgerRow]:
+    """The rows marked, in keyset order; `stuck_cursor` of the last one continues the scan."""
+    rows = [LedgerRow(*row) for row in conn.execute(mark_stuck_statement(state, cutoff, after, limit, now))]
+    return sorted(rows, key=lambda r: stuck_cursor(state, r))
+
+
+def stuck_cursor(state: str, row: LedgerRow) -> tuple[Any, str]:
+    return (row.claim_until if state == CLAIMED else row.due_at, row.op_key)
+
+
+def add_duplicates(conn: Connection, counts: Mapping[str, int]) -> None:
+    """Count deliveries absorbed because the op key was already handled (or repeated in a batch)."""
+    if not counts:
+        return
+    stmt = update(L).where(L.c.op_key == bindparam("k")).values(duplicates=L.c.duplicates + bindparam("n"))
+    conn.execute(stmt, [{"k": k, "n": n} for k, n in counts.items()])
+
+
+# Append ------------------------------------------------------------------------------------------
+
+def insert_transitions(conn: Connection, rows: Sequence[dict[str, Any]]) -> None:
+    """Append transitions (op_key, from_state, to_state, attempt, actor, at, …) in one statement."""
+    bulk_insert(conn, T, rows)
+
+
+def insert_outbox(conn: Connection, rows: Sequence[dict[str, Any]]) -> None:
+    bulk_insert(conn, outbox, rows)
+

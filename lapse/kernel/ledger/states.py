@@ -1,0 +1,64 @@
+"""The ledger's state machine as data: its states and, for each, the states a row may move to.
+
+Every transition the ledger records is checked against `ALLOWED` (`check`); a move that is not in
+the table is a programming error and raises. The conditional UPDATEs in `queries` only ever make
+moves from this table, each guarded by the state it moves from.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+PENDING = "pending"
+CLAIMED = "claimed"
+APPLIED = "applied"
+SKIPPED = "skipped"
+RETRY_SCHEDULED = "retry_scheduled"
+DEAD_LETTER = "dead_letter"
+
+STATES = (PENDING, CLAIMED, APPLIED, SKIPPED, RETRY_SCHEDULED, DEAD_LETTER)
+TERMINAL = frozenset({APPLIED, SKIPPED, DEAD_LETTER})
+WAITING = (PENDING, RETRY_SCHEDULED)
+
+# From each state (None: no row yet), the states a committed transaction may leave the row in.
+# An in-database effect claims and finishes in one transaction, so pending → applied is one move;
+# an external effect is claimed in one transaction (→ claimed) and finished in the next.
+ALLOWED: Mapping[str | None, frozenset[str]] = {
+    # sweep, publish, reconciler (a gap) and processor create the row
+    None: frozenset({PENDING}),
+    PENDING: frozenset({
+        PENDING,        # reconciler: stuck pending, re-emitted
+        CLAIMED,        # processor: leased for an external effect
+        APPLIED,        # processor: in-database effect applied
+        SKIPPED,        # processor: the business row no longer qualified
+        DEAD_LETTER,    # processor: invalid work
+    }),
+    RETRY_SCHEDULED: frozenset({
+        RETRY_SCHEDULED,  # reconciler: stuck retry, re-emitted
+        CLAIMED, APPLIED, SKIPPED, DEAD_LETTER,  # the retry's wake-up, as from pending
+    }),
+    CLAIMED: frozenset({
+        CLAIMED,          # lease taken over after it expired; reconciler: stuck claim, re-emitted
+        PENDING,          # processor: rescheduled, the business row is due later now
+        APPLIED, SKIPPED,  # effect done (or a claim whose lease expired, redone in the database)
+        RETRY_SCHEDULED,  # processor: failed attempt, retried later
+        DEAD_LETTER,      # processor: invalid, exhausted or ambiguous
+    }),
+    DEAD_LETTER: frozenset({PENDING}),  # operator replay
+    APPLIED: frozenset(),
+    SKIPPED: frozenset(),
+}
+
+
+class IllegalTransition(RuntimeError):
+    """A ledger move the state machine does not allow: a bug in the code that asked for it."""
+
+
+def allowed(from_state: str | None, to_state: str) -> bool:
+    return to_state in ALLOWED.get(from_state, frozenset())
+
+
+def check(from_state: str | None, to_state: str) -> None:
+    """Raise IllegalTransition unless `from_state` → `to_state` is in `ALLOWED`."""
+    if not allowed(from_state, to_state):
+        raise IllegalTransition(f"ledger transition {from_state} → {to_state} is not allowed")

@@ -1,0 +1,134 @@
+"""The writes accumulator: what one transaction writes to the ledger, collected while the rooms
+decide and flushed once at the end.
+
+Rules, leases, retries, replay and the reconciler say what happened to an operation (`finish`,
+`fail`, `reschedule`, `transition`, `expiry`, …); `flush` turns it into the ledger's statements,
+each one round trip for the whole transaction: finishes, moves out of a claim, transitions,
+outbox rows, duplicate counts. Every transition is checked against the state machine as it is
+recorded, so a disallowed one raises before anything is written.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import Connection
+
+from lapse.kernel.ledger import queries
+from lapse.kernel.ledger.records import (
+    ExpiryEvent,
+    FailureEntry,
+    Position,
+    dead_letter_record,
+    expiry_record,
+    outcome_record,
+)
+from lapse.kernel.ledger.rows import ClaimedMove
+from lapse.kernel.ledger.states import APPLIED, CLAIMED, DEAD_LETTER, PENDING, SKIPPED, check
+
+# The record types the outbox carries, by the schema the relay encodes them with.
+EXPIRY_EVENT, CLEANUP_OUTCOME, DEAD_LETTER_RECORD = "expiry_event", "cleanup_outcome", "dead_letter"
+
+
+@dataclass
+class LedgerWrites:
+    """The writes of one transaction by `actor` at `now`; outcomes go to `outcomes_topic`."""
+
+    actor: str
+    now: datetime
+    outcomes_topic: str | None = None
+    transitions: list[dict[str, Any]] = field(default_factory=list)
+    outbox: list[dict[str, Any]] = field(default_factory=list)
+    finished: dict[str, list[str]] = field(default_factory=lambda: {APPLIED: [], SKIPPED: []})
+    moves: list[ClaimedMove] = field(default_factory=list)
+    duplicates: Counter[str] = field(default_factory=Counter)
+
+    def transition(self, op_key: str, from_state: str | None, to_state: str, attempt: int, *,
+                   failure_class: str | None = None, reason: str | None = None,
+                   replay_id: str | None = None, correlation_id: str | None = None) -> None:
+        """Record one transition; raises IllegalTransition for a move the state machine forbids."""
+        check(from_state, to_state)
+        self.transitions.append({
+            "op_key": op_key,
+            "from_state": from_state,
+            "to_state": to_state,
+            "attempt": attempt,
+            "failure_class": failure_class,
+            "reason": reason,
+            "actor": self.actor,
+            "replay_id": replay_id,
+            "correlation_id": correlation_id,
+            "at": self.now,
+        })
+
+    def event_transition(self, event: ExpiryEvent, from_state: str | None, to_state: str,
+                         attempt: int, *, failure_class: str | None = None,
+                         reason: str | None = None) -> None:
+        """`transition` for the operation of `event` (its replay and correlation ids)."""
+        self.transition(event.op_key, from_state, to_state, attempt, failure_class=failure_class,
+                        reason=reason, replay_id=event.replay_id, correlation_id=event.correlation_id)
+
+    def finish(self, event: ExpiryEvent, from_state: str, state: str, attempt: int) -> None:
+        """The claimed operation reached applied or skipped at `attempt`: its transition from
+        `from_state` (as read before the claim), the finishing update and the outcome."""
+        if state not in self.finished:
+            raise ValueError(f"finish is for applied or skipped, not {state}")
+        self.event_transition(event, from_state, state, attempt)
+        self.finished[state].append(event.op_key)
+        self.outcome(event, state, attempt)
+
+    def fail(self, event: ExpiryEvent, from_state: str, state: str, attempt: int, due_at: datetime,
+             failure_class: str, reason: str) -> None:
+        """The claimed operation failed: retry_scheduled at `due_at`, or dead_letter; its
+        transition, the move out of the claim (failure persisted) and the outcome."""
+        self.event_transition(event, from_state, state, attempt, failure_class=failure_class,
+                              reason=reason)
+        self.moves.append(ClaimedMove(event.op_key, state, attempt, due_at, failure_class, reason,
+                                      self.now if state == DEAD_LETTER else None))
+        self.outcome(event, state, attempt, failure_class, reason)
+
+    def reschedule(self, event: ExpiryEvent, due_at: datetime, attempt: int) -> None:
+        """The claimed operation is not due yet after all: back to pending at `due_at`."""
+        self.event_transition(event, CLAIMED, PENDING, attempt,
+                              reason=f"rescheduled: not due until {due_at.isoformat()}")
+        self.moves.append(ClaimedMove(event.op_key, PENDING, attempt, due_at, None, None, None))
+
+    def outcome(self, event: ExpiryEvent, status: str, attempt: int,
+                failure_class: str | None = None, reason: str | None = None) -> None:
+        if self.outcomes_topic is None:
+            raise ValueError("these writes were not given an outcomes topic")
+        self._outbox(self.outcomes_topic, event.op_key, CLEANUP_OUTCOME,
+                     outcome_record(event, status, attempt, self.actor, self.now, failure_class, reason))
+
+    def expiry(self, topic: str, event: ExpiryEvent, headers: Mapping[str, str] | None = None) -> None:
+        """Publish `event` to `topic` (the expiry topic, or a delay tier) through the outbox."""
+        self._outbox(topic, event.op_key, EXPIRY_EVENT, expiry_record(event, self.now), headers)
+
+    def dead_letter(self, topic: str, event: ExpiryEvent, failure_class: str, reason: str,
+                    attempt: int, history: Sequence[FailureEntry], position: Position | None) -> None:
+        """Publish the dead letter of `event` to `topic` through the outbox."""
+        record = dead_letter_record(failure_class, reason, attempt, self.now, event=event,
+                                    history=history, position=position)
+        self._outbox(topic, event.op_key, DEAD_LETTER_RECORD, record,
+                     {"failure_class": failure_class, "reason": reason[:200]})
+
+    def _outbox(self, topic: str, key: str, schema: str, payload: dict[str, Any],
+                headers: Mapping[str, str] | None = None) -> None:
+        self.outbox.append({"topic": topic, "key": key, "schema": schema, "payload": payload,
+                            "headers": dict(headers or {}), "created_at": self.now})
+
+    def flush(self, conn: Connection) -> None:
+        """Write everything collected, once, in the caller's transaction; then start empty."""
+        for state, op_keys in self.finished.items():
+            queries.finish(conn, op_keys, self.actor, state, self.now)
+        queries.move_claimed(conn, self.moves, self.actor, self.now)
+        queries.insert_transitions(conn, self.transitions)
+        queries.insert_outbox(conn, self.outbox)
+        queries.add_duplicates(conn, self.duplicates)
+        self.transitions, self.outbox, self.moves = [], [], []
+        self.finished = {APPLIED: [], SKIPPED: []}
+        self.duplicates = Counter()

@@ -1,0 +1,90 @@
+"""One batch's scope: what every step of a batch works with, and what the steps collect.
+
+A `BatchScope` is one batch on one database connection: the kinds, where records go (`Topics`),
+who and when, the lease, where each event was consumed, the retry jitter; and the ledger writes
+its steps fill and the `BatchResult` they report, both for one transaction. A step that runs in
+one transaction (`apply_batch`) runs in the one its caller began on the connection; work that
+takes several (`isolate_failures`, `run_leased`) begins each itself, with `scope.fresh()`: the
+same batch with fresh writes and a fresh result.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from datetime import datetime, timedelta
+
+from sqlalchemy import Connection
+
+from lapse.kernel.kinds import CleanupKind
+from lapse.kernel.ledger import ExpiryEvent, LedgerWrites, Position
+
+
+@dataclass(frozen=True)
+class Topics:
+    """Where the rules send records: outcomes, dead letters, and retry wake-ups (a delay tier
+    `delay_prefix + tier`, forwarded to `expiry` when due)."""
+
+    outcomes: str
+    dlq: str
+    expiry: str = "lapse.expiry"
+    delay_prefix: str = "lapse.delay."
+    tiers: tuple[tuple[str, int], ...] = (("30s", 30), ("2m", 120), ("10m", 600), ("1h", 3600))
+
+
+@dataclass
+class BatchResult:
+    """What one batch did, for the commit step, metrics and logs."""
+
+    applied: list[str] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)
+    dead_lettered: list[str] = field(default_factory=list)
+    duplicates: int = 0
+    conflicts: list[str] = field(default_factory=list)
+    not_due: list[ExpiryEvent] = field(default_factory=list)
+    leased: list[ExpiryEvent] = field(default_factory=list)
+    retried: list[str] = field(default_factory=list)
+    rescheduled: list[str] = field(default_factory=list)  # still eligible, due later than thought
+    backed_off: list[ExpiryEvent] = field(default_factory=list)  # due_at = the other lease's end
+    targets: dict[str, str] = field(default_factory=dict)  # leased op key → effect target
+    lost: list[str] = field(default_factory=list)  # leases another worker took over meanwhile
+
+    def absorb(self, other: BatchResult) -> None:
+        """Add another result's counts and keys to this one (results of one batch, split)."""
+        for name, value in vars(other).items():
+            mine = getattr(self, name)
+            if isinstance(mine, list):
+                mine.extend(value)
+            elif isinstance(mine, dict):
+                mine.update(value)
+            else:
+                setattr(self, name, mine + value)
+
+    @property
+    def completed(self) -> int:
+        return len(self.applied) + len(self.skipped) + len(self.dead_lettered)
+
+
+@dataclass
+class BatchScope:
+    """One batch on one connection: its inputs, and the ledger writes and result of the
+    transaction it is in."""
+
+    conn: Connection
+    kinds: Mapping[str, CleanupKind]
+    topics: Topics
+    worker: str
+    now: datetime
+    lease: timedelta
+    positions: Mapping[str, Position] = field(default_factory=dict)
+    rng: random.Random = field(default_factory=random.Random)
+    writes: LedgerWrites = field(init=False)
+    result: BatchResult = field(init=False, default_factory=BatchResult)
+
+    def __post_init__(self) -> None:
+        self.writes = LedgerWrites(self.worker, self.now, self.topics.outcomes)
+
+    def fresh(self, now: datetime | None = None) -> BatchScope:
+        """The same batch for another transaction (at `now`, if given): fresh writes and result."""
+        return replace(self, now=self.now if now is None else now)
