@@ -5,18 +5,26 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cksum pyproject.toml | cut -d' ' -f1)
 JARS := build/kafka/libs/.resolved
 
-.PHONY: all demo test bench venv postgres kafka-jars broker clean help
+.PHONY: help demo check lint test bench broker venv postgres kafka-jars clean
 
 help:
-	@echo "make demo   - the pipeline end to end on the embedded broker and SQLite"
-	@echo "make test   - the whole suite on Apache Kafka and PostgreSQL"
-	@echo "make bench  - the benchmark (JSON on stdout)"
+	@echo "make demo       - the pipeline end to end on the embedded broker and SQLite"
+	@echo "make check      - the fast loop: ruff, mypy, import contracts, then tests/unit (no broker)"
+	@echo "make lint       - ruff, mypy and the import contracts only"
+	@echo "make test       - ruff, mypy, import contracts, then the whole suite on Apache Kafka and PostgreSQL"
+	@echo "make bench      - the benchmark (JSON on stdout)"
+	@echo "make broker     - a Kafka broker on loopback in the foreground (embedded tansu)"
+	@echo "make venv       - the virtual environment in .venv with the test and check extras"
+	@echo "make postgres   - install (where missing) and start the local PostgreSQL"
+	@echo "make kafka-jars - fetch the Apache Kafka server jars into build/kafka/libs"
+	@echo "make clean      - remove the demo state and the fetched jars"
+	@echo "make help       - this list"
 
 venv: $(STAMP)
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --disable-pip-version-check --upgrade pip
-	$(BIN)/pip install -q --disable-pip-version-check -e '.[test,embedded,bench]'
+	$(BIN)/pip install -q --disable-pip-version-check -e '.[test,check]'
 	@rm -f $(VENV)/.installed-* && touch $@
 
 postgres:
@@ -31,7 +39,15 @@ $(JARS): build/kafka/pom.xml
 demo: venv
 	$(BIN)/lapse demo
 
-test: venv postgres kafka-jars
+lint: venv
+	$(BIN)/ruff check .
+	$(BIN)/mypy
+	$(BIN)/lint-imports
+
+check: lint
+	$(BIN)/pytest -q tests/unit
+
+test: lint postgres kafka-jars
 	$(BIN)/pytest -m "not bench" -q
 
 bench: venv postgres kafka-jars

@@ -8,6 +8,7 @@ such repeats.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
@@ -34,7 +35,8 @@ def relay_batch(engine: Engine, producer: Producer, codec: Codec, delivery: Deli
             payload = dict(row.payload)
             if row.schema == "cleanup_outcome":
                 payload["outcome_id"] = row.id
-            headers = [(k, str(v).encode()) for k, v in (row.headers or {}).items()]
+            headers: list[tuple[str, str | bytes | None]] = [
+                (k, str(v).encode()) for k, v in (row.headers or {}).items()]
             headers.append(("lapse-outbox-id", str(row.id).encode()))
             producer.produce(row.topic, key=row.key.encode(), value=codec.encode(row.schema, payload),
                              headers=headers, on_delivery=delivery)
@@ -44,7 +46,7 @@ def relay_batch(engine: Engine, producer: Producer, codec: Codec, delivery: Deli
     return len(rows)
 
 
-def relay_until_empty(engine, producer, codec, limit: int) -> int:
+def relay_until_empty(engine: Engine, producer: Producer, codec: Codec, limit: int) -> int:
     delivery = DeliveryTracker()
     total = 0
     while n := relay_batch(engine, producer, codec, delivery, limit):
@@ -53,7 +55,8 @@ def relay_until_empty(engine, producer, codec, limit: int) -> int:
 
 
 def run_relay(engine: Engine, producer: Producer, codec: Codec, *, limit: int, idle_s: float,
-              stop, exit_when_idle: float | None = None, keep_sent: timedelta = timedelta(days=1)) -> int:
+              stop: threading.Event, exit_when_idle: float | None = None,
+              keep_sent: timedelta = timedelta(days=1)) -> int:
     """Relay until stopped; sent rows older than `keep_sent` are purged now and then."""
     delivery = DeliveryTracker()
     total, idle_since, last_purge = 0, time.monotonic(), 0.0

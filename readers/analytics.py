@@ -13,15 +13,23 @@ at-least-once (a relay repeat of one outcome counts twice); `lapse audit` is the
 from __future__ import annotations
 
 from bisect import bisect_left
+from collections.abc import Mapping, MutableMapping
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from lapse.kernel.codec import Codec, DecodeError
-from lapse.kernel.ledger import APPLIED, DEAD_LETTER, TERMINAL
-from lapse.kernel.ledger_queries import millis
+from lapse.kernel.ledger import APPLIED, DEAD_LETTER, TERMINAL, millis
 from lapse.kernel.settings import Settings
 from lapse.readers.offsets import manual_consumer, partitions_of
+
+if TYPE_CHECKING:
+    import faust
+    from faust.web import Request, Response, View
+
+# The figures by table name: "windows", "totals", … → key → count (Faust tables, or plain dicts).
+Tables = Mapping[str, MutableMapping[str, int]]
 
 WINDOW_MS = 60_000
 LATENCY_BUCKETS_S = (0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800, 3600, 21600, 86400)
@@ -60,7 +68,7 @@ def percentile(buckets: dict[int, int], q: float) -> float | None:
     return float("inf")
 
 
-def fold(tables, record: dict) -> None:
+def fold(tables: Tables, record: dict[str, Any]) -> None:
     """Add one decoded outcome to the tables (any mapping with int values per key)."""
     kind, status = record["kind"], record["status"]
     at = millis(record["occurred_at"])
@@ -75,7 +83,7 @@ def fold(tables, record: dict) -> None:
         tables["dead_letters"][f"{kind}|{record.get('failure_class') or 'unknown'}|{window_start(at)}"] += 1
 
 
-def snapshot(tables) -> dict:
+def snapshot(tables: Tables) -> dict[str, Any]:
     """The JSON the view serves, built from the tables' current contents."""
     windows = []
     for key, n in tables["windows"].items():
@@ -112,7 +120,7 @@ def _iso(ms: int) -> str:
     return datetime.fromtimestamp(ms / 1000, UTC).isoformat()
 
 
-def _prune(tables, now: datetime, keep: timedelta) -> None:
+def _prune(tables: Tables, now: datetime, keep: timedelta) -> None:
     """Drop one-minute windows older than `keep` (the totals stay)."""
     oldest = millis(now - keep)
     for name in ("windows", "dead_letters"):
@@ -121,7 +129,7 @@ def _prune(tables, now: datetime, keep: timedelta) -> None:
             del table[key]
 
 
-def build_app(settings: Settings, options: AnalyticsOptions, partitions: int):
+def build_app(settings: Settings, options: AnalyticsOptions, partitions: int) -> faust.App:
     """The Faust app over settings.outcomes_topic; `partitions` is that topic's partition count."""
     import faust  # function-local: faust takes a second to import; `lapse --help` must not
 
@@ -142,7 +150,7 @@ def build_app(settings: Settings, options: AnalyticsOptions, partitions: int):
               for name in names}
 
     @app.agent(source)
-    async def outcomes(stream):
+    async def outcomes(stream: faust.StreamT[bytes]) -> None:
         async for batch in stream.take(options.batch, within=1.0):
             for value in batch:
                 try:
@@ -153,12 +161,12 @@ def build_app(settings: Settings, options: AnalyticsOptions, partitions: int):
                 fold(tables, record)
 
     @app.timer(interval=60.0)
-    async def prune():
+    async def prune() -> None:
         _prune(tables, datetime.now(UTC), options.window_retention)
 
     @app.page(VIEW_PATH)
-    async def view(web, request):
-        return web.json(snapshot(tables))
+    async def view(page: View, request: Request) -> Response:
+        return page.json(snapshot(tables))
 
     return app
 
@@ -166,7 +174,6 @@ def build_app(settings: Settings, options: AnalyticsOptions, partitions: int):
 def run_analytics(settings: Settings, options: AnalyticsOptions) -> None:
     """Run the Faust worker until SIGTERM/SIGINT."""
     import faust  # function-local: faust takes a second to import; `lapse --help` must not
-
 
     consumer = manual_consumer(settings)
     try:

@@ -15,10 +15,12 @@ import time
 from collections import Counter
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime, timedelta
+from typing import Any, TextIO
+
+from confluent_kafka import Consumer, Message
 
 from lapse.kernel.codec import Codec, DecodeError
-from lapse.kernel.ledger import APPLIED, SKIPPED, TERMINAL
-from lapse.kernel.ledger_queries import millis
+from lapse.kernel.ledger import APPLIED, SKIPPED, TERMINAL, millis
 from lapse.kernel.settings import Settings
 from lapse.readers.offsets import Span, manual_consumer, offsets_at, partitions_of, read_spans, watermarks
 
@@ -37,7 +39,7 @@ class AuditReport:
     until: str | None = None
     records: dict[str, int] = field(default_factory=dict)
     undecodable: dict[str, int] = field(default_factory=dict)
-    gaps: list[dict] = field(default_factory=list)
+    gaps: list[dict[str, Any]] = field(default_factory=list)
     events_seen: int = 0
     op_keys_seen: int = 0
     outcomes: int = 0
@@ -51,22 +53,22 @@ class AuditReport:
     poison_dead_letters: int = 0
     unresolved_dead_letters: int = 0
     unresolved_sample: list[str] = field(default_factory=list)
-    replays: dict[str, dict] = field(default_factory=dict)
+    replays: dict[str, dict[str, int]] = field(default_factory=dict)
     broken: list[str] = field(default_factory=list)
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
 
 class Progress:
     """A one-line progress bar on stderr when it is a terminal; silent otherwise."""
 
-    def __init__(self, total: int, stream=None) -> None:
+    def __init__(self, total: int, stream: TextIO | None = None) -> None:
         self.total, self.done, self.last = max(total, 1), 0, 0.0
         self.stream = stream or sys.stderr
         self.enabled = self.stream.isatty()
 
-    def __call__(self, _msg=None) -> None:
+    def __call__(self, _msg: Message | None = None) -> None:
         self.done += 1
         if self.enabled and (time.monotonic() - self.last > 0.2 or self.done >= self.total):
             self.last = time.monotonic()
@@ -88,23 +90,23 @@ class _History:
         self.events = 0
         self.outcome_ids: set[int] = set()
         self.repeats = 0
-        self.by_status: Counter = Counter()
+        self.by_status: Counter[str] = Counter()
         self.final: dict[str, tuple[int, int, str]] = {}   # op key → (occurred ms, outcome id, status)
         self.applied: dict[str, list[int]] = {}
         self.resolved_ms: dict[str, int] = {}               # latest applied/skipped outcome time
         self.dead_ms: dict[str, int] = {}                   # latest dead letter time
         self.dead_letters = 0
         self.poison = 0
-        self.replays: dict[str, Counter] = {}
+        self.replays: dict[str, Counter[str]] = {}
 
-    def event(self, record: dict, ts_ms: int) -> None:
+    def event(self, record: dict[str, Any], ts_ms: int) -> None:
         self.events += 1
         key = record["op_key"]
         self.event_first_ms[key] = min(ts_ms, self.event_first_ms.get(key, ts_ms))
         if record.get("replay_id"):
             self.replays.setdefault(record["replay_id"], Counter())["events"] += 1
 
-    def outcome(self, record: dict) -> None:
+    def outcome(self, record: dict[str, Any]) -> None:
         oid = record["outcome_id"]
         if oid in self.outcome_ids:
             self.repeats += 1  # the relay's at-least-once repeat of one outbox row
@@ -123,7 +125,7 @@ class _History:
         if status in (APPLIED, SKIPPED):
             self.resolved_ms[key] = max(at, self.resolved_ms.get(key, at))
 
-    def dead_letter(self, record: dict) -> None:
+    def dead_letter(self, record: dict[str, Any]) -> None:
         self.dead_letters += 1
         key = record.get("op_key")
         if key is None:
@@ -133,7 +135,7 @@ class _History:
         self.dead_ms[key] = max(at, self.dead_ms.get(key, at))
 
 
-def _plan_spans(consumer, topic: str, since: datetime | None, report: AuditReport) -> list[Span]:
+def _plan_spans(consumer: Consumer, topic: str, since: datetime | None, report: AuditReport) -> list[Span]:
     parts = partitions_of(consumer, topic)
     marks = watermarks(consumer, topic, parts)
     hints = offsets_at(consumer, topic, parts, since) if since else {}
@@ -171,10 +173,12 @@ def run_audit(settings: Settings, *, since: datetime | None = None, until: datet
     try:
         spans = [s for topic in expected for s in _plan_spans(consumer, topic, since, report)]
         bar = Progress(sum(s.size for s in spans)) if progress else None
-        records: Counter = Counter()
-        undecodable: Counter = Counter()
+        records: Counter[str] = Counter()
+        undecodable: Counter[str] = Counter()
         for msg in read_spans(consumer, spans, on_message=bar):
             topic, ts_ms = msg.topic(), msg.timestamp()[1]
+            if topic is None:  # read_spans yields records of the spans' topics only
+                continue
             if (since_ms is not None and ts_ms < since_ms) or (until_ms is not None and ts_ms >= until_ms):
                 continue
             records[topic] += 1

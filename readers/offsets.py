@@ -20,12 +20,13 @@ from confluent_kafka import (
     ConsumerGroupTopicPartitions,
     KafkaError,
     KafkaException,
+    Message,
     TopicPartition,
 )
 from confluent_kafka.admin import AdminClient
 
 from lapse.kernel.kafka_clients import make_consumer
-from lapse.kernel.ledger_queries import millis
+from lapse.kernel.ledger import millis
 from lapse.kernel.settings import Settings
 
 TIMEOUT_S = 15.0
@@ -82,7 +83,7 @@ class Span:
 
 
 def read_spans(consumer: Consumer, spans: list[Span], *, first_only: bool = False,
-               stall_s: float = 60.0, on_message: Callable[[object], None] | None = None) -> Iterator:
+               stall_s: float = 60.0, on_message: Callable[[Message], None] | None = None) -> Iterator[Message]:
     """Yield the records of every span in partition order, stopping each partition at its end or at
     partition EOF; with `first_only`, only the first record of each. Raises TimeoutError when
     nothing arrives for `stall_s` seconds."""
@@ -99,7 +100,10 @@ def read_spans(consumer: Consumer, spans: list[Span], *, first_only: bool = Fals
             elif time.monotonic() - last > stall_s:
                 raise TimeoutError(f"no records for {stall_s:.0f}s from {sorted(remaining)[:3]}")
             for msg in batch:
-                tp = (msg.topic(), msg.partition())
+                topic, partition, offset = msg.topic(), msg.partition(), msg.offset()
+                if topic is None or partition is None:
+                    continue
+                tp = (topic, partition)
                 end = remaining.get(tp)
                 if end is None:
                     continue
@@ -110,13 +114,15 @@ def read_spans(consumer: Consumer, spans: list[Span], *, first_only: bool = Fals
                     elif err.fatal():
                         raise KafkaException(err)
                     continue
-                if msg.offset() >= end:
+                if offset is None:  # only error events lack an offset
+                    continue
+                if offset >= end:
                     remaining.pop(tp)
                     continue
                 if on_message is not None:
                     on_message(msg)
                 yield msg
-                if first_only or msg.offset() + 1 >= end:
+                if first_only or offset + 1 >= end:
                     remaining.pop(tp)
     finally:
         consumer.unassign()
@@ -219,6 +225,7 @@ def plan_reset(settings: Settings, group: str, topics: list[str], *,
                 elif to_datetime is not None:
                     new = at[p] if at[p] >= 0 else high
                 else:
+                    assert shift_by is not None  # exactly one way to move was checked above
                     new = (low if current is None else current) + shift_by
                 plan.append(Reset(name, p, current, min(max(new, low), high)))
         return plan

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import asdict
 from datetime import datetime
+from typing import Any
 
 from sqlalchemy import Connection, Engine, func, select
 
@@ -21,7 +22,7 @@ def _age_s(now: datetime, since: datetime | None) -> float | None:
     return None if since is None else round(max(0.0, (now - since).total_seconds()), 3)
 
 
-def ledger_status(conn: Connection, now: datetime) -> dict:
+def ledger_status(conn: Connection, now: datetime) -> dict[str, Any]:
     """Counts by state and kind, the oldest eligible-but-unfinished age, expired claims."""
     by_state: dict[str, dict[str, int]] = {}
     for state, kind, n in conn.execute(
@@ -54,9 +55,9 @@ def declared_reads(settings: Settings) -> list[tuple[str, str]]:
     return sorted(pairs)
 
 
-def lag_status(settings: Settings, now: datetime) -> list[dict]:
+def lag_status(settings: Settings, now: datetime) -> list[dict[str, Any]]:
     """Lag per declared (group, topic): records behind and age of the oldest unconsumed record."""
-    rows = []
+    rows: list[dict[str, Any]] = []
     for group, topic in declared_reads(settings):
         try:
             parts = group_lag(settings, group, topic, now)
@@ -70,7 +71,7 @@ def lag_status(settings: Settings, now: datetime) -> list[dict]:
     return rows
 
 
-def status_report(settings: Settings, engine: Engine, now: datetime, *, lag: bool = True) -> dict:
+def status_report(settings: Settings, engine: Engine, now: datetime, *, lag: bool = True) -> dict[str, Any]:
     with engine.connect() as conn:
         report = ledger_status(conn, now)
     report["at"] = now.isoformat()

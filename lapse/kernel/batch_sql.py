@@ -14,11 +14,11 @@ from collections.abc import Sequence
 from datetime import date, datetime
 from typing import Any
 
-from sqlalchemy import ColumnElement, Connection, Table, Text, bindparam, cast, func, insert, select, text
+from sqlalchemy import ColumnElement, Connection, Row, Table, Text, bindparam, cast, func, insert, select, text
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.types import TypeEngine
 
-_TEMPLATES: dict[tuple, str] = {}
+_TEMPLATES: dict[tuple[str, tuple[str, ...], bool, tuple[str, ...]], str] = {}
 
 
 def _array_literal(values: Sequence[Any]) -> str:
@@ -29,8 +29,8 @@ def _array_literal(values: Sequence[Any]) -> str:
     return '{"' + '","'.join(quoted) + '"}'
 
 
-def any_of(conn: Connection, column, values: Sequence[Any], element_type: TypeEngine | None = None
-           ) -> ColumnElement[bool]:
+def any_of(conn: Connection, column: ColumnElement[Any], values: Sequence[Any],
+           element_type: TypeEngine[Any] | None = None) -> ColumnElement[bool]:
     """`column IN (SELECT unnest(CAST(:literal AS type[])))` on PostgreSQL, `column IN (…)`
     elsewhere. The subquery is evaluated once, even under a generic plan, and joins on the index;
     a bare `= ANY(CAST(…))` may be re-cast for every row scanned."""
@@ -63,8 +63,8 @@ def _recordset_insert_sql(table: Table, cols: tuple[str, ...], ignore_conflicts:
     return sql
 
 
-def bulk_insert(conn: Connection, table: Table, rows: Sequence[dict], *, ignore_conflicts: bool = False,
-                returning: Sequence[str] = ()) -> list:
+def bulk_insert(conn: Connection, table: Table, rows: Sequence[dict[str, Any]], *, ignore_conflicts: bool = False,
+                returning: Sequence[str] = ()) -> list[Row[Any]]:
     """Insert `rows` (all with the same keys) in one statement; with `ignore_conflicts`, rows that
     hit a unique key are dropped and only the inserted ones come back in `returning`.
 
@@ -75,9 +75,9 @@ def bulk_insert(conn: Connection, table: Table, rows: Sequence[dict], *, ignore_
     if conn.dialect.name != "postgresql":
         stmt = sqlite.insert(table).on_conflict_do_nothing() if ignore_conflicts else insert(table)
         if returning:
-            return conn.execute(stmt.returning(*(table.c[r] for r in returning)), list(rows)).all()
+            return list(conn.execute(stmt.returning(*(table.c[r] for r in returning)), list(rows)).all())
         conn.execute(stmt, list(rows))
         return []
     sql = _recordset_insert_sql(table, tuple(rows[0]), ignore_conflicts, tuple(returning))
     result = conn.execute(text(sql), {"rows": json.dumps(rows, default=_json_default)})
-    return result.all() if returning else []
+    return list(result.all()) if returning else []

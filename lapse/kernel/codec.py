@@ -17,8 +17,10 @@ from typing import Any
 
 import fastavro
 from fastavro.schema import fingerprint, to_parsing_canonical_form
+from fastavro.types import Schema
 
 from lapse.kernel.schema_registry import SchemaRegistryClient, SchemaRegistryError
+from lapse.kernel.settings import Settings
 
 __all__ = ["Codec", "DecodeError", "EncodeError", "SchemaRegistryError", "SchemaStore", "StoredSchema"]
 
@@ -61,7 +63,7 @@ class StoredSchema:
 
     stem: str
     full_name: str
-    parsed: Any
+    parsed: dict[str, Any]
     schema_json: str
     fingerprint: bytes
     path: Path
@@ -72,8 +74,8 @@ class _ReadPlan:
     """How to read a body: the writer schema, and the reader schema (None when identical)."""
 
     stem: str
-    writer: Any
-    reader: Any
+    writer: Schema
+    reader: Schema | None
 
 
 class SchemaStore:
@@ -107,6 +109,8 @@ def _load(path: Path, stem: str) -> StoredSchema:
         parsed = fastavro.parse_schema(raw, named_schemas={})
     except (OSError, ValueError, fastavro.schema.SchemaParseException) as exc:
         raise ValueError(f"{path}: not a valid Avro schema: {exc}") from None
+    if not isinstance(parsed, dict):
+        raise ValueError(f"{path}: not an Avro record schema")
     return StoredSchema(stem, parsed["name"], parsed, json.dumps(raw), schema_fingerprint(raw), path)
 
 
@@ -120,13 +124,13 @@ class Codec:
             fp: _ReadPlan(s.stem, s.parsed, self._reader_for(s)) for fp, s in store.by_fingerprint.items()
         }
         self._by_schema_id: dict[int, _ReadPlan] = {}
-        self._projections: dict[tuple, _ReadPlan] = {}
+        self._projections: dict[tuple[int, tuple[str, ...]], _ReadPlan] = {}
         self._headers: dict[str, bytes] = {}
         if registry is None:
             self._headers = {stem: SINGLE_OBJECT_MAGIC + s.fingerprint for stem, s in store.current.items()}
 
     @classmethod
-    def from_settings(cls, settings: Any) -> Codec:
+    def from_settings(cls, settings: Settings) -> Codec:
         """A codec for `settings.schemas_dir`, in Confluent format if `schema_registry_url` is set."""
         registry = None
         if settings.schema_registry_url:
@@ -234,7 +238,7 @@ class Codec:
             message = f"schema id {schema_id} is not a valid Avro schema: {exc}"
             raise DecodeError("unknown_schema_id", message) from None
         name = writer.get("name") if isinstance(writer, dict) else writer
-        current = self.store.by_name.get(name)
+        current = self.store.by_name.get(name) if isinstance(name, str) else None
         if current is None:
             message = f"schema id {schema_id} is {name!r}, not a Lapse record"
             raise DecodeError("unexpected_schema", message)
@@ -243,7 +247,7 @@ class Codec:
         self._by_schema_id[schema_id] = plan
         return plan
 
-    def _reader_for(self, writer: StoredSchema) -> Any:
+    def _reader_for(self, writer: StoredSchema) -> Schema | None:
         """None when the writer is the current schema (no resolution needed), else the current one."""
         current = self.store.current[writer.stem]
         return None if writer.fingerprint == current.fingerprint else current.parsed
@@ -257,6 +261,8 @@ def _read(plan: _ReadPlan, data: bytes, offset: int) -> dict[str, Any]:
     except Exception as exc:  # EOFError, UnicodeDecodeError, schema resolution errors…
         message = f"cannot read {plan.stem} body: {type(exc).__name__}: {exc}"
         raise DecodeError("malformed_body", message.replace("\n", " ")) from None
+    if not isinstance(record, dict):  # every Lapse schema is a record
+        raise DecodeError("malformed_body", f"{plan.stem} body is not a record")
     if body.tell() != len(data):
         message = f"{len(data) - body.tell()} unread bytes after the {plan.stem} body"
         raise DecodeError("malformed_body", message)

@@ -3,11 +3,17 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from sqlalchemy import Engine, create_engine, event
+from sqlalchemy import Connection, Engine, create_engine, event
 from sqlalchemy.engine import make_url
+from sqlalchemy.engine.interfaces import DBAPIConnection
+from sqlalchemy.pool import ConnectionPoolEntry
 
 from lapse.kernel.settings import Settings
+
+if TYPE_CHECKING:
+    from alembic.config import Config
 
 MIGRATIONS_DIR = Path(__file__).resolve().parent / "migrations"
 
@@ -21,7 +27,7 @@ def make_engine(url: str, *, pool_size: int = 5) -> Engine:
         engine = create_engine(url, connect_args={"timeout": 30, "isolation_level": None})
 
         @event.listens_for(engine, "connect")
-        def _sqlite_pragmas(dbapi_conn, _record):
+        def _sqlite_pragmas(dbapi_conn: DBAPIConnection, _record: ConnectionPoolEntry) -> None:
             cur = dbapi_conn.cursor()
             cur.execute("PRAGMA journal_mode=WAL")
             cur.execute("PRAGMA synchronous=NORMAL")
@@ -29,7 +35,7 @@ def make_engine(url: str, *, pool_size: int = 5) -> Engine:
             cur.close()
 
         @event.listens_for(engine, "begin")
-        def _sqlite_begin(conn):
+        def _sqlite_begin(conn: Connection) -> None:
             # Take the write lock at BEGIN so two writers queue instead of deadlocking on upgrade.
             conn.exec_driver_sql("BEGIN IMMEDIATE")
 
@@ -37,12 +43,12 @@ def make_engine(url: str, *, pool_size: int = 5) -> Engine:
     return create_engine(url, pool_size=pool_size, max_overflow=pool_size, pool_pre_ping=True)
 
 
-def engine_from_settings(settings: Settings, **kwargs) -> Engine:
-    return make_engine(settings.database_url_plain(), **kwargs)
+def engine_from_settings(settings: Settings, *, pool_size: int = 5) -> Engine:
+    return make_engine(settings.database_url_plain(), pool_size=pool_size)
 
 
-def alembic_config(url: str):
-    from alembic.config import Config
+def alembic_config(url: str) -> Config:
+    from alembic.config import Config  # function-local: alembic is slow to import and only migrations need it
 
     cfg = Config()
     cfg.set_main_option("script_location", str(MIGRATIONS_DIR))
@@ -52,7 +58,7 @@ def alembic_config(url: str):
 
 def upgrade_url(url: str, revision: str = "head") -> None:
     """Run the Alembic migrations up to `revision` on the database at `url`."""
-    from alembic import command
+    from alembic import command  # function-local: alembic is slow to import and only migrations need it
 
     engine = make_engine(url)
     try:

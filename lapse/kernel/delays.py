@@ -6,11 +6,14 @@ until the due time in its `lapse-due-at` header, then forwards it to `lapse.expi
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 
 DUE_AT_HEADER = "lapse-due-at"
 TARGET_HEADER = "lapse-target"
+
+# A record's headers as confluent-kafka hands them over: a list of (key, value) pairs, or a mapping.
+RecordHeaders = Sequence[tuple[str, str | bytes | None]] | Mapping[str, str | bytes | None]
 
 
 def choose_tier(tiers: Sequence[tuple[str, int]], wait_seconds: float) -> str:
@@ -30,9 +33,10 @@ def due_header(due_at: datetime) -> tuple[str, bytes]:
     return DUE_AT_HEADER, str(int(due_at.timestamp() * 1000)).encode()
 
 
-def parse_due(headers) -> datetime | None:
+def parse_due(headers: RecordHeaders | None) -> datetime | None:
     """The `lapse-due-at` time of a record's headers (list of (key, bytes)), or None."""
-    for key, value in headers or ():
+    pairs = headers.items() if isinstance(headers, Mapping) else headers or ()
+    for key, value in pairs:
         if key == DUE_AT_HEADER and value:
             try:
                 return datetime.fromtimestamp(int(value) / 1000, UTC)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from confluent_kafka import Consumer, KafkaException, Producer
+from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer
 from confluent_kafka.admin import AdminClient
 
 from lapse.kernel.settings import Settings
@@ -61,7 +61,7 @@ class DeliveryTracker:
     def __init__(self) -> None:
         self.errors: list[str] = []
 
-    def __call__(self, err, msg) -> None:
+    def __call__(self, err: KafkaError | None, msg: Message) -> None:
         if err is not None:
             self.errors.append(f"{msg.topic()}: {err}")
 

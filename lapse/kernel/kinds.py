@@ -8,7 +8,7 @@ the reconciler all use the same definition. Register more kinds with `register()
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -39,7 +39,7 @@ class EligibleRow:
     subject_id: str
     tenant: str
     due_at: datetime
-    cursor: tuple
+    cursor: tuple[Any, ...]
 
 
 @dataclass(frozen=True)
@@ -62,10 +62,10 @@ class CleanupKind:
 
     name: str
     table: Table
-    id_column: Column
-    tenant_column: Column
-    due_column: Column
-    still_eligible: ColumnElement  # the business condition, without the due time
+    id_column: Column[Any]
+    tenant_column: Column[Any]
+    due_column: Column[Any]
+    still_eligible: ColumnElement[bool]  # the business condition, without the due time
     parse_subject: Callable[[str], Any]
     apply_in_db: Callable[[Connection, list[Any], datetime], set[str]] | None = None
     external_effect: ExternalEffect | None = None
@@ -79,8 +79,8 @@ class CleanupKind:
         return op_key(self.name, subject_id)
 
     def eligible_page(
-        self, now: datetime, after: tuple | None, limit: int, *, without_ledger: bool
-    ) -> Select:
+        self, now: datetime, after: tuple[Any, ...] | None, limit: int, *, without_ledger: bool
+    ) -> Select[Any, Any, Any]:
         """Due rows in keyset order (due time, id) after `after`; optionally only those with no
         ledger row yet (the sweep), or all of them (the reconciler's anomaly checks)."""
         cols = (self.due_column, self.id_column)
@@ -93,7 +93,7 @@ class CleanupKind:
             stmt = stmt.where(~self._has_ledger_row())
         return stmt.order_by(*cols).limit(limit)
 
-    def _has_ledger_row(self) -> ColumnElement:
+    def _has_ledger_row(self) -> ColumnElement[bool]:
         return exists().where(
             and_(
                 cleanup_ledger.c.kind == self.name,
@@ -108,7 +108,7 @@ class CleanupKind:
             self.id_column.in_(subjects), self.still_eligible, self.due_column > now)
         return {str(subject): due for subject, due in conn.execute(stmt)}
 
-    def to_eligible(self, row) -> EligibleRow:
+    def to_eligible(self, row: Sequence[Any]) -> EligibleRow:
         subject, tenant, due = row
         return EligibleRow(str(subject), tenant, due, (due, subject))
 

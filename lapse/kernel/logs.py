@@ -11,6 +11,8 @@ import logging
 import sys
 import time
 
+from lapse.kernel.settings import Settings
+
 _STANDARD = set(vars(logging.LogRecord("", 0, "", 0, "", (), None))) | {"message", "asctime"}
 
 
@@ -35,7 +37,7 @@ class TextFormatter(logging.Formatter):
         return f"{record.levelname[0]} {record.name}: {record.getMessage()} {fields}".rstrip()
 
 
-def configure_logging(settings) -> None:
+def configure_logging(settings: Settings) -> None:
     """Send Lapse's logs to stderr in the configured format (idempotent)."""
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(JsonFormatter() if settings.log_format == "json" else TextFormatter())

@@ -20,6 +20,7 @@ from sqlalchemy import (
     Text,
     text,
 )
+from sqlalchemy.engine import Dialect
 from sqlalchemy.types import TypeDecorator
 
 metadata = MetaData(
@@ -35,13 +36,13 @@ metadata = MetaData(
 Id = BigInteger().with_variant(Integer(), "sqlite")
 
 
-class UTCDateTime(TypeDecorator):
+class UTCDateTime(TypeDecorator[datetime]):
     """Timestamps stored in UTC and always returned timezone-aware, on PostgreSQL and SQLite."""
 
     impl = DateTime(timezone=True)
     cache_ok = True
 
-    def process_bind_param(self, value: datetime | None, dialect):
+    def process_bind_param(self, value: datetime | None, dialect: Dialect) -> datetime | None:
         if value is None:
             return None
         if value.tzinfo is None:
@@ -49,7 +50,7 @@ class UTCDateTime(TypeDecorator):
         value = value.astimezone(UTC)
         return value.replace(tzinfo=None) if dialect.name == "sqlite" else value
 
-    def process_result_value(self, value: datetime | None, dialect):
+    def process_result_value(self, value: datetime | None, dialect: Dialect) -> datetime | None:
         if value is None:
             return None
         return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)

@@ -84,7 +84,10 @@ class SchemaRegistryClient:
         request = urllib.request.Request(self.url + path, data=data, method=method, headers=self._headers)
         try:
             with urllib.request.urlopen(request, timeout=self.timeout_s) as response:
-                return json.loads(response.read() or b"{}")
+                answer = json.loads(response.read() or b"{}")
+            if not isinstance(answer, dict):
+                raise ValueError(f"expected a JSON object, got {type(answer).__name__}")
+            return answer
         except urllib.error.HTTPError as exc:
             message, code = _error_detail(exc)
             raise SchemaRegistryError(

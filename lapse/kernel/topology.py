@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from confluent_kafka import KafkaException
+from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import (
     AdminClient,
     AlterConfigOpType,
@@ -231,7 +231,10 @@ def declared_groups(settings_or_path: Settings | str | Path | None = None) -> li
 # ---------------------------------------------------------------- plan and apply
 
 
-def _describe(admin: AdminClient, names: list[str], timeout: float) -> dict[str, Any]:
+TopicConfigs = dict[str, str | None]
+
+
+def _describe(admin: AdminClient, names: list[str], timeout: float) -> dict[str, TopicConfigs | BaseException]:
     """Current configs per topic ({key: value}), or the exception when the broker refused."""
     if not names:
         return {}
@@ -240,7 +243,7 @@ def _describe(admin: AdminClient, names: list[str], timeout: float) -> dict[str,
         futures = admin.describe_configs(resources, request_timeout=timeout)
     except KafkaException as exc:
         return {name: exc for name in names}
-    out: dict[str, Any] = {}
+    out: dict[str, TopicConfigs | BaseException] = {}
     for resource, future in futures.items():
         try:
             out[resource.name] = {k: e.value for k, e in future.result(timeout).items()}
@@ -251,7 +254,7 @@ def _describe(admin: AdminClient, names: list[str], timeout: float) -> dict[str,
 
 def _error_text(exc: BaseException) -> str:
     err = exc.args[0] if exc.args else None
-    return err.str() if hasattr(err, "str") else str(exc)
+    return err.str() if isinstance(err, KafkaError) else str(exc)
 
 
 def plan(admin: AdminClient, declared: list[TopicSpec], timeout: float = 15.0) -> list[Action]:
@@ -279,9 +282,9 @@ def plan(admin: AdminClient, declared: list[TopicSpec], timeout: float = 15.0) -
                                   f"{spec.replication_factor}; change it with a partition "
                                   "reassignment", spec=spec))
         current = configs.get(spec.name)
-        if isinstance(current, BaseException):
-            actions.append(Action(ERROR, spec.name,
-                                  f"cannot read topic configs from this broker: {_error_text(current)}",
+        if not isinstance(current, dict):
+            why = _error_text(current) if current is not None else "no answer for this topic"
+            actions.append(Action(ERROR, spec.name, f"cannot read topic configs from this broker: {why}",
                                   spec=spec))
             continue
         wanted = dict(spec.config)
@@ -311,37 +314,45 @@ def _wait_visible(admin: AdminClient, specs: list[TopicSpec], timeout: float) ->
         time.sleep(0.1)
 
 
-def _wait_configs(admin: AdminClient, wanted: dict[str, dict[str, str]], timeout: float) -> None:
+def _wait_configs(admin: AdminClient, wanted: dict[str, TopicConfigs], timeout: float) -> None:
     """Return once describe_configs shows the altered values (the broker applies them a moment after
     the controller accepted them), or the time is up."""
     deadline = time.monotonic() + timeout
     while wanted and time.monotonic() < deadline:
         current = _describe(admin, list(wanted), timeout)
-        if all(isinstance(current.get(name), dict)
-               and all(current[name].get(k) == v for k, v in values.items())
-               for name, values in wanted.items()):
+        if all(_has_configs(current.get(name), values) for name, values in wanted.items()):
             return
         time.sleep(0.1)
+
+
+def _has_configs(current: TopicConfigs | BaseException | None, values: TopicConfigs) -> bool:
+    return isinstance(current, dict) and all(current.get(k) == v for k, v in values.items())
+
+
+def _spec(action: Action) -> TopicSpec:
+    if action.spec is None:
+        raise ValueError(f"{action.kind} action for {action.topic} has no topic spec")
+    return action.spec
 
 
 def apply(admin: AdminClient, actions: list[Action], timeout: float = 30.0) -> list[Action]:
     """Carry out the fixable actions; every action comes back with status done, failed or not fixed."""
     results: dict[int, Action] = {}
-    creates = [(i, a) for i, a in enumerate(actions) if a.kind == CREATE]
+    creates = [(i, a, _spec(a)) for i, a in enumerate(actions) if a.kind == CREATE]
     if creates:
-        new = [NewTopic(a.topic, num_partitions=a.spec.partitions,
-                        replication_factor=a.spec.replication_factor, config=dict(a.spec.config))
-               for _, a in creates]
+        new = [NewTopic(a.topic, num_partitions=spec.partitions,
+                        replication_factor=spec.replication_factor, config=dict(spec.config))
+               for _, a, spec in creates]
         futures = admin.create_topics(new, request_timeout=timeout, operation_timeout=timeout)
-        for i, action in creates:
+        for i, action, _ in creates:
             try:
                 futures[action.topic].result(timeout)
                 results[i] = replace(action, status="done")
             except Exception as exc:
                 results[i] = replace(action, status="failed", detail=f"{action.detail}: {_error_text(exc)}")
-        created = [a.spec for i, a in creates if results[i].status == "done"]
+        created = [spec for i, _, spec in creates if results[i].status == "done"]
         _wait_visible(admin, created, timeout)
-    altered: dict[str, dict[str, str]] = {}
+    altered: dict[str, TopicConfigs] = {}
     for i, action in enumerate(actions):
         if action.kind == ALTER:
             entries = [ConfigEntry(k, v[1], incremental_operation=AlterConfigOpType.SET)

@@ -11,7 +11,7 @@ import json
 import sys
 import typing
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 import click
 from pydantic import ValidationError
@@ -20,6 +20,8 @@ from lapse.kernel.logs import configure_logging
 from lapse.kernel.settings import Settings, env_var, load_settings
 
 _CLICK_TYPES = {int: click.INT, float: click.FLOAT}
+
+F = TypeVar("F", bound=Callable[..., Any])
 
 
 def _field_type(annotation: Any) -> Any:
@@ -30,7 +32,7 @@ def _field_type(annotation: Any) -> Any:
     return args[0] if len(args) == 1 and args[0] in _CLICK_TYPES else None
 
 
-def setting_option(field: str, *decls: str, **kwargs: Any) -> Callable:
+def setting_option(field: str, *decls: str, **kwargs: Any) -> Callable[[F], F]:
     """A click option for Settings field `field`; help shows the field's env var and default."""
     info = Settings.model_fields[field]
     decls = decls or (f"--{field.replace('_', '-')}",)
@@ -46,7 +48,7 @@ def setting_option(field: str, *decls: str, **kwargs: Any) -> Callable:
     )
 
 
-def connection_options(func: Callable) -> Callable:
+def connection_options(func: F) -> F:
     """The flags every command that talks to Kafka and the database accepts."""
     for opt in reversed(
         [
@@ -72,7 +74,7 @@ def build_settings(**flags: Any) -> Settings:
         raise click.UsageError(f"invalid setting {where} ({var}): {first['msg']}") from None
 
 
-def pass_settings(func: Callable) -> Callable:
+def pass_settings(func: Callable[..., Any]) -> Callable[..., Any]:
     """Turn the setting flags of a command into one `settings` argument."""
 
     @functools.wraps(func)

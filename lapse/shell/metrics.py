@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import threading
 from datetime import UTC, datetime
+from typing import Any
 
 from prometheus_client import Gauge, start_http_server
 
@@ -40,7 +41,7 @@ def serve(settings: Settings, offset: int = 0) -> int | None:
     return port
 
 
-def observe_status(report: dict) -> None:
+def observe_status(report: dict[str, Any]) -> None:
     """Set the alarm gauges from a `lapse.readers.status.status_report` dict."""
     OLDEST_ELIGIBLE.set(report["oldest_eligible_age_s"] or 0)
     EXPIRED_CLAIMS.set(report["expired_claims"]["count"])

@@ -6,6 +6,8 @@ A role is `target(settings, kwargs)`, run in its own process by the supervisor.
 
 from __future__ import annotations
 
+from typing import Any
+
 from lapse.kernel.codec import Codec
 from lapse.kernel.database import engine_from_settings
 from lapse.kernel.kafka_clients import make_producer
@@ -22,21 +24,21 @@ from lapse.shell.supervisor import Role
 log = get_logger("roles")
 
 
-def run_worker(settings: Settings, kwargs: dict) -> None:
+def run_worker(settings: Settings, kwargs: dict[str, Any]) -> None:
     """A cleanup worker in group lapse-cleanup until stopped (or idle for `exit_when_idle` s)."""
     worker = CleanupWorker(settings)
     stop_on_signals(worker.stop)
     worker.run(exit_when_idle=kwargs.get("exit_when_idle"))
 
 
-def run_delay_role(settings: Settings, kwargs: dict) -> None:
+def run_delay_role(settings: Settings, kwargs: dict[str, Any]) -> None:
     """The delay-tier forwarder until stopped."""
     worker = DelayWorker(settings)
     stop_on_signals(worker.stop)
     worker.run()
 
 
-def run_relay_role(settings: Settings, kwargs: dict) -> int:
+def run_relay_role(settings: Settings, kwargs: dict[str, Any]) -> int:
     """Relay until stopped (or idle for kwargs["exit_when_idle"] seconds); returns rows relayed."""
     stop = stop_on_signals()
     engine = engine_from_settings(settings)
@@ -50,7 +52,7 @@ def run_relay_role(settings: Settings, kwargs: dict) -> int:
         engine.dispose()
 
 
-def run_sweep_role(settings: Settings, kwargs: dict) -> None:
+def run_sweep_role(settings: Settings, kwargs: dict[str, Any]) -> None:
     """A sweep pass every `sweep_interval_s` until stopped."""
     stop = stop_on_signals()
     engine = engine_from_settings(settings)
@@ -66,7 +68,7 @@ def run_sweep_role(settings: Settings, kwargs: dict) -> None:
         engine.dispose()
 
 
-def run_reconcile_role(settings: Settings, kwargs: dict) -> None:
+def run_reconcile_role(settings: Settings, kwargs: dict[str, Any]) -> None:
     """A reconciler pass every `reconcile_interval_s` until stopped; a failed pass is logged and
     retried next time."""
     stop = stop_on_signals()
@@ -86,7 +88,7 @@ def run_reconcile_role(settings: Settings, kwargs: dict) -> None:
         engine.dispose()
 
 
-def run_monitor_role(settings: Settings, kwargs: dict) -> None:
+def run_monitor_role(settings: Settings, kwargs: dict[str, Any]) -> None:
     """Keep the oldest-eligible, claim and lag gauges current until stopped."""
     monitor(settings, stop_on_signals(), kwargs.get("interval_s", 15.0))
 

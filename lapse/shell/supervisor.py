@@ -13,6 +13,8 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from multiprocessing.process import BaseProcess
+from typing import Any
 
 from lapse.kernel.logs import configure_logging, get_logger
 from lapse.kernel.settings import Settings
@@ -20,15 +22,18 @@ from lapse.shell.metrics import serve
 
 log = get_logger("supervisor")
 
+# A role's body: `target(settings, kwargs)`, run in the role's own process (its result is ignored).
+RoleTarget = Callable[[Settings, dict[str, Any]], object]
+
 
 @dataclass
 class Role:
     name: str
-    target: Callable[[Settings, dict], None]
-    kwargs: dict
+    target: RoleTarget
+    kwargs: dict[str, Any]
 
 
-def _child(target, settings: Settings, kwargs: dict, role_name: str) -> None:
+def _child(target: RoleTarget, settings: Settings, kwargs: dict[str, Any], role_name: str) -> None:
     # Each role process is its own claim owner: two processors sharing the parent's id could
     # complete each other's leases.
     settings = settings.model_copy(
@@ -47,7 +52,7 @@ class Supervisor:
         self.roles = roles
         self.restart_delay_s = restart_delay_s
         self.ctx = mp.get_context("spawn")
-        self.procs: dict[str, mp.Process] = {}
+        self.procs: dict[str, BaseProcess] = {}
         self.stop = threading.Event()
 
     def _start(self, role: Role) -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import re
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import click
 
@@ -37,7 +38,7 @@ def parse_duration(text: str) -> timedelta:
 class Timestamp(click.ParamType):
     name = "TS"
 
-    def convert(self, value, param, ctx):
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> datetime:
         if isinstance(value, datetime):
             return value
         try:
@@ -54,7 +55,8 @@ class Duration(click.ParamType):
     def __init__(self, as_seconds: bool = False) -> None:
         self.as_seconds = as_seconds
 
-    def convert(self, value, param, ctx):
+    def convert(self, value: Any, param: click.Parameter | None,
+                ctx: click.Context | None) -> float | timedelta:
         if isinstance(value, (timedelta, int, float)):
             seconds = value.total_seconds() if isinstance(value, timedelta) else float(value)
         else:

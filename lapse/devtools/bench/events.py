@@ -14,7 +14,7 @@ from confluent_kafka.admin import NewTopic
 from lapse.kernel.codec import Codec
 from lapse.kernel.kafka_clients import DeliveryTracker, make_admin, make_consumer, make_producer
 from lapse.kernel.kinds import RELEASE_RESERVATION
-from lapse.kernel.ledger import ExpiryEvent
+from lapse.kernel.ledger import ExpiryEvent, expiry_event
 from lapse.kernel.settings import Settings
 from lapse.producers.emit import emit_events
 
@@ -25,9 +25,7 @@ def unique_name(prefix: str) -> str:
 
 def reservation_event(rid: int, due_at: datetime) -> ExpiryEvent:
     """The event the sweep would emit for held reservation `rid`."""
-    return ExpiryEvent(op_key=RELEASE_RESERVATION.op_key(rid), kind=RELEASE_RESERVATION.name,
-                       tenant=f"tenant-{rid % 7}", subject_id=str(rid), due_at=due_at,
-                       correlation_id=uuid.uuid4().hex)
+    return expiry_event(RELEASE_RESERVATION.name, rid, f"tenant-{rid % 7}", due_at, source="sweep")
 
 
 def create_topic(settings: Settings, name: str, partitions: int, timeout: float = 30.0) -> None:

@@ -7,20 +7,30 @@ Run as `python -m lapse.devtools.bench.faust_stage ARGS_JSON`; `run_faust` start
 from __future__ import annotations
 
 import json
+import logging
 import shutil
 import subprocess
 import sys
 import tempfile
 import time
+from datetime import UTC, datetime, timedelta
+from typing import TYPE_CHECKING, Any
 
 from lapse.devtools.bench.events import unique_name
 from lapse.devtools.bench.ledger_watch import StageFailed, ledger_span, wait_terminal
 from lapse.devtools.brokers import terminate_process
+from lapse.kernel.codec import Codec
 from lapse.kernel.database import make_engine
-from lapse.kernel.settings import Settings
+from lapse.kernel.kinds import registry
+from lapse.kernel.ledger import ExpiryEvent
+from lapse.kernel.settings import Settings, load_settings
+from lapse.processors import BatchScope, Topics, apply_batch
+
+if TYPE_CHECKING:
+    import faust
 
 
-def run_faust(settings: Settings, database_url: str, topic: str, events: int) -> dict:
+def run_faust(settings: Settings, database_url: str, topic: str, events: int) -> dict[str, Any]:
     """Start the Faust worker on `topic` with a fresh app id; stop it once `events` rows are done."""
     datadir = tempfile.mkdtemp(prefix="lapse-bench-faust-")
     args = {"bootstrap": settings.bootstrap_servers, "topic": topic, "app_id": unique_name("bench-faust"),
@@ -36,7 +46,8 @@ def run_faust(settings: Settings, database_url: str, topic: str, events: int) ->
             seen_at = wait_terminal(engine, events, alive=lambda: proc.poll() is None, stall_s=90)
         except StageFailed as exc:
             proc.kill()
-            tail = proc.stderr.read().decode(errors="replace").strip().splitlines()[-3:]
+            err = proc.stderr.read() if proc.stderr is not None else b""
+            tail = err.decode(errors="replace").strip().splitlines()[-3:]
             raise StageFailed(f"faust worker: {exc}: {' | '.join(tail)}") from None
         span = ledger_span(engine, events, seen_at)
     finally:
@@ -47,23 +58,15 @@ def run_faust(settings: Settings, database_url: str, topic: str, events: int) ->
             "startup_s": round(seen_at - started - span.seconds, 3)}
 
 
-def _stop(proc: subprocess.Popen, timeout: float = 15.0) -> None:
+def _stop(proc: subprocess.Popen[bytes], timeout: float = 15.0) -> None:
     terminate_process(proc, timeout)
-    proc.stderr.close()
+    if proc.stderr is not None:
+        proc.stderr.close()
 
 
-def _worker(args: dict) -> None:
+def _worker(args: dict[str, Any]) -> None:
     """The Faust app: one agent over the expiry topic, one transaction per event."""
-    import logging
-    from datetime import UTC, datetime, timedelta
-
-    import faust
-
-    from lapse.kernel.codec import Codec
-    from lapse.kernel.kinds import registry
-    from lapse.kernel.ledger import ExpiryEvent
-    from lapse.kernel.settings import load_settings
-    from lapse.processors.rules import Topics, apply_batch
+    import faust  # function-local: faust is slow to import and only this subprocess needs it
 
     settings = load_settings(bootstrap_servers=args["bootstrap"], database_url=args["database_url"],
                              schemas_dir=args["schemas_dir"])
@@ -77,12 +80,12 @@ def _worker(args: dict) -> None:
     source = app.topic(args["topic"], value_type=bytes, value_serializer="raw")
 
     @app.agent(source)
-    async def cleanup(stream):
+    async def cleanup(stream: faust.StreamT[bytes]) -> None:
         async for value in stream:
             event = ExpiryEvent.from_record(codec.decode_expected("expiry_event", value))
             with engine.begin() as conn:
-                apply_batch(conn, [event], kinds=kinds, topics=topics, worker="bench-faust",
-                            now=datetime.now(UTC), lease=timedelta(seconds=30))
+                apply_batch(BatchScope(conn, kinds=kinds, topics=topics, worker="bench-faust",
+                                       now=datetime.now(UTC), lease=timedelta(seconds=30)), [event])
 
     logging.getLogger("faust").setLevel(logging.WARNING)
     faust.Worker(app, loglevel="WARNING", quiet=True).execute_from_commandline()

@@ -4,6 +4,7 @@ fresh group into a fresh ledger; the rate is measured until the ledger shows eve
 from __future__ import annotations
 
 import time
+from typing import Any
 
 from pydantic import SecretStr
 
@@ -31,7 +32,7 @@ def start_workers(settings: Settings, workers: int) -> Supervisor:
 
 
 def run_lapse(base: Settings, database_url: str, topic: str, events: int, workers: int,
-              batch_size: int) -> dict:
+              batch_size: int) -> dict[str, Any]:
     """Drain `events` records of `topic` with `workers` processes; the rate and the checks."""
     group = unique_name("bench-lapse")
     settings = worker_settings(base, database_url, topic, group, batch_size)

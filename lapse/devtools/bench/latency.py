@@ -9,9 +9,12 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Iterable
 from datetime import UTC, datetime
+from typing import Any
 
-from sqlalchemy import select
+from confluent_kafka import KafkaError, Message
+from sqlalchemy import Engine, select
 
 from lapse.devtools.bench.events import produce_events, reservation_event, unique_name
 from lapse.devtools.bench.lapse_stage import start_workers, worker_settings
@@ -19,7 +22,7 @@ from lapse.devtools.bench.ledger_watch import StageFailed, wait_terminal
 from lapse.kernel.codec import Codec
 from lapse.kernel.database import make_engine
 from lapse.kernel.kafka_clients import make_producer
-from lapse.kernel.ledger import TERMINAL
+from lapse.kernel.ledger import TERMINAL, expiry_record
 from lapse.kernel.models import cleanup_ledger as L
 from lapse.kernel.settings import Settings
 
@@ -32,7 +35,7 @@ def percentile(values: list[float], q: float) -> float:
 
 
 def run_latency(base: Settings, database_url: str, topic: str, rate: float, events: int,
-                batch_size: int) -> dict:
+                batch_size: int) -> dict[str, Any]:
     """Offer `rate` events/s (ids 2..events+1 of the seeded holds) to one worker; percentiles in ms."""
     settings = worker_settings(base, database_url, topic, unique_name("bench-latency"), batch_size)
     engine = make_engine(database_url)
@@ -68,10 +71,10 @@ class TerminalWatcher:
     """A thread polling the ledger for rows that turned terminal since its last poll (one worker,
     so batches finish in finished_at order): op_key → (finished_at, wall-clock time first seen)."""
 
-    def __init__(self, engine) -> None:
+    def __init__(self, engine: Engine) -> None:
         self.engine = engine
-        self.seen: dict[str, tuple] = {}
-        self.after = None
+        self.seen: dict[str, tuple[datetime, float]] = {}
+        self.after: datetime | None = None
         self.error: str | None = None
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="bench-latency-watch", daemon=True)
@@ -104,15 +107,16 @@ class TerminalWatcher:
             self.after = finished if self.after is None else max(self.after, finished)
 
 
-def _paced_produce(settings: Settings, topic: str, ids, rate: float) -> dict:
+def _paced_produce(settings: Settings, topic: str, ids: Iterable[int], rate: float) -> dict[str, float]:
     """Produce one event per id at `rate`/s; op_key → record timestamp in epoch seconds."""
     codec = Codec.from_settings(settings)
     producer = make_producer(settings)
     stamps: dict[str, float] = {}
 
-    def delivered(err, msg):
-        if err is None:
-            stamps[msg.key().decode()] = msg.timestamp()[1] / 1000
+    def delivered(err: KafkaError | None, msg: Message) -> None:
+        key = msg.key()
+        if err is None and key is not None:
+            stamps[key.decode()] = msg.timestamp()[1] / 1000
 
     started = time.perf_counter()
     for i, rid in enumerate(ids):
@@ -121,7 +125,7 @@ def _paced_produce(settings: Settings, topic: str, ids, rate: float) -> dict:
             time.sleep(delay)
         event = reservation_event(rid, datetime.now(UTC))
         producer.produce(topic, key=event.op_key.encode(), on_delivery=delivered,
-                         value=codec.encode("expiry_event", event.to_record(datetime.now(UTC))))
+                         value=codec.encode("expiry_event", expiry_record(event, datetime.now(UTC))))
         producer.poll(0)
     producer.flush(30)
     return stamps

@@ -5,18 +5,21 @@ from __future__ import annotations
 
 import time
 from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import psycopg
 
 from lapse.kernel.database import make_engine
 from lapse.kernel.kinds import registry
 from lapse.kernel.ledger import APPLIED, ExpiryEvent
-from lapse.processors.rules import Topics, apply_batch
+from lapse.processors import BatchScope, Topics, apply_batch
 
 COPY_COLUMNS = ("op_key", "kind", "tenant", "subject_id", "state", "attempt", "due_at",
                 "correlation_id", "source", "duplicates", "created_at", "updated_at", "finished_at")
 
 
 def batch_transaction_limit(database_url: str, events: list[ExpiryEvent], batch_size: int,
-                            topics: Topics, worker: str = "bench-limit") -> dict:
+                            topics: Topics, worker: str = "bench-limit") -> dict[str, Any]:
     """Run apply_batch over pre-decoded events, one transaction per batch, as the processor does."""
     kinds = registry()
     lease = timedelta(seconds=30)
@@ -25,8 +28,8 @@ def batch_transaction_limit(database_url: str, events: list[ExpiryEvent], batch_
         started = time.perf_counter()
         for start in range(0, len(events), batch_size):
             with engine.begin() as conn:
-                apply_batch(conn, events[start:start + batch_size], kinds=kinds, topics=topics,
-                            worker=worker, now=datetime.now(UTC), lease=lease)
+                apply_batch(BatchScope(conn, kinds=kinds, topics=topics, worker=worker,
+                                       now=datetime.now(UTC), lease=lease), events[start:start + batch_size])
         seconds = time.perf_counter() - started
     finally:
         engine.dispose()
@@ -34,7 +37,7 @@ def batch_transaction_limit(database_url: str, events: list[ExpiryEvent], batch_
             "events_per_s": round(len(events) / seconds, 1)}
 
 
-def copy_limit(database_url: str, events: list[ExpiryEvent]) -> dict:
+def copy_limit(database_url: str, events: list[ExpiryEvent]) -> dict[str, Any]:
     """COPY one finished ledger row per event into the ledger table in one transaction."""
     now = datetime.now(UTC)
     rows = [(e.op_key, e.kind, e.tenant, e.subject_id, APPLIED, 1, e.due_at, e.correlation_id,
@@ -43,8 +46,11 @@ def copy_limit(database_url: str, events: list[ExpiryEvent]) -> dict:
     engine = make_engine(database_url)
     raw = engine.raw_connection()
     try:
+        driver = raw.driver_connection
+        if not isinstance(driver, psycopg.Connection):
+            raise RuntimeError(f"the COPY limit needs PostgreSQL through psycopg, not {database_url.split(':')[0]}")
         started = time.perf_counter()
-        with raw.cursor() as cur, cur.copy(f"COPY cleanup_ledger ({columns}) FROM STDIN") as copy:
+        with driver.cursor() as cur, cur.copy(f"COPY cleanup_ledger ({columns}) FROM STDIN") as copy:
             for row in rows:
                 copy.write_row(row)
         raw.commit()

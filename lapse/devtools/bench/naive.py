@@ -4,6 +4,7 @@ doing the same claim + conditional update + ledger/outbox writes (apply_batch of
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException
 
@@ -15,10 +16,10 @@ from lapse.kernel.kafka_clients import make_consumer
 from lapse.kernel.kinds import registry
 from lapse.kernel.ledger import ExpiryEvent
 from lapse.kernel.settings import Settings
-from lapse.processors.rules import Topics, apply_batch
+from lapse.processors import BatchScope, Topics, apply_batch
 
 
-def run_naive(settings: Settings, database_url: str, topic: str, events: int) -> dict:
+def run_naive(settings: Settings, database_url: str, topic: str, events: int) -> dict[str, Any]:
     """Process the first `events` records of `topic` the way most teams first write it."""
     engine = make_engine(database_url)
     codec = Codec.from_settings(settings)
@@ -32,14 +33,15 @@ def run_naive(settings: Settings, database_url: str, topic: str, events: int) ->
             msg = consumer.poll(1.0)
             if msg is None:
                 continue
-            if msg.error():
-                if msg.error().code() == KafkaError._PARTITION_EOF:
+            err = msg.error()
+            if err is not None:
+                if err.code() == KafkaError._PARTITION_EOF:
                     continue
-                raise KafkaException(msg.error())
-            event = ExpiryEvent.from_record(codec.decode_expected("expiry_event", msg.value()))
+                raise KafkaException(err)
+            event = ExpiryEvent.from_record(codec.decode_expected("expiry_event", msg.value() or b""))
             with engine.begin() as conn:
-                apply_batch(conn, [event], kinds=kinds, topics=topics, worker="bench-naive",
-                            now=datetime.now(UTC), lease=timedelta(seconds=30))
+                apply_batch(BatchScope(conn, kinds=kinds, topics=topics, worker="bench-naive",
+                                       now=datetime.now(UTC), lease=timedelta(seconds=30)), [event])
             consumer.commit(message=msg, asynchronous=False)
             done += 1
         span = ledger_span(engine, events, wait_terminal(engine, events))

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 
-def stage_rates(result: dict) -> list[tuple[str, float]]:
+def stage_rates(result: dict[str, Any]) -> list[tuple[str, float]]:
     """(label, events/s) per stage, in the table's order."""
     rates = [(f"txn limit b{r['batch_size']}", r["events_per_s"]) for r in result["limit"]]
     rates.append(("COPY", result["copy"]["rows_per_s"]))
@@ -16,8 +17,10 @@ def stage_rates(result: dict) -> list[tuple[str, float]]:
     return rates
 
 
-def write_plot(result: dict, path: Path) -> None:
+def write_plot(result: dict[str, Any], path: Path) -> None:
     """Write a two-panel PNG to `path` (matplotlib imported only here, with a file backend)."""
+    # function-local: matplotlib is an optional extra (bench), slow to import, and needs its
+    # backend chosen before pyplot is imported
     import matplotlib
 
     matplotlib.use("Agg")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 TARGETS = {  # ratio or figure → the least it should be (latency: the most)
     "lapse_vs_naive": 20.0, "lapse_vs_faust": 5.0, "lapse_vs_limit": 0.6,
     "reconciler_rows_per_s": 100_000.0, "audit_records_per_s": 100_000.0,
@@ -13,7 +15,7 @@ def _ratio(a: float, b: float | None) -> float | None:
     return round(a / b, 2) if b else None
 
 
-def summarize(out: dict, default_batch: int) -> dict:
+def summarize(out: dict[str, Any], default_batch: int) -> dict[str, Any]:
     """Add the best Lapse run, the ratios and the target checks to a run's raw figures."""
     best = max(out["lapse"], key=lambda r: r["events_per_s"])
     one = next(r for r in out["lapse"] if r["workers"] == 1 and r["batch_size"] == default_batch)
@@ -35,7 +37,7 @@ def summarize(out: dict, default_batch: int) -> dict:
             "lapse_1worker_events_per_s": one["events_per_s"], **ratios, "targets_met": targets}
 
 
-def table(result: dict) -> str:
+def table(result: dict[str, Any]) -> str:
     """A person's view of the result: one line per stage, then the ratios."""
     rows = [("stage", "events", "rate/s", "note")]
     for r in result["limit"]:

@@ -8,17 +8,21 @@ import platform
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from typing import Any, TypeVar
 
-from lapse.devtools.bench import lapse_stage, latency, limits, naive, scans
+from lapse.devtools.bench import faust_stage, lapse_stage, latency, limits, naive, scans
 from lapse.devtools.bench.databases import BenchDatabases, admin_url_for
 from lapse.devtools.bench.events import create_topic, produce_events, reservation_event, unique_name
 from lapse.devtools.bench.report import summarize
+from lapse.devtools.brokers import ApacheKafkaServer
 from lapse.kernel.logs import configure_logging
 from lapse.kernel.settings import Settings
-from lapse.processors.rules import Topics
+from lapse.processors import Topics
 
 PARTITIONS = 4
 BASELINE_CAP = 3000
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -32,7 +36,7 @@ class BenchPlan:
     faust: bool = True
 
     @classmethod
-    def quick(cls, events: int = 300, workers: int = 2, batch_sizes=(100,)) -> BenchPlan:
+    def quick(cls, events: int = 300, workers: int = 2, batch_sizes: tuple[int, ...] = (100,)) -> BenchPlan:
         """A plan small enough for a smoke test: every stage runs, on a few hundred events."""
         return cls(events, workers, tuple(batch_sizes), scan_rows=20_000, latency_seconds=1.0,
                    baseline_cap=min(events, 200))
@@ -42,14 +46,13 @@ class BenchPlan:
         return 500 if 500 in self.batch_sizes else self.batch_sizes[len(self.batch_sizes) // 2]
 
 
-def own_broker():
+def own_broker() -> ApacheKafkaServer:
     """An Apache Kafka node from the cached jars in its own temporary folder, which close() deletes."""
-    from lapse.devtools.brokers import ApacheKafkaServer
-
     return ApacheKafkaServer(heap="768m").start()
 
 
-def run_bench(settings: Settings, plan: BenchPlan, progress: Callable[[str], None] = lambda _: None) -> dict:
+def run_bench(settings: Settings, plan: BenchPlan, progress: Callable[[str], None] = lambda _: None
+              ) -> dict[str, Any]:
     """Every stage of the bench; returns one dict with every figure and the ratios."""
     broker = None
     if "bootstrap_servers" not in settings.model_fields_set:
@@ -70,7 +73,8 @@ def run_bench(settings: Settings, plan: BenchPlan, progress: Callable[[str], Non
             broker.close()
 
 
-def _stages(settings: Settings, plan: BenchPlan, dbs: BenchDatabases, progress) -> dict:
+def _stages(settings: Settings, plan: BenchPlan, dbs: BenchDatabases, progress: Callable[[str], None]
+            ) -> dict[str, Any]:
     n, due = plan.events, datetime.now(UTC) - timedelta(minutes=5)
     progress(f"seeding {n} held reservations and producing {n} expiry events")
     dbs.make_template(n, due)
@@ -79,7 +83,7 @@ def _stages(settings: Settings, plan: BenchPlan, dbs: BenchDatabases, progress) 
     create_topic(settings, topic, PARTITIONS)
     produce_events(settings, topic, events, datetime.now(UTC))
     topics = Topics(outcomes=settings.outcomes_topic, dlq=settings.dlq_topic)
-    out: dict = {"machine": machine(), "run_id": dbs.run_id, "events": n, "partitions": PARTITIONS}
+    out: dict[str, Any] = {"machine": machine(), "run_id": dbs.run_id, "events": n, "partitions": PARTITIONS}
 
     progress("limit: batch transaction alone, then COPY")
     out["limit"] = [_on_clone(dbs, f"limit{b}", lambda url, b=b: limits.batch_transaction_limit(
@@ -102,8 +106,6 @@ def _stages(settings: Settings, plan: BenchPlan, dbs: BenchDatabases, progress) 
     progress(f"naive consumer on {m} events")
     out["naive"] = _on_clone(dbs, "naive", lambda url: naive.run_naive(settings, url, topic, m))
     if plan.faust:
-        from lapse.devtools.bench import faust_stage
-
         progress(f"faust agent on {m} events")
         out["faust"] = _on_clone(dbs, "faust", lambda url: faust_stage.run_faust(settings, url, topic, m))
 
@@ -122,7 +124,7 @@ def _stages(settings: Settings, plan: BenchPlan, dbs: BenchDatabases, progress) 
     return summarize(out, plan.default_batch)
 
 
-def _on_clone(dbs: BenchDatabases, stage: str, fn):
+def _on_clone(dbs: BenchDatabases, stage: str, fn: Callable[..., T]) -> T:
     url = dbs.clone(stage)
     try:
         return fn(url)
@@ -130,11 +132,11 @@ def _on_clone(dbs: BenchDatabases, stage: str, fn):
         dbs.drop(url)
 
 
-def _lapse_one_worker(runs: list[dict], batch: int) -> dict:
+def _lapse_one_worker(runs: list[dict[str, Any]], batch: int) -> dict[str, Any]:
     return next(r for r in runs if r["workers"] == 1 and r["batch_size"] == batch)
 
 
-def machine() -> dict:
+def machine() -> dict[str, Any]:
     return {"date": datetime.now(UTC).isoformat(timespec="seconds"), "host": platform.node(),
             "cpus": os.cpu_count(), "load_avg_1m_at_start": round(os.getloadavg()[0], 2),
             "python": platform.python_version(), "platform": platform.platform()}

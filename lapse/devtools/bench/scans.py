@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import time
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 from confluent_kafka import OFFSET_BEGINNING, KafkaError, KafkaException, TopicPartition
 from pydantic import SecretStr
@@ -29,7 +30,7 @@ IN_FLIGHT_LEDGER = text(
     " ON CONFLICT DO NOTHING")
 
 
-def reconciler_scan(settings: Settings, database_url: str, rows: int) -> dict:
+def reconciler_scan(settings: Settings, database_url: str, rows: int) -> dict[str, Any]:
     """One reconciler pass (lapse.reconciler.scan.scan_rate) after adding `rows` due holds, with every
     hold's work in flight: each has a fresh `pending` ledger row, so the pass reads every business
     row and its ledger state and has nothing to re-emit or report."""
@@ -53,7 +54,7 @@ def reconciler_scan(settings: Settings, database_url: str, rows: int) -> dict:
             "reemitted": report.reemitted, "method": "lapse.reconciler.scan.scan_rate, work in flight"}
 
 
-def audit_replay(settings: Settings, topic: str) -> dict:
+def audit_replay(settings: Settings, topic: str) -> dict[str, Any]:
     """Read `topic` from the beginning to EOF by manual assignment, decoding every record as the
     audit does (only the fields it uses); timed
     from the first record (connecting and the first fetch are not reading)."""
@@ -61,14 +62,15 @@ def audit_replay(settings: Settings, topic: str) -> dict:
     consumer = manual_consumer(settings)
     parts = partitions_of(settings, topic)
     consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in parts])
-    records, at_eof, started = 0, set(), None
+    records, started = 0, None
+    at_eof: set[int | None] = set()
     try:
         while len(at_eof) < len(parts):
             for msg in consumer.consume(10_000, 0.05):
                 err = msg.error()
                 if err is None:
                     started = started or time.perf_counter()
-                    codec.decode_fields("expiry_event", msg.value(), EVENT_FIELDS)
+                    codec.decode_fields("expiry_event", msg.value() or b"", EVENT_FIELDS)
                     records += 1
                 elif err.code() == KafkaError._PARTITION_EOF:
                     at_eof.add(msg.partition())

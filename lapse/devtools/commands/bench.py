@@ -7,11 +7,12 @@ from pathlib import Path
 
 import click
 
+from lapse.kernel.settings import Settings
 from lapse.shell.cli import main
 from lapse.shell.cli_options import connection_options, emit, pass_settings
 
 
-def _batch_sizes(ctx, param, value: str) -> tuple[int, ...]:
+def _batch_sizes(ctx: click.Context, param: click.Parameter, value: str) -> tuple[int, ...]:
     try:
         sizes = tuple(int(v) for v in value.split(",") if v.strip())
     except ValueError:
@@ -37,7 +38,7 @@ def _batch_sizes(ctx, param, value: str) -> tuple[int, ...]:
               help="Also draw throughput per stage and the latency histogram to this PNG.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object with every figure.")
 @pass_settings
-def bench(settings, events: int, workers: int, batch_sizes: tuple[int, ...], scan_rows: int,
+def bench(settings: Settings, events: int, workers: int, batch_sizes: tuple[int, ...], scan_rows: int,
           no_faust: bool, quick: bool, plot_path: Path | None, as_json: bool) -> None:
     """Benchmark Lapse on Apache Kafka and PostgreSQL against a naive consumer, Faust and the limits.
 
@@ -45,6 +46,7 @@ def bench(settings, events: int, workers: int, batch_sizes: tuple[int, ...], sca
     LAPSE_BOOTSTRAP_SERVERS) is given; every stage runs in a fresh PostgreSQL database on the
     server of --database-url (default postgresql+psycopg://lapse@127.0.0.1:5432/lapse), dropped after.
     """
+    # function-local: keeps `lapse --help` fast
     from sqlalchemy.exc import OperationalError
 
     from lapse.devtools.bench.ledger_watch import StageFailed
@@ -69,6 +71,7 @@ def bench(settings, events: int, workers: int, batch_sizes: tuple[int, ...], sca
         first = str(exc.orig or exc).strip().splitlines()[0]
         raise click.ClickException(f"PostgreSQL not reachable ({first}): set --database-url") from None
     if plot_path is not None:
+        # function-local: keeps `lapse --help` fast
         from lapse.devtools.bench.plot import write_plot
 
         write_plot(result, plot_path)

@@ -26,6 +26,7 @@ from lapse.shell.cli import main
               help="apache only: keep the broker's data here across runs (default: a temp dir).")
 def broker(port: int | None, kind: str, data_dir: Path | None) -> None:
     """Run a Kafka broker on loopback until Ctrl-C; prints its bootstrap address first."""
+    # function-local: keeps `lapse --help` fast
     from lapse.devtools.brokers import ApacheKafkaServer, BrokerUnavailable, EmbeddedBroker
 
     if data_dir is not None and kind != "apache":

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import shutil
 import sys
 from pathlib import Path
+from typing import Any
 
 import click
 
-from lapse.kernel.settings import DEFAULT_STATE_DIR
+from lapse.kernel.settings import DEFAULT_STATE_DIR, Settings
 from lapse.shell.cli import main
 from lapse.shell.cli_options import emit, pass_settings, setting_option
 
@@ -27,10 +29,11 @@ from lapse.shell.cli_options import emit, pass_settings, setting_option
               help="Share of object-store deletes that fail (429 with Retry-After, 503, invalid key).")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as one JSON object.")
 @pass_settings
-def demo(settings, reservations: int, workers: int, state_dir: Path, timeout_s: float,
+def demo(settings: Settings, reservations: int, workers: int, state_dir: Path, timeout_s: float,
          fault_rate: float, as_json: bool) -> None:
     """Seed reservations, run sweep, processors and relay until every due hold is terminal, and
     check one effect per op key. Exit status 0 only when every check passes."""
+    # function-local: keeps `lapse --help` fast
     from lapse.devtools.brokers import BrokerUnavailable, EmbeddedBroker
     from lapse.devtools.demo import run_demo
 
@@ -38,10 +41,8 @@ def demo(settings, reservations: int, workers: int, state_dir: Path, timeout_s: 
     own_broker = ctx.params.get("bootstrap_servers") is None
     own_db = ctx.params.get("database_url") is None
     state_dir.mkdir(parents=True, exist_ok=True)
-    import shutil
-
     shutil.rmtree(state_dir / "objects", ignore_errors=True)
-    updates: dict = {"session_timeout_ms": 6000, "object_store_dir": state_dir / "objects",
+    updates: dict[str, Any] = {"session_timeout_ms": 6000, "object_store_dir": state_dir / "objects",
                      "object_store_fault_rate": fault_rate}
     if own_db:
         db_path = state_dir / "demo.db"

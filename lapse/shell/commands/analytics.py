@@ -7,6 +7,7 @@ from pathlib import Path
 
 import click
 
+from lapse.kernel.settings import Settings
 from lapse.shell.cli import main
 from lapse.shell.cli_options import connection_options, pass_settings, setting_option
 from lapse.shell.time_args import DURATION
@@ -27,10 +28,11 @@ from lapse.shell.time_args import DURATION
 @click.option("--window-retention", type=DURATION, default="1h", show_default=True,
               help="How long one-minute windows are kept.")
 @pass_settings
-def analytics(settings, app_id: str, web_port: int, data_dir: Path, replication_factor: int,
+def analytics(settings: Settings, app_id: str, web_port: int, data_dir: Path, replication_factor: int,
               window_retention: timedelta) -> None:
     """Per-minute outcomes by kind and status, attempts per completion, due-to-applied latency
     (p50/p95/p99) and dead-letter growth, as a faust-streaming app (run one worker)."""
+    # function-local: keeps `lapse --help` fast
     from lapse.readers.analytics import AnalyticsOptions, run_analytics
 
     run_analytics(settings, AnalyticsOptions(app_id=app_id, web_port=web_port, data_dir=data_dir,

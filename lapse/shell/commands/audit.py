@@ -4,16 +4,18 @@ from __future__ import annotations
 
 import json
 import sys
-from datetime import timedelta
+from datetime import datetime, timedelta
+from typing import Any
 
 import click
 
+from lapse.kernel.settings import Settings
 from lapse.shell.cli import main
 from lapse.shell.cli_options import connection_options, emit, pass_settings, setting_option
 from lapse.shell.time_args import DURATION, TIMESTAMP
 
 
-def _text(r: dict) -> str:
+def _text(r: dict[str, Any]) -> str:
     lines = [
         "records read: " + ", ".join(f"{t}={n}" for t, n in r["records"].items()),
         f"events seen: {r['events_seen']} ({r['op_keys_seen']} op keys)",
@@ -49,9 +51,11 @@ def _text(r: dict) -> str:
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 @click.option("--out", type=click.Path(dir_okay=False, writable=True), help="Also write the JSON report here.")
 @pass_settings
-def audit(settings, since, from_beginning: bool, until, grace: timedelta, as_json: bool, out) -> None:
+def audit(settings: Settings, since: datetime | None, from_beginning: bool, until: datetime | None,
+          grace: timedelta, as_json: bool, out: str | None) -> None:
     """Replay lapse.expiry, lapse.outcomes and lapse.dlq (manual assignment, no commits) and check
     that every event reached one terminal outcome and no op key was applied twice."""
+    # function-local: keeps `lapse --help` fast
     from lapse.readers.audit import run_audit
     from lapse.readers.offsets import OffsetsError
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import click
 
+from lapse.kernel.settings import Settings
 from lapse.shell.cli import main
 from lapse.shell.cli_options import connection_options, pass_settings
 
@@ -16,7 +17,7 @@ def db() -> None:
 @db.command("upgrade")
 @connection_options
 @pass_settings
-def db_upgrade(settings) -> None:
+def db_upgrade(settings: Settings) -> None:
     """Apply the Alembic migrations to the configured database."""
     from lapse.kernel.database import upgrade  # function-local: keeps `lapse --help` fast
 

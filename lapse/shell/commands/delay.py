@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import click
 
+from lapse.kernel.settings import Settings
 from lapse.shell.cli import main
 from lapse.shell.cli_options import connection_options, emit, pass_settings, setting_option
 
@@ -15,9 +16,10 @@ from lapse.shell.cli_options import connection_options, emit, pass_settings, set
 @setting_option("metrics_port")
 @click.option("--json", "as_json", is_flag=True, help="Print the final count as JSON.")
 @pass_settings
-def delay(settings, as_json: bool) -> None:
+def delay(settings: Settings, as_json: bool) -> None:
     """Consume every lapse.delay.<tier> topic in group lapse-delay; hold each partition until its
     head record is due, then forward it to its target topic (lapse.expiry)."""
+    # function-local: keeps `lapse --help` fast
     from lapse.kernel.signals import stop_on_signals
     from lapse.processors import DelayWorker
     from lapse.shell.metrics import serve

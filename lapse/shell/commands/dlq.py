@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 from datetime import UTC, datetime
+from typing import Any
 
 import click
 
+from lapse.kernel.settings import Settings
 from lapse.shell.cli import main
-from lapse.shell.cli_options import emit, pass_settings, setting_option
+from lapse.shell.cli_options import F, emit, pass_settings, setting_option
 
 
-def _selection_options(func):
+def _selection_options(func: F) -> F:
     for opt in reversed([
         setting_option("database_url"),
         setting_option("log_level"),
@@ -31,10 +33,12 @@ def dlq() -> None:
 @_selection_options
 @click.option("--limit", type=click.IntRange(1, 100_000), default=100, show_default=True)
 @pass_settings
-def dlq_list(settings, kind, tenant, as_json: bool, limit: int) -> None:
+def dlq_list(settings: Settings, kind: str | None, tenant: str | None, as_json: bool, limit: int) -> None:
     """Dead-lettered operations, oldest first, with their last failure."""
+    # function-local: keeps `lapse --help` fast
     from lapse.kernel.database import engine_from_settings
-    from lapse.processors.dlq_queries import Selection, list_dead_letters
+    from lapse.kernel.ledger import Selection
+    from lapse.processors import list_dead_letters
 
     engine = engine_from_settings(settings)
     try:
@@ -59,11 +63,13 @@ def dlq_list(settings, kind, tenant, as_json: bool, limit: int) -> None:
 @click.option("--include-replayed", is_flag=True,
               help="Also release dead letters that already failed after an earlier replay.")
 @pass_settings
-def dlq_replay(settings, kind, tenant, as_json: bool, limit: int, reason: str, op_keys,
-               actor: str, include_replayed: bool) -> None:
+def dlq_replay(settings: Settings, kind: str | None, tenant: str | None, as_json: bool, limit: int,
+               reason: str, op_keys: tuple[str, ...], actor: str, include_replayed: bool) -> None:
     """Release a bounded selection of dead letters back to lapse.expiry under one replay id."""
+    # function-local: keeps `lapse --help` fast
     from lapse.kernel.database import engine_from_settings
-    from lapse.processors.dlq_queries import Selection, replay
+    from lapse.kernel.ledger import Selection
+    from lapse.processors import replay
 
     if not reason.strip():
         raise click.UsageError("--reason must say why")
@@ -75,7 +81,7 @@ def dlq_replay(settings, kind, tenant, as_json: bool, limit: int, reason: str, o
                 reason=reason, actor=actor, now=datetime.now(UTC), expiry_topic=settings.expiry_topic)
     finally:
         engine.dispose()
-    data = {"replay_id": replay_id if released else None, "released": released, "actor": actor}
+    data: dict[str, Any] = {"replay_id": replay_id if released else None, "released": released, "actor": actor}
     emit(data, as_json, lambda d: (
         f"replay {d['replay_id']}: released {len(d['released'])} dead letters\n"
         + "\n".join(f"  {r['op_key']}" for r in d["released"])) if d["released"]

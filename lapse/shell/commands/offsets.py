@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import asdict
+from datetime import datetime
+from typing import Any
 
 import click
 
+from lapse.kernel.settings import Settings
 from lapse.shell.cli import main
 from lapse.shell.cli_options import connection_options, emit, pass_settings, setting_option
 from lapse.shell.time_args import TIMESTAMP
@@ -16,7 +19,7 @@ def offsets() -> None:
     """Consumer group offsets."""
 
 
-def _text(data: dict) -> str:
+def _text(data: dict[str, Any]) -> str:
     lines = [f"{r['topic']}[{r['partition']}]: {'-' if r['old'] is None else r['old']} -> {r['new']}"
              for r in data["partitions"]]
     lines.append(f"group {data['group']}: " + ("offsets reset" if data["executed"]
@@ -38,12 +41,13 @@ def _text(data: dict) -> str:
 @click.option("--execute", is_flag=True, help="Commit the new offsets (default: only show them).")
 @click.option("--json", "as_json", is_flag=True, help="Print the plan as JSON.")
 @pass_settings
-def reset(settings, group: str, topic: str | None, to_datetime, to_earliest: bool,
+def reset(settings: Settings, group: str, topic: str | None, to_datetime: datetime | None, to_earliest: bool,
           shift_by: int | None, execute: bool, as_json: bool) -> None:
     """Show (and with --execute, commit) old -> new offsets per partition for GROUP.
 
     Refuses while the group has active members. Note: the embedded tansu broker lists no members of
     an active group, so there this check cannot see running consumers; Apache Kafka reports them."""
+    # function-local: keeps `lapse --help` fast
     from lapse.kernel.kafka_clients import make_admin
     from lapse.readers.offsets import OffsetsError, execute_reset, plan_reset
     from lapse.readers.status import declared_reads

@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+import signal
+from collections.abc import Callable
 from dataclasses import asdict
+from typing import Any
 
 import click
 
+from lapse.kernel.settings import Settings
 from lapse.shell.cli import main
 from lapse.shell.cli_options import connection_options, emit, pass_settings, setting_option
 
 
-def _exit_when_idle():
+def _exit_when_idle() -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     return click.option("--exit-when-idle", type=float, default=None, metavar="SECONDS",
                         help="Stop after this long with nothing to do (default: run until stopped).")
 
@@ -23,8 +27,9 @@ def _exit_when_idle():
 @click.option("--once", is_flag=True, help="One pass, then exit.")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 @pass_settings
-def sweep(settings, once: bool, as_json: bool) -> None:
+def sweep(settings: Settings, once: bool, as_json: bool) -> None:
     """Emit expiry events for due business rows that have no ledger row yet."""
+    # function-local: keeps `lapse --help` fast
     from lapse.kernel.codec import Codec
     from lapse.kernel.database import engine_from_settings
     from lapse.kernel.kafka_clients import make_producer
@@ -33,6 +38,7 @@ def sweep(settings, once: bool, as_json: bool) -> None:
     from lapse.shell.roles import run_sweep_role
 
     if not once:
+        # function-local: keeps `lapse --help` fast
         from lapse.shell.metrics import serve
 
         serve(settings)
@@ -57,8 +63,9 @@ def sweep(settings, once: bool, as_json: bool) -> None:
 @_exit_when_idle()
 @click.option("--json", "as_json", is_flag=True, help="Print the final counts as JSON.")
 @pass_settings
-def process(settings, exit_when_idle: float | None, as_json: bool) -> None:
+def process(settings: Settings, exit_when_idle: float | None, as_json: bool) -> None:
     """Consume lapse.expiry in group lapse-cleanup and apply each cleanup once."""
+    # function-local: keeps `lapse --help` fast
     from lapse.kernel.signals import stop_on_signals
     from lapse.processors import CleanupWorker
     from lapse.shell.metrics import serve
@@ -77,8 +84,9 @@ def process(settings, exit_when_idle: float | None, as_json: bool) -> None:
 @setting_option("metrics_port")
 @_exit_when_idle()
 @pass_settings
-def relay(settings, exit_when_idle: float | None) -> None:
+def relay(settings: Settings, exit_when_idle: float | None) -> None:
     """Publish outbox rows (outcomes, dead letters) to Kafka in order."""
+    # function-local: keeps `lapse --help` fast
     from lapse.shell.metrics import serve
     from lapse.shell.roles import run_relay_role
 
@@ -93,11 +101,10 @@ def relay(settings, exit_when_idle: float | None) -> None:
 @click.option("--workers", type=click.IntRange(1, 64), default=2, show_default=True,
               help="Processor processes.")
 @pass_settings
-def run(settings, workers: int) -> None:
+def run(settings: Settings, workers: int) -> None:
     """Run sweep, processors, relay, delay tiers and reconciler in one process tree until
     interrupted; a role that dies is restarted."""
-    import signal
-
+    # function-local: keeps `lapse --help` fast
     from lapse.shell.roles import pipeline_roles, run_monitor_role
     from lapse.shell.supervisor import Role, Supervisor
 

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import click
 
+from lapse.kernel.settings import Settings
 from lapse.shell.cli import main
 from lapse.shell.cli_options import connection_options, emit, pass_settings, setting_option
 from lapse.shell.time_args import Duration
 
 
-def _summary(r: dict) -> str:
+def _summary(r: dict[str, Any]) -> str:
     gaps = ", ".join(f"{k}={v}" for k, v in sorted(r["gaps"].items())) or "none"
     anomalies = ", ".join(f"{k}={v}" for k, v in sorted(r["anomalies"].items())) or "none"
     return (f"scanned {r['scanned']} business rows and {r['ledger_scanned']} ledger rows; "
@@ -28,8 +31,9 @@ def _summary(r: dict) -> str:
 @click.option("--once", is_flag=True, help="One pass, then exit.")
 @click.option("--json", "as_json", is_flag=True, help="Print the pass summary as JSON.")
 @pass_settings
-def reconcile(settings, once: bool, as_json: bool) -> None:
+def reconcile(settings: Settings, once: bool, as_json: bool) -> None:
     """Re-emit eligible work with no ledger row or stuck past the grace period; report anomalies."""
+    # function-local: keeps `lapse --help` fast
     from lapse.kernel.codec import Codec
     from lapse.kernel.database import engine_from_settings
     from lapse.kernel.kafka_clients import make_producer
@@ -38,6 +42,7 @@ def reconcile(settings, once: bool, as_json: bool) -> None:
     from lapse.shell.roles import run_reconcile_role
 
     if not once:
+        # function-local: keeps `lapse --help` fast
         from lapse.shell.metrics import serve
 
         serve(settings)

@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import click
 
+from lapse.kernel.settings import Settings
 from lapse.shell.cli import main
 from lapse.shell.cli_options import emit, pass_settings, setting_option
 
 
-def _text(r: dict) -> str:
+def _text(r: dict[str, Any]) -> str:
     stored = "stored" if r["enqueued"] else "already stored"
     line = f"{r['report_key']}: {stored}; delivered {len(r['delivered'])} via {r['notifier']}"
     if r["failed"]:
@@ -28,8 +30,9 @@ def _text(r: dict) -> str:
                    "by giving its date.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 @pass_settings
-def report(settings, day: datetime | None, as_json: bool) -> None:
+def report(settings: Settings, day: datetime | None, as_json: bool) -> None:
     """Store the daily report `daily-report:YYYY-MM-DD` once and send undelivered reports."""
+    # function-local: keeps `lapse --help` fast
     from lapse.kernel.database import engine_from_settings
     from lapse.reconciler.daily_report import deliver_pending, enqueue_report
     from lapse.reconciler.notifiers import notifier_from_settings

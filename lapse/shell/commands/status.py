@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 from datetime import UTC, datetime
+from typing import Any
 
 import click
 
+from lapse.kernel.settings import Settings
 from lapse.shell.cli import main
 from lapse.shell.cli_options import connection_options, emit, pass_settings, setting_option
 
 
-def _text(r: dict) -> str:
+def _text(r: dict[str, Any]) -> str:
     lines = ["ledger:"]
     for state, kinds in r["ledger"].items():
         lines.append(f"  {state:<16} " + " ".join(f"{k}={n}" for k, n in kinds.items()))
@@ -38,19 +40,20 @@ def _text(r: dict) -> str:
 @click.option("--no-lag", is_flag=True, help="Only the ledger; do not ask Kafka for consumer lag.")
 @click.option("--json", "as_json", is_flag=True, help="Print the status as JSON.")
 @pass_settings
-def status(settings, watch: float | None, no_lag: bool, as_json: bool) -> None:
+def status(settings: Settings, watch: float | None, no_lag: bool, as_json: bool) -> None:
     """Ledger counts by state and kind, the oldest eligible-but-unfinished operation, expired
     claims, dead letters and the lag of every group declared in topics.yaml."""
+    # function-local: keeps `lapse --help` fast
     from lapse.kernel.database import engine_from_settings
     from lapse.readers.status import status_report
 
     if watch is not None:
+        # function-local: keeps `lapse --help` fast
+        from lapse.kernel.signals import stop_on_signals
         from lapse.shell.metrics import monitor, serve
 
         if settings.metrics_port is None:
             raise click.UsageError("--watch needs --metrics-port (or LAPSE_METRICS_PORT)")
-        from lapse.kernel.signals import stop_on_signals
-
         stop = stop_on_signals()
         serve(settings)
         monitor(settings, stop, watch)

@@ -7,9 +7,11 @@ replication factor) and exits 1 when such drift remains, so CI notices.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import click
 
+from lapse.kernel.settings import Settings
 from lapse.shell.cli import main
 from lapse.shell.cli_options import emit, pass_settings, setting_option
 
@@ -22,7 +24,7 @@ def topics() -> None:
     """Declared topics and consumer groups (topics.yaml)."""
 
 
-def _text(result: dict) -> str:
+def _text(result: dict[str, Any]) -> str:
     if not result["actions"]:
         return "no change"
     lines = []
@@ -45,9 +47,10 @@ def _text(result: dict) -> str:
 @click.option("--name-prefix", default="", help="Prefix every topic name (side-by-side environments, tests).")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object on stdout.")
 @pass_settings
-def topics_apply(settings, dry_run: bool, replication_factor: int | None, name_prefix: str,
+def topics_apply(settings: Settings, dry_run: bool, replication_factor: int | None, name_prefix: str,
                  as_json: bool) -> None:
     """Create missing topics and set declared configs; report drift it cannot fix."""
+    # function-local: keeps `lapse --help` fast
     from confluent_kafka import KafkaException
     from confluent_kafka.admin import AdminClient
 
@@ -59,7 +62,8 @@ def topics_apply(settings, dry_run: bool, replication_factor: int | None, name_p
                                replication_factor=replication_factor)
     except TopicsFileError as exc:
         raise click.ClickException(str(exc)) from None
-    admin = AdminClient({**settings.kafka_common(), "logger": get_logger("kafka")})
+    # confluent-kafka's stub types config values as str/int/float/bool; a Python logger is documented.
+    admin = AdminClient({**settings.kafka_common(), "logger": get_logger("kafka")})  # type: ignore[dict-item]
     try:
         actions = plan(admin, declared)
         if not dry_run:
