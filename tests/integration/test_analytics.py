@@ -3,17 +3,21 @@ figures match the outcomes produced (lz4-compressed, as the relay sends them).""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
 import sys
-import time
 import urllib.request
 from datetime import UTC, datetime, timedelta
 
+import pytest
+
 from lapse.devtools.brokers import free_port
 from lapse.readers.analytics import VIEW_PATH
-from tests.reader_env import outcome_record, produce_outcomes, reader_settings
+from tests.fixtures.pipeline import make_pipeline_settings
+from tests.fixtures.polling import eventually
+from tests.fixtures.readers import READER_TOPICS, outcome_record, produce_outcomes
 
 
 def _view(port: int) -> dict | None:
@@ -24,8 +28,9 @@ def _view(port: int) -> dict | None:
         return None
 
 
+@pytest.mark.slow
 def test_faust_worker_serves_outcome_figures(kafka_bootstrap, pg_url, unique, tmp_path):
-    settings = reader_settings(kafka_bootstrap, pg_url, unique)
+    settings = make_pipeline_settings(kafka_bootstrap, pg_url, unique, **READER_TOPICS)
     now = datetime.now(UTC)
     due = now - timedelta(seconds=3)
     produce_outcomes(settings, [
@@ -47,13 +52,16 @@ def test_faust_worker_serves_outcome_figures(kafka_bootstrap, pg_url, unique, tm
     want = {"release-reservation|applied": 3, "release-reservation|skipped": 1,
             "release-reservation|dead_letter": 2}
     shown = None
+
+    def settled() -> bool:
+        nonlocal shown
+        shown = _view(port)
+        return proc.poll() is not None or bool(shown and shown["totals"] == want)
+
     try:
-        deadline = time.monotonic() + 90
-        while time.monotonic() < deadline and proc.poll() is None:
-            shown = _view(port)
-            if shown and shown["totals"] == want:
-                break
-            time.sleep(0.5)
+        # On a timeout the assertion below fails with the worker's stderr, which says more.
+        with contextlib.suppress(TimeoutError):
+            eventually(settled, timeout_s=90, interval_s=0.5, what="the analytics view's totals")
     finally:
         proc.terminate()
         try:

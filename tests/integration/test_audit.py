@@ -7,34 +7,28 @@ from __future__ import annotations
 import json
 from datetime import UTC, datetime, timedelta
 
+import pytest
 from click.testing import CliRunner
 from confluent_kafka import TopicPartition
 from sqlalchemy import func, select, update
 
 from lapse.devtools.demo_data import add_reservations
 from lapse.kernel.database import make_engine
-from lapse.kernel.ledger import ExpiryEvent
+from lapse.kernel.ledger import ExpiryEvent, Selection, expiry_event
 from lapse.kernel.models import cleanup_ledger, outbox, reservations
-from lapse.processors.dlq_queries import Selection, replay
+from lapse.processors import replay
 from lapse.shell.app import main
-from tests.fixtures_kafka import admin
-from tests.reader_env import (
-    outcome_record,
-    process_until_terminal,
-    produce_events,
-    produce_outcomes,
-    reader_settings,
-    relay,
-    sweep,
-)
+from tests.fixtures.kafka import admin
+from tests.fixtures.pipeline import make_pipeline_settings
+from tests.fixtures.readers import READER_TOPICS, outcome_record, produce_events, produce_outcomes, relay, sweep
+from tests.fixtures.workers import process_until_done
 
 DEAD_KEY = "release-reservation:not-a-number"
 
 
 def _event(subject: str, **kw) -> ExpiryEvent:
-    return ExpiryEvent(op_key=f"release-reservation:{subject}", kind="release-reservation",
-                       tenant="t1", subject_id=subject, due_at=datetime.now(UTC) - timedelta(minutes=5),
-                       correlation_id=f"c-{subject}", **kw)
+    return expiry_event("release-reservation", subject, "t1", datetime.now(UTC) - timedelta(minutes=5),
+                        source="sweep", correlation_id=f"c-{subject}", **kw)
 
 
 def _audit(settings, since: datetime | None = None) -> tuple[int, dict]:
@@ -48,8 +42,9 @@ def _audit(settings, since: datetime | None = None) -> tuple[int, dict]:
     return result.exit_code, json.loads(result.stdout.splitlines()[-1])
 
 
+@pytest.mark.slow
 def test_audit_matches_the_ledger_and_fails_on_a_second_applied(kafka_bootstrap, pg_url, unique):
-    settings = reader_settings(kafka_bootstrap, pg_url, unique)
+    settings = make_pipeline_settings(kafka_bootstrap, pg_url, unique, **READER_TOPICS)
     engine = make_engine(pg_url)
     past = datetime.now(UTC) - timedelta(minutes=10)
     with engine.begin() as conn:
@@ -59,7 +54,7 @@ def test_audit_matches_the_ledger_and_fails_on_a_second_applied(kafka_bootstrap,
         conn.execute(update(reservations).where(reservations.c.id.in_(ids[:2])).values(status="paid"))
     # Faults: a duplicate delivery and an invalid subject (dead letter).
     produce_events(settings, [_event(str(ids[3])), _event("not-a-number")])
-    process_until_terminal(settings, expected=9)
+    process_until_done(settings, terminal=9)
     relay(settings)
     with engine.begin() as conn:  # the relay crashed after the flush: one outcome goes out again
         first = conn.execute(select(func.min(outbox.c.id)).where(outbox.c.schema == "cleanup_outcome")).scalar()
@@ -74,7 +69,7 @@ def test_audit_matches_the_ledger_and_fails_on_a_second_applied(kafka_bootstrap,
                                      expiry_topic=settings.expiry_topic)
     assert [r["op_key"] for r in released] == [DEAD_KEY]
     relay(settings)
-    process_until_terminal(settings, expected=9, replayed=1)
+    process_until_done(settings, terminal=9, replayed=1)
     relay(settings)
 
     code, report = _audit(settings)

@@ -10,7 +10,8 @@ import pytest
 from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
 
 from lapse.devtools.brokers import ApacheKafkaServer, BrokerUnavailable, find_kafka_jars
-from tests.fixtures_kafka import admin, create_topics
+from tests.fixtures.kafka import admin, create_topics
+from tests.fixtures.polling import eventually
 
 
 def _produce(bootstrap: str, topic: str, key: bytes, value: bytes) -> None:
@@ -21,20 +22,22 @@ def _produce(bootstrap: str, topic: str, key: bytes, value: bytes) -> None:
     assert delivered == [None]
 
 
-def _read_first(bootstrap: str, topic: str, deadline_polls: int = 300):
+def _read_first(bootstrap: str, topic: str, timeout_s: float = 60.0) -> tuple:
     consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"{topic}-reader",
                          "enable.auto.commit": False})
     consumer.assign([TopicPartition(topic, 0, OFFSET_BEGINNING)])
+
+    def first_record() -> tuple | None:
+        msg = consumer.poll(0.2)
+        return (msg.key(), msg.value(), msg.offset()) if msg is not None and not msg.error() else None
+
     try:
-        for _ in range(deadline_polls):  # a guard against hanging, not a timing assertion
-            msg = consumer.poll(0.2)
-            if msg is not None and not msg.error():
-                return msg.key(), msg.value(), msg.offset()
-        raise AssertionError(f"no record read back from {topic}")
+        return eventually(first_record, timeout_s=timeout_s, interval_s=0, what=f"a record read back from {topic}")
     finally:
         consumer.close()
 
 
+@pytest.mark.slow
 def test_restart_keeps_a_produced_record(kafka_server, unique):
     topic = unique("topic")
     create_topics(kafka_server.bootstrap, {topic: 1})

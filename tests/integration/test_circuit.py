@@ -7,12 +7,12 @@ from datetime import UTC, datetime, timedelta
 from sqlalchemy import func, select
 
 from lapse.kernel.kafka_clients import make_producer
-from lapse.kernel.ledger import ExpiryEvent
+from lapse.kernel.ledger import expiry_event, expiry_record
 from lapse.kernel.models import cleanup_ledger
 from lapse.processors.circuit import CircuitPolicy, DeadLetterCircuit
-from lapse.processors.worker import CleanupWorker
-from tests.pipeline_env import committed
-from tests.test_pipeline import seed
+from tests.fixtures.kafka import committed
+from tests.fixtures.pipeline import seed
+from tests.fixtures.workers import process_until_done
 
 
 class FakeClock:
@@ -42,21 +42,19 @@ def test_a_bad_deploy_pauses_the_partition_instead_of_dead_lettering_everything(
     now = datetime.now(UTC)
     producer = make_producer(settings)
     for i in range(60):  # every one of these is invalid: the subject is not a reservation id
-        bad = ExpiryEvent(op_key=f"release-reservation:bad{i}", kind="release-reservation",
-                          tenant="t", subject_id=f"bad{i}", due_at=now - timedelta(minutes=1),
-                          correlation_id=f"c{i}")
+        bad = expiry_event("release-reservation", f"bad{i}", "t", now - timedelta(minutes=1), source="sweep",
+                           correlation_id=f"c{i}")
         producer.produce(settings.expiry_topic, partition=0, key=bad.op_key.encode(),
-                         value=pipeline.codec.encode("expiry_event", bad.to_record(now)))
+                         value=pipeline.codec.encode("expiry_event", expiry_record(bad, now)))
     ids = seed(pipeline, 5)
     for rid in ids:
-        good = ExpiryEvent(op_key=f"release-reservation:{rid}", kind="release-reservation",
-                           tenant="t", subject_id=str(rid), due_at=now - timedelta(minutes=1),
-                           correlation_id=f"g{rid}")
+        good = expiry_event("release-reservation", rid, "t", now - timedelta(minutes=1), source="sweep",
+                            correlation_id=f"g{rid}")
         producer.produce(settings.expiry_topic, partition=1, key=good.op_key.encode(),
-                         value=pipeline.codec.encode("expiry_event", good.to_record(now)))
+                         value=pipeline.codec.encode("expiry_event", expiry_record(good, now)))
     producer.flush(10)
 
-    stats = CleanupWorker(settings).run(exit_when_idle=3)
+    stats = process_until_done(settings)
 
     with pipeline.engine.connect() as conn:
         dead = conn.execute(select(func.count()).where(cleanup_ledger.c.state == "dead_letter")).scalar()

@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import threading
-import time
 from datetime import UTC, datetime, timedelta
 
 from confluent_kafka import Producer
 
 from lapse.kernel.delays import TARGET_HEADER, due_header, parse_due
 from lapse.processors.delay_worker import DelayWorker
-from tests.pipeline_env import committed, read_topic
+from tests.fixtures.kafka import committed, read_topic
+from tests.fixtures.polling import eventually
 
 
 def test_delay_tier_forwards_when_due_and_a_held_partition_holds_only_itself(pipeline):
@@ -33,11 +33,11 @@ def test_delay_tier_forwards_when_due_and_a_held_partition_holds_only_itself(pip
     worker = DelayWorker(s, topics=[tier])
     thread = threading.Thread(target=worker.run)
     thread.start()
-    deadline = time.monotonic() + 30
-    while worker.forwarded < 2 and time.monotonic() < deadline:
-        time.sleep(0.1)
-    worker.stop.set()
-    thread.join(30)
+    try:
+        eventually(lambda: worker.forwarded >= 2, timeout_s=30, interval_s=0.1, what="the two due records forwarded")
+    finally:
+        worker.stop.set()
+        thread.join(30)
 
     out = read_topic(s.bootstrap_servers, s.expiry_topic)
     assert sorted(m.key() for m in out) == [b"already", b"soon"]

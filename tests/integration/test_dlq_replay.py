@@ -10,36 +10,34 @@ from sqlalchemy import func, select
 
 from lapse.kernel.database import make_engine
 from lapse.kernel.kinds import registry
-from lapse.kernel.ledger import ExpiryEvent
+from lapse.kernel.ledger import ExpiryEvent, Selection, expiry_event
 from lapse.kernel.models import cleanup_ledger, ledger_transitions, outbox
-from lapse.processors.dlq_queries import Selection, replay
-from lapse.processors.rules import Topics, apply_batch
+from lapse.processors import BatchScope, Topics, apply_batch, replay
 from lapse.shell.app import main
 
 NOW = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
 TOPICS = Topics(outcomes="lapse.outcomes", dlq="lapse.dlq")
 
 
-def bad_event(i: int, tenant: str, **kw) -> ExpiryEvent:
+def bad_event(i: int, tenant: str) -> ExpiryEvent:
     """A release-reservation with a non-numeric subject: dead-lettered as invalid at once."""
-    return ExpiryEvent(op_key=f"release-reservation:x{i}", kind="release-reservation", tenant=tenant,
-                       subject_id=f"x{i}", due_at=NOW - timedelta(minutes=1), correlation_id=f"c{i}", **kw)
+    return expiry_event("release-reservation", f"x{i}", tenant, NOW - timedelta(minutes=1), source="sweep",
+                        correlation_id=f"c{i}")
 
 
 def process(engine, events, now=NOW):
     with engine.begin() as conn:
-        return apply_batch(conn, events, kinds=registry(), topics=TOPICS, worker="w", now=now,
-                           lease=timedelta(seconds=30))
+        return apply_batch(BatchScope(conn, kinds=registry(), topics=TOPICS, worker="w", now=now,
+                                      lease=timedelta(seconds=30)), events)
 
 
 def replayed_events(engine, replay_id) -> list[ExpiryEvent]:
     with engine.connect() as conn:
         payloads = conn.execute(select(outbox.c.payload).where(
             outbox.c.topic == "lapse.expiry", outbox.c.headers["replay_id"].as_string() == replay_id)).scalars()
-        return [ExpiryEvent(op_key=p["op_key"], kind=p["kind"], tenant=p["tenant"],
-                            subject_id=p["subject_id"], due_at=datetime.fromtimestamp(p["due_at"] / 1000, UTC),
-                            correlation_id=p["correlation_id"], source=p["source"],
-                            attempt=p["attempt"], replay_id=p["replay_id"]) for p in payloads]
+        return [expiry_event(p["kind"], p["subject_id"], p["tenant"], datetime.fromtimestamp(p["due_at"] / 1000, UTC),
+                             source=p["source"], correlation_id=p["correlation_id"], attempt=p["attempt"],
+                             replay_id=p["replay_id"]) for p in payloads]
 
 
 def test_replay_releases_exactly_the_selection_once_and_failures_return_for_good(pg_url):

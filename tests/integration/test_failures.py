@@ -14,12 +14,13 @@ from sqlalchemy import insert, select
 
 from lapse.kernel.database import make_engine
 from lapse.kernel.kinds import registry
-from lapse.kernel.ledger import ExpiryEvent
+from lapse.kernel.ledger import ExpiryEvent, expiry_event
 from lapse.kernel.models import artifacts, cleanup_ledger, ledger_transitions, outbox
 from lapse.processors.failures import RATE_LIMITED, TEMPORARY, EffectFailure
 from lapse.processors.leased import EffectRunner, run_leased
-from lapse.processors.object_store import FilesystemObjectStore
-from lapse.processors.rules import Topics, apply_batch
+from lapse.processors.object_store import FaultyObjectStore, FilesystemObjectStore
+from lapse.processors.rules import apply_batch
+from lapse.processors.scope import BatchScope, Topics
 
 T0 = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
 LEASE = timedelta(seconds=30)
@@ -67,24 +68,30 @@ def add_artifact(engine, store, key="exports/a.csv", put=True) -> ExpiryEvent:
         ).returning(artifacts.c.id)).scalar()
     if put:
         store.put(key, b"x")
-    return ExpiryEvent(op_key=f"artifact-delete:{aid}", kind="artifact-delete", tenant="t1",
-                       subject_id=str(aid), due_at=T0 - timedelta(hours=1), correlation_id=f"c{aid}")
+    return expiry_event("artifact-delete", aid, "t1", T0 - timedelta(hours=1), source="sweep",
+                        correlation_id=f"c{aid}")
+
+
+def scope(conn, worker, now) -> BatchScope:
+    return BatchScope(conn, kinds=KINDS, topics=TOPICS, worker=worker, now=now, lease=LEASE,
+                      rng=random.Random(1))
 
 
 def claim(engine, events, worker, now):
     with engine.begin() as conn:
-        return apply_batch(conn, events, kinds=KINDS, topics=TOPICS, worker=worker, now=now,
-                           lease=LEASE, rng=random.Random(1))
+        return apply_batch(scope(conn, worker, now), events)
 
 
-def deliver(engine, events, store, worker="w1", clock=None, rng=None):
+def deliver(engine, events, store, worker="w1", clock=None):
     """One delivery as the worker does it: claim, run the leased effects, complete."""
     clock = clock or Clock()
-    first = claim(engine, events, worker, clock())
     runner = EffectRunner({"delete-object": store.delete}, concurrency=2)
     try:
-        done = run_leased(engine, runner, first.leased, first.targets, kinds=KINDS, topics=TOPICS,
-                          worker=worker, clock=clock, lease=LEASE, rng=rng or random.Random(1))
+        with engine.connect() as conn:
+            batch = scope(conn, worker, clock())
+            with conn.begin():
+                first = apply_batch(batch, events)
+            done = run_leased(runner, batch, first, clock)
     finally:
         runner.close()
     return first, done
@@ -128,8 +135,8 @@ def test_two_workers_claim_one_external_job_one_effect_other_backs_off(engine, s
     assert b.leased == [] and b.conflicts == [ev.op_key]
     assert b.backed_off[0].due_at == T0 + LEASE  # wb waits in a delay tier until wa's lease ends
     runner = EffectRunner({"delete-object": store.delete})
-    done = run_leased(engine, runner, a.leased, a.targets, kinds=KINDS, topics=TOPICS, worker="wa",
-                      clock=Clock(), lease=LEASE, rng=random.Random(1))
+    with engine.connect() as conn:
+        done = run_leased(runner, scope(conn, "wa", T0), a, Clock())
     runner.close()
     assert done.applied == [ev.op_key] and store.removed == 1
     # wb's wake-up after the lease finds the work done: a duplicate, no second effect.
@@ -187,9 +194,8 @@ def _wakeup(engine, ev) -> ExpiryEvent:
     """The wake-up record the retry put in the outbox, decoded back into an event."""
     (wake,) = outbox_rows(engine, "lapse.delay.")
     p = wake["payload"]
-    return ExpiryEvent(op_key=p["op_key"], kind=p["kind"], tenant=p["tenant"], subject_id=p["subject_id"],
-                       due_at=datetime.fromtimestamp(p["due_at"] / 1000, UTC),
-                       correlation_id=p["correlation_id"], source=p["source"], attempt=p["attempt"])
+    return expiry_event(p["kind"], p["subject_id"], p["tenant"], datetime.fromtimestamp(p["due_at"] / 1000, UTC),
+                        source=p["source"], correlation_id=p["correlation_id"], attempt=p["attempt"])
 
 
 def test_final_attempt_failure_is_dead_lettered_with_its_history(engine, store):
@@ -221,8 +227,6 @@ def test_invalid_effect_failure_dead_letters_at_once(engine, store):
 
 
 def test_faulty_store_fails_a_share_of_deletes_with_classified_failures(store):
-    from lapse.processors.object_store import FaultyObjectStore
-
     faulty = FaultyObjectStore(store, rate=0.5, rng=random.Random(3))
     seen = []
     for i in range(200):

@@ -8,22 +8,25 @@ from datetime import UTC, datetime, timedelta
 from sqlalchemy import insert, select
 
 from lapse.kernel.kinds import ARTIFACT_DELETE
-from lapse.kernel.ledger import ExpiryEvent
-from lapse.kernel.ledger_queries import pending_row
+from lapse.kernel.ledger import expiry_event, pending_row, renew_leases
 from lapse.kernel.models import cleanup_ledger
 from lapse.processors.failures import AMBIGUOUS
-from lapse.processors.leased import EffectRunner, renew_leases
+from lapse.processors.leased import EffectRunner
 
 T0 = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
 KEY = "artifact-delete:1"
 
 
 def claimed_row(engine, owner: str, until: datetime) -> None:
-    event = ExpiryEvent(op_key=KEY, kind="artifact-delete", tenant="t", subject_id="1", due_at=T0,
-                        correlation_id="c")
+    event = expiry_event("artifact-delete", 1, "t", T0, source="sweep", correlation_id="c")
     with engine.begin() as conn:
         conn.execute(insert(cleanup_ledger), [{**pending_row(event, T0), "state": "claimed",
                                                "claim_owner": owner, "claim_until": until}])
+
+
+def renew_in_transaction(engine, keys, owner: str, until: datetime) -> None:
+    with engine.begin() as conn:
+        renew_leases(conn, keys, owner, until)
 
 
 def claim_until(engine) -> datetime:
@@ -54,7 +57,7 @@ def test_a_slow_effect_keeps_its_lease_renewed_until_it_finishes(engine):
 
     def renew(keys):
         calls.append(list(keys))
-        renew_leases(engine, keys, "w1", clock() + timedelta(seconds=30))
+        renew_in_transaction(engine, keys, "w1", clock() + timedelta(seconds=30))
         if len(calls) == 2:
             release.set()  # the effect finishes after two renewals
 
@@ -89,5 +92,5 @@ def test_renewal_is_bounded_and_a_stuck_effect_is_reported_ambiguous(engine):
 
 def test_renewal_never_extends_a_lease_another_worker_took_over(engine):
     claimed_row(engine, "w2", T0 + timedelta(seconds=30))
-    renew_leases(engine, [KEY], "w1", T0 + timedelta(hours=1))
+    renew_in_transaction(engine, [KEY], "w1", T0 + timedelta(hours=1))
     assert claim_until(engine) == T0 + timedelta(seconds=30)

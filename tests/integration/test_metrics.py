@@ -11,12 +11,13 @@ from sqlalchemy import insert
 from lapse.devtools.brokers import free_port
 from lapse.devtools.demo_data import add_reservations
 from lapse.kernel.database import make_engine
-from lapse.kernel.ledger import ExpiryEvent
-from lapse.kernel.ledger_queries import pending_row
+from lapse.kernel.ledger import expiry_event, pending_row
 from lapse.kernel.models import cleanup_ledger
 from lapse.readers.status import status_report
 from lapse.shell import metrics
-from tests.reader_env import process_until_terminal, produce_events, reader_settings, sweep
+from tests.fixtures.pipeline import make_pipeline_settings
+from tests.fixtures.readers import READER_TOPICS, produce_events, sweep
+from tests.fixtures.workers import process_until_done
 
 
 def scrape(port: int) -> dict[tuple, float]:
@@ -27,7 +28,7 @@ def scrape(port: int) -> dict[tuple, float]:
 
 
 def test_metrics_after_a_real_batch(kafka_bootstrap, pg_url, unique):
-    settings = reader_settings(kafka_bootstrap, pg_url, unique, metrics_port=free_port())
+    settings = make_pipeline_settings(kafka_bootstrap, pg_url, unique, **READER_TOPICS, metrics_port=free_port())
     port = metrics.serve(settings)
     before = scrape(port)
     engine = make_engine(pg_url)
@@ -35,10 +36,9 @@ def test_metrics_after_a_real_batch(kafka_bootstrap, pg_url, unique):
     with engine.begin() as conn:
         add_reservations(conn, 3, expires_at=now - timedelta(minutes=10))
     sweep(settings)
-    bad = ExpiryEvent(op_key="release-reservation:x1", kind="release-reservation", tenant="t1",
-                      subject_id="x1", due_at=now, correlation_id="c")
+    bad = expiry_event("release-reservation", "x1", "t1", now, source="sweep", correlation_id="c")
     produce_events(settings, [bad, bad])  # an invalid subject, delivered twice
-    process_until_terminal(settings, expected=4)
+    process_until_done(settings, terminal=4)
 
     after = scrape(port)
 
@@ -55,8 +55,8 @@ def test_metrics_after_a_real_batch(kafka_bootstrap, pg_url, unique):
     assert delta("lapse_batch_size_sum") == 5
 
     # The status gauges: a stuck pending row ten minutes overdue, and the group caught up.
-    event = ExpiryEvent(op_key="release-reservation:999", kind="release-reservation", tenant="t1",
-                        subject_id="999", due_at=now - timedelta(minutes=10), correlation_id="c")
+    event = expiry_event("release-reservation", 999, "t1", now - timedelta(minutes=10), source="sweep",
+                         correlation_id="c")
     with engine.begin() as conn:
         conn.execute(insert(cleanup_ledger), [pending_row(event, now)])
     metrics.observe_status(status_report(settings, engine, now))

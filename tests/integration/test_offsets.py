@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import threading
-import time
 from datetime import UTC, datetime, timedelta
 
 from click.testing import CliRunner
@@ -15,7 +14,9 @@ from lapse.kernel.codec import Codec
 from lapse.kernel.kafka_clients import make_consumer
 from lapse.readers.offsets import committed
 from lapse.shell.app import main
-from tests.reader_env import outcome_record, produce_outcomes, reader_settings
+from tests.fixtures.pipeline import make_pipeline_settings
+from tests.fixtures.polling import eventually
+from tests.fixtures.readers import READER_TOPICS, outcome_record, produce_outcomes
 
 OUTCOMES = 12
 
@@ -25,18 +26,21 @@ def _read_all(settings, group: str, seen: set, timeout_s: float = 60.0) -> None:
     codec = Codec.from_settings(settings)
     consumer = make_consumer(settings, group)
     consumer.subscribe([settings.outcomes_topic])
-    deadline = time.monotonic() + timeout_s
-    try:
-        while len(seen) < OUTCOMES and time.monotonic() < deadline:
-            batch = [m for m in consumer.consume(100, 0.5) if m.error() is None]
+
+    def read_and_commit() -> bool:
+        batch = [m for m in consumer.consume(100, 0.5) if m.error() is None]
+        for msg in batch:
+            seen.add(codec.decode_expected("cleanup_outcome", msg.value())["outcome_id"])
+        if batch:
+            nxt = {}
             for msg in batch:
-                seen.add(codec.decode_expected("cleanup_outcome", msg.value())["outcome_id"])
-            if batch:
-                nxt = {}
-                for msg in batch:
-                    nxt[msg.partition()] = max(nxt.get(msg.partition(), 0), msg.offset() + 1)
-                consumer.commit(offsets=[TopicPartition(settings.outcomes_topic, p, o)
-                                         for p, o in nxt.items()], asynchronous=False)
+                nxt[msg.partition()] = max(nxt.get(msg.partition(), 0), msg.offset() + 1)
+            consumer.commit(offsets=[TopicPartition(settings.outcomes_topic, p, o)
+                                     for p, o in nxt.items()], asynchronous=False)
+        return len(seen) >= OUTCOMES
+
+    try:
+        eventually(read_and_commit, timeout_s=timeout_s, interval_s=0, what=f"every outcome read in {group}")
     finally:
         consumer.close()
 
@@ -54,7 +58,7 @@ def _reset(settings, *args) -> tuple[int, str]:
 
 
 def test_groups_read_independently_and_a_reset_moves_only_one(kafka_bootstrap, pg_url, unique):
-    settings = reader_settings(kafka_bootstrap, pg_url, unique)
+    settings = make_pipeline_settings(kafka_bootstrap, pg_url, unique, **READER_TOPICS)
     before = datetime.now(UTC) - timedelta(seconds=1)
     produce_outcomes(settings, [outcome_record(i, str(i)) for i in range(1, OUTCOMES + 1)])
     groups = [unique("analytics"), unique("reports"), unique("audit")]
@@ -90,10 +94,15 @@ def test_groups_read_independently_and_a_reset_moves_only_one(kafka_bootstrap, p
     # While a member of the second group is running, the reset refuses and moves nothing.
     member = make_consumer(settings, groups[1])
     member.subscribe([settings.outcomes_topic])
-    deadline = time.monotonic() + 30
-    while not member.assignment() and time.monotonic() < deadline:
+
+    def joined() -> bool:
+        if member.assignment():
+            return True
         member.consume(10, 0.2)
+        return False
+
     try:
+        eventually(joined, timeout_s=30, interval_s=0, what="a member of the second group assigned")
         code, out = _reset(settings, "--group", groups[1], "--shift-by", "-1", "--execute")
     finally:
         member.close()

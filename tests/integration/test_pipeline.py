@@ -9,40 +9,17 @@ import threading
 from collections import Counter
 from datetime import UTC, datetime, timedelta
 
+import pytest
 from sqlalchemy import func, select, update
 
-from lapse.devtools.demo_data import add_reservations
-from lapse.kernel.kafka_clients import DeliveryTracker, make_producer
+from lapse.kernel.kafka_clients import make_producer
 from lapse.kernel.kinds import registry
-from lapse.kernel.ledger import ExpiryEvent
 from lapse.kernel.models import cleanup_ledger, ledger_transitions, reservations
-from lapse.processors.worker import CleanupWorker
-from lapse.producers.emit import emit_events
 from lapse.producers.relay import relay_until_empty
 from lapse.producers.sweep import sweep_once
-from tests.pipeline_env import EXPIRY_PARTITIONS, committed, end_offsets, read_topic
-
-PAST = datetime.now(UTC) - timedelta(minutes=5)
-
-
-def expiry_event(rid: int) -> ExpiryEvent:
-    return ExpiryEvent(op_key=f"release-reservation:{rid}", kind="release-reservation", tenant="t1",
-                       subject_id=str(rid), due_at=PAST, correlation_id=f"corr-{rid}")
-
-
-def produce(p, events):
-    producer = make_producer(p.settings)
-    emit_events(producer, p.codec, DeliveryTracker(), p.settings.expiry_topic, events,
-                datetime.now(UTC))
-
-
-def process(settings, idle=2.0):
-    return CleanupWorker(settings).run(exit_when_idle=idle)
-
-
-def seed(p, n, **kw) -> list[int]:
-    with p.engine.begin() as conn:
-        return add_reservations(conn, n, expires_at=kw.pop("expires_at", PAST - timedelta(minutes=1)), **kw)
+from tests.fixtures.kafka import committed, read_topic
+from tests.fixtures.pipeline import EXPIRY_PARTITIONS, all_committed, expiry_event, produce, seed
+from tests.fixtures.workers import process_until_done, process_with_workers
 
 
 def outcomes(p) -> list[dict]:
@@ -57,18 +34,10 @@ def ledger_row(p, rid):
             cleanup_ledger.c.op_key == f"release-reservation:{rid}")).mappings().one()
 
 
-def all_committed(p):
-    """Every partition's committed offset is its end (an empty partition may have none)."""
-    s = p.settings
-    done = committed(s.bootstrap_servers, s.cleanup_group, s.expiry_topic, EXPIRY_PARTITIONS)
-    ends = end_offsets(s.bootstrap_servers, s.expiry_topic, EXPIRY_PARTITIONS)
-    return all(done[part] == end or (end == 0 and done[part] < 0) for part, end in ends.items())
-
-
 def test_duplicate_delivery_applies_once_and_absorbs_the_rest(pipeline):
     (rid,) = seed(pipeline, 1)
     produce(pipeline, [expiry_event(rid)] * 3)
-    stats = process(pipeline.settings)
+    stats = process_until_done(pipeline.settings)
     assert (stats.applied, stats.duplicates) == (1, 2)
     row = ledger_row(pipeline, rid)
     assert (row["state"], row["duplicates"]) == ("applied", 2)
@@ -77,6 +46,7 @@ def test_duplicate_delivery_applies_once_and_absorbs_the_rest(pipeline):
     assert all_committed(pipeline)
 
 
+@pytest.mark.slow
 def test_crash_after_db_commit_before_offset_commit(pipeline):
     """The worker dies between the DB commit and the offset commit; the next one skips the effect."""
     (rid,) = seed(pipeline, 1)
@@ -99,7 +69,7 @@ def test_crash_after_db_commit_before_offset_commit(pipeline):
     s = pipeline.settings
     assert set(committed(s.bootstrap_servers, s.cleanup_group, s.expiry_topic, EXPIRY_PARTITIONS).values()) == {-1001}
 
-    stats = process(pipeline.settings)
+    stats = process_until_done(pipeline.settings)
     assert (stats.applied, stats.duplicates) == (0, 1)
     with pipeline.engine.connect() as conn:
         assert conn.execute(select(reservations.c.released_at)).scalar() == released_at
@@ -113,7 +83,7 @@ def test_payment_after_the_event_was_produced_wins(pipeline):
     produce(pipeline, [expiry_event(rid)])
     with pipeline.engine.begin() as conn:
         conn.execute(update(reservations).where(reservations.c.id == rid).values(status="paid"))
-    process(pipeline.settings)
+    process_until_done(pipeline.settings)
     assert ledger_row(pipeline, rid)["state"] == "skipped"
     with pipeline.engine.connect() as conn:
         assert conn.execute(select(reservations.c.status)).scalar() == "paid"
@@ -123,11 +93,7 @@ def test_payment_after_the_event_was_produced_wins(pipeline):
 def test_two_workers_over_six_partitions_apply_every_event_once(pipeline):
     ids = seed(pipeline, 3000)
     produce(pipeline, [expiry_event(i) for i in ids])
-    stats = []
-    threads = [threading.Thread(target=lambda: stats.append(process(pipeline.settings, idle=4)))
-               for _ in range(2)]
-    [t.start() for t in threads]
-    [t.join(180) for t in threads]
+    stats = process_with_workers(pipeline.settings, 2, timeout_s=180)
     assert sum(s.applied for s in stats) == 3000
     with pipeline.engine.connect() as conn:
         per_key = Counter(conn.execute(select(ledger_transitions.c.op_key)).scalars())
@@ -137,6 +103,7 @@ def test_two_workers_over_six_partitions_apply_every_event_once(pipeline):
     assert all_committed(pipeline)
 
 
+@pytest.mark.slow
 def test_sweep_pages_through_due_rows_and_emits_each_once(pipeline):
     seed(pipeline, 10_000)
     seed(pipeline, 50, expires_at=datetime.now(UTC) + timedelta(hours=1))  # not due
@@ -160,7 +127,7 @@ def test_undecodable_bytes_are_dead_lettered_and_the_partition_moves_on(pipeline
     producer.produce(pipeline.settings.expiry_topic, key=event.op_key.encode(), value=b"\x00garbage")
     producer.flush(10)
     produce(pipeline, [event])  # same key, same partition, after the poison record
-    stats = process(pipeline.settings)
+    stats = process_until_done(pipeline.settings)
     assert (stats.poison, stats.applied) == (1, 1)
     dead = read_topic(pipeline.settings.bootstrap_servers, pipeline.settings.dlq_topic)
     assert len(dead) == 1
@@ -175,7 +142,7 @@ def test_undecodable_bytes_are_dead_lettered_and_the_partition_moves_on(pipeline
 def test_two_relays_at_once_publish_each_outbox_row_once_in_order(pipeline):
     ids = seed(pipeline, 600)
     produce(pipeline, [expiry_event(i) for i in ids])
-    process(pipeline.settings)
+    process_until_done(pipeline.settings)
     relayed = []
 
     def relay():

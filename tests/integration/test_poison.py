@@ -8,41 +8,40 @@ from datetime import UTC, datetime, timedelta
 from confluent_kafka import Producer
 
 from lapse.devtools.demo_data import add_reservations
-from lapse.kernel.ledger import ExpiryEvent
-from lapse.processors.worker import CleanupWorker
-from tests.pipeline_env import committed, read_topic
+from lapse.kernel.ledger import expiry_event, expiry_record
+from tests.fixtures.kafka import committed, read_topic
+from tests.fixtures.workers import process_until_done
 
 NOW = datetime.now(UTC)
 
 
-def record(codec, op_key, kind, subject, tenant="t1") -> bytes:
-    event = ExpiryEvent(op_key=op_key, kind=kind, tenant=tenant, subject_id=subject,
-                        due_at=NOW - timedelta(minutes=5), correlation_id="c")
-    return codec.encode("expiry_event", event.to_record(NOW))
+def record(codec, kind, subject, tenant="t1", **tampered) -> bytes:
+    """An expiry event as the factory makes it, with `tampered` fields overwritten on the wire."""
+    event = expiry_event(kind, subject, tenant, NOW - timedelta(minutes=5), source="sweep", correlation_id="c")
+    return codec.encode("expiry_event", {**expiry_record(event, NOW), **tampered})
 
 
 def test_unknown_fingerprint_wrong_schema_bad_key_unknown_kind_and_oversized_field_go_to_dlq(pipeline):
     s, codec = pipeline.settings, pipeline.codec
     with pipeline.engine.begin() as conn:
         (rid,) = add_reservations(conn, 1, expires_at=NOW - timedelta(minutes=10))
-    good = record(codec, f"release-reservation:{rid}", "release-reservation", str(rid))
+    good = record(codec, "release-reservation", rid)
     outcome = {"outcome_id": 1, "op_key": "x:1", "kind": "x", "tenant": "t", "subject_id": "1",
                "status": "applied", "attempt": 1, "failure_class": None, "reason": None, "due_at": 0,
                "occurred_at": 0, "correlation_id": "c", "replay_id": None, "worker": None}
     bad = [
         b"\xc3\x01" + bytes(8) + good[10:],                                  # unknown fingerprint
         codec.encode("cleanup_outcome", outcome),                            # not an expiry event
-        record(codec, "release-reservation:7", "release-reservation", "8"),  # key ≠ subject
-        record(codec, "no-such-kind:1", "no-such-kind", "1"),                # unknown kind
-        record(codec, "release-reservation:9", "release-reservation", "9",  # no ledger row fits
-               tenant="t" * 65),
+        record(codec, "release-reservation", 8, op_key="release-reservation:7"),  # key ≠ subject
+        record(codec, "no-such-kind", 1),                                    # unknown kind
+        record(codec, "release-reservation", 9, tenant="t" * 65),            # no ledger row fits
     ]
     producer = Producer({"bootstrap.servers": s.bootstrap_servers})
     for value in [*bad, good]:
         producer.produce(s.expiry_topic, key=b"k", value=value, partition=0)
     assert producer.flush(10) == 0
 
-    stats = CleanupWorker(s).run(exit_when_idle=2.0)
+    stats = process_until_done(s)
     assert (stats.poison, stats.applied) == (5, 1)
     letters = [codec.decode_expected("dead_letter", m.value()) for m in read_topic(s.bootstrap_servers, s.dlq_topic)]
     assert [lt["reason"].split(":")[0] for lt in letters] == [

@@ -11,11 +11,11 @@ from sqlalchemy.orm import Session
 
 from lapse.kernel.delays import DUE_AT_HEADER, TARGET_HEADER
 from lapse.kernel.kafka_clients import make_producer
-from lapse.kernel.ledger_queries import millis
+from lapse.kernel.ledger import millis
 from lapse.kernel.models import cleanup_ledger, outbox, reservations
 from lapse.producers.publish import schedule_cleanup
 from lapse.producers.relay import relay_until_empty
-from tests.pipeline_env import read_topic
+from tests.fixtures.kafka import read_topic
 
 KIND = "release-reservation"
 

@@ -17,11 +17,11 @@ from lapse.kernel.kafka_clients import DeliveryFailed, make_producer
 from lapse.kernel.kinds import registry
 from lapse.kernel.models import cleanup_ledger, ledger_transitions, reservations
 from lapse.kernel.rate_limit import TokenBucket
-from lapse.processors.worker import CleanupWorker
 from lapse.producers.sweep import sweep_once
 from lapse.reconciler.scan import Reconciler, reconcile_once, scan_rate
 from lapse.shell.app import main
-from tests.pipeline_env import read_topic
+from tests.fixtures.kafka import read_topic
+from tests.fixtures.workers import process_until_done
 
 KIND = "release-reservation"
 
@@ -64,7 +64,7 @@ def test_gaps_behind_the_pipelines_back_are_found_cleaned_and_then_gone(pipeline
     assert first.anomaly_keys == [f"{KIND}:{odd}"]
     assert sorted(keys_on_topic(p)) == sorted(f"{KIND}:{i}" for i in gaps)
 
-    CleanupWorker(p.settings).run(exit_when_idle=1.0)
+    process_until_done(p.settings)
     assert statuses(p.engine, gaps) == {"released"}
     assert statuses(p.engine, recent) == {"held"}  # the sweep's job, not yet the reconciler's
     with p.engine.connect() as conn:
@@ -133,7 +133,7 @@ def test_reconciler_racing_the_sweep_still_gives_one_effect_per_op_key(pipeline)
     # ON CONFLICT DO NOTHING: each op key's pending row was created by exactly one of them.
     assert out["sweep"].emitted + out["reconcile"].gaps.get("no_ledger", 0) == 300
 
-    CleanupWorker(p.settings).run(exit_when_idle=1.0)
+    process_until_done(p.settings)
     assert statuses(p.engine, ids) == {"released"}
     with p.engine.connect() as conn:
         applied = conn.execute(
@@ -185,7 +185,7 @@ def test_codec_reads_what_the_reconciler_writes(pipeline):
 def test_one_pass_on_sqlite_finds_gaps_stuck_rows_and_anomalies(kafka_bootstrap, sqlite_url, unique):
     """The embedded default database runs the same statements (row values, UPDATE … RETURNING)."""
     from lapse.kernel.database import make_engine
-    from tests.pipeline_env import Pipeline, make_pipeline_settings
+    from tests.fixtures.pipeline import Pipeline, make_pipeline_settings
 
     settings = make_pipeline_settings(kafka_bootstrap, sqlite_url, unique)
     p = Pipeline(settings, make_engine(sqlite_url), Codec.from_settings(settings))

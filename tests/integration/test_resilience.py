@@ -2,58 +2,42 @@
 
 from __future__ import annotations
 
-import threading
-import time
 from collections import Counter
 
-from sqlalchemy import create_engine, func, select, text
+from sqlalchemy import create_engine, select, text
 from sqlalchemy.engine import make_url
 
-from lapse.kernel.models import cleanup_ledger, ledger_transitions
-from lapse.processors.worker import CleanupWorker
-from tests.fixtures_db import admin_url
-from tests.test_pipeline import all_committed, expiry_event, produce, seed
-
-
-def wait_until(condition, timeout_s: float = 90.0, what: str = "condition") -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"{what} not reached in {timeout_s:.0f}s")
-        time.sleep(0.2)
-
-
-def applied(pipeline) -> int:
-    with pipeline.engine.connect() as conn:
-        return conn.execute(select(func.count()).where(cleanup_ledger.c.state == "applied")).scalar()
+from lapse.kernel.models import ledger_transitions
+from tests.fixtures.db import admin_url
+from tests.fixtures.pipeline import all_committed, applied, expiry_event, produce, seed
+from tests.fixtures.polling import eventually
+from tests.fixtures.workers import running_workers
 
 
 def test_worker_rewinds_and_retries_through_a_database_outage(pipeline):
     first = seed(pipeline, 50)
     second = seed(pipeline, 50)
     produce(pipeline, [expiry_event(i) for i in first])
-    worker = CleanupWorker(pipeline.settings)
-    thread = threading.Thread(target=worker.run, daemon=True)
-    thread.start()
-    wait_until(lambda: applied(pipeline) == 50, what="the first 50 applied")
+    with running_workers(pipeline.settings) as running:
+        (worker,) = running.workers
+        eventually(lambda: applied(pipeline) == 50, timeout_s=90, what="the first 50 applied")
 
-    database = make_url(pipeline.settings.database_url_plain()).database
-    admin = create_engine(admin_url(), isolation_level="AUTOCOMMIT")
-    try:
-        with admin.connect() as conn:
-            conn.execute(text(f'ALTER DATABASE "{database}" ALLOW_CONNECTIONS false'))
-            conn.execute(text("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
-                              "WHERE datname = :db AND pid <> pg_backend_pid()"), {"db": database})
-        produce(pipeline, [expiry_event(i) for i in second])
-        wait_until(lambda: worker.stats.batch_failures >= 1, what="a failed batch")
-    finally:
-        with admin.connect() as conn:
-            conn.execute(text(f'ALTER DATABASE "{database}" ALLOW_CONNECTIONS true'))
-        admin.dispose()
+        database = make_url(pipeline.settings.database_url_plain()).database
+        admin = create_engine(admin_url(), isolation_level="AUTOCOMMIT")
+        try:
+            with admin.connect() as conn:
+                conn.execute(text(f'ALTER DATABASE "{database}" ALLOW_CONNECTIONS false'))
+                conn.execute(text("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                                  "WHERE datname = :db AND pid <> pg_backend_pid()"), {"db": database})
+            produce(pipeline, [expiry_event(i) for i in second])
+            eventually(lambda: worker.stats.batch_failures >= 1, timeout_s=90, what="a failed batch")
+        finally:
+            with admin.connect() as conn:
+                conn.execute(text(f'ALTER DATABASE "{database}" ALLOW_CONNECTIONS true'))
+            admin.dispose()
 
-    wait_until(lambda: applied(pipeline) == 100, what="all 100 applied after the outage")
-    worker.stop.set()
-    thread.join(30)
+        eventually(lambda: applied(pipeline) == 100, timeout_s=90, what="all 100 applied after the outage")
+    running.stats()  # stopped, and no worker thread failed
     with pipeline.engine.connect() as conn:
         per_key = Counter(conn.execute(select(ledger_transitions.c.op_key)).scalars())
     assert len(per_key) == 100 and set(per_key.values()) == {1}

@@ -11,24 +11,25 @@ from sqlalchemy import func, select, text, update
 from lapse.devtools.demo_data import add_reservations
 from lapse.kernel.database import make_engine
 from lapse.kernel.kinds import RELEASE_RESERVATION, registry, release_reservations
-from lapse.kernel.ledger import ExpiryEvent
+from lapse.kernel.ledger import ExpiryEvent, expiry_event
 from lapse.kernel.models import cleanup_ledger, ledger_transitions, outbox, reservations
-from lapse.processors.rules import Topics, apply_batch
+from lapse.processors.commit import isolate_failures
+from lapse.processors.rules import apply_batch
+from lapse.processors.scope import BatchScope, Topics
 
 NOW = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
+LEASE = timedelta(seconds=30)
 TOPICS = Topics(outcomes="lapse.outcomes", dlq="lapse.dlq")
 
 
-def event(rid: int | str, **kw) -> ExpiryEvent:
-    return ExpiryEvent(op_key=f"release-reservation:{rid}", kind="release-reservation",
-                       tenant="t1", subject_id=str(rid), due_at=NOW - timedelta(minutes=5),
-                       correlation_id=f"c-{rid}", **kw)
+def event(rid: int | str, due_at: datetime = NOW - timedelta(minutes=5)) -> ExpiryEvent:
+    return expiry_event("release-reservation", rid, "t1", due_at, source="sweep", correlation_id=f"c-{rid}")
 
 
 def run(engine, events, worker="w1", now=NOW):
     with engine.begin() as conn:
-        return apply_batch(conn, events, kinds=registry(), topics=TOPICS, worker=worker, now=now,
-                           lease=timedelta(seconds=30))
+        return apply_batch(BatchScope(conn, kinds=registry(), topics=TOPICS, worker=worker, now=now,
+                                      lease=LEASE), events)
 
 
 def ledger(engine, rid):
@@ -83,8 +84,7 @@ def test_future_wakeup_is_handed_back_not_applied(db_url):
     engine = make_engine(db_url)
     with engine.begin() as conn:
         (rid,) = add_reservations(conn, 1, expires_at=NOW - timedelta(minutes=10))
-    early = ExpiryEvent(op_key=f"release-reservation:{rid}", kind="release-reservation", tenant="t",
-                        subject_id=str(rid), due_at=NOW + timedelta(minutes=1), correlation_id="c")
+    early = event(rid, due_at=NOW + timedelta(minutes=1))
     result = run(engine, [early])
     assert [e.op_key for e in result.not_due] == [early.op_key]
     assert ledger(engine, rid)["state"] == "pending"
@@ -128,9 +128,7 @@ def test_hold_extended_after_its_event_is_rescheduled_not_skipped(db_url):
     assert wakeup.topic == "lapse.delay.1h"  # the smallest tier covering 20 minutes
     assert wakeup.payload["source"] == "reschedule"
     # When the new due time comes, the wake-up releases it.
-    later = run(engine, [ExpiryEvent(op_key=f"release-reservation:{rid}", kind="release-reservation",
-                                     tenant="t1", subject_id=str(rid), due_at=extended,
-                                     correlation_id="c")], now=extended + timedelta(seconds=1))
+    later = run(engine, [event(rid, due_at=extended)], now=extended + timedelta(seconds=1))
     assert later.applied == [f"release-reservation:{rid}"]
     with engine.connect() as conn:
         assert conn.execute(select(reservations.c.status)).scalar() == "released"
@@ -146,14 +144,13 @@ def release_unless_thirteen(conn, ids, now):
 def test_an_event_that_breaks_the_batch_transaction_is_dead_lettered_alone(pg_url):
     """One event whose effect fails in the database must not fail its batch forever: the batch
     is redone event by event and only that event is dead-lettered, with the database's reason."""
-    from lapse.processors.commit import isolate_failures
-
     engine = make_engine(pg_url)
     with engine.begin() as conn:
         ids = add_reservations(conn, 15, expires_at=NOW - timedelta(minutes=10))
     kinds = {"release-reservation": replace(RELEASE_RESERVATION, apply_in_db=release_unless_thirteen)}
-    result = isolate_failures(engine, [event(i) for i in ids], kinds=kinds, topics=TOPICS,
-                              worker="w1", now=NOW, lease=timedelta(seconds=30))
+    with engine.connect() as conn:
+        result = isolate_failures(BatchScope(conn, kinds=kinds, topics=TOPICS, worker="w1", now=NOW,
+                                             lease=LEASE), [event(i) for i in ids])
     assert sorted(result.applied) == sorted(f"release-reservation:{i}" for i in ids if i != 13)
     assert result.dead_lettered == ["release-reservation:13"]
     row = ledger(engine, 13)

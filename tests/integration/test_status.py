@@ -11,27 +11,25 @@ from click.testing import CliRunner
 from sqlalchemy import insert
 
 from lapse.kernel.database import make_engine
-from lapse.kernel.ledger import ExpiryEvent
-from lapse.kernel.ledger_queries import pending_row
+from lapse.kernel.ledger import expiry_event, pending_row
 from lapse.kernel.models import cleanup_ledger
 from lapse.readers.status import status_report
 from lapse.shell.app import main
-from tests.reader_env import produce_events, reader_settings
+from tests.fixtures.pipeline import make_pipeline_settings
+from tests.fixtures.readers import READER_TOPICS, produce_events
 
 
 def _row(subject: str, state: str, due_at: datetime, now: datetime, **extra) -> dict:
-    event = ExpiryEvent(op_key=f"release-reservation:{subject}", kind="release-reservation",
-                        tenant="t1", subject_id=subject, due_at=due_at, correlation_id=f"c-{subject}")
+    event = expiry_event("release-reservation", subject, "t1", due_at, source="sweep", correlation_id=f"c-{subject}")
     base = {"claim_owner": None, "claim_until": None, "finished_at": None}
     return {**pending_row(event, now), **base, "state": state, **extra}
 
 
 def test_status_shows_a_stuck_claim_and_ages_rising_with_the_clock(kafka_bootstrap, pg_url, unique):
-    settings = reader_settings(kafka_bootstrap, pg_url, unique)
+    settings = make_pipeline_settings(kafka_bootstrap, pg_url, unique, **READER_TOPICS)
     engine = make_engine(pg_url)
-    produce_events(settings, [ExpiryEvent(op_key=f"release-reservation:{i}", kind="release-reservation",
-                                          tenant="t1", subject_id=str(i), due_at=datetime.now(UTC),
-                                          correlation_id="c") for i in range(4)])
+    produce_events(settings, [expiry_event("release-reservation", i, "t1", datetime.now(UTC), source="sweep",
+                                           correlation_id="c") for i in range(4)])
     t0 = datetime.now(UTC) + timedelta(seconds=1)  # the fake clock, after the records' timestamps
     with engine.begin() as conn:
         conn.execute(insert(cleanup_ledger), [

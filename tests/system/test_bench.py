@@ -11,7 +11,7 @@ from click.testing import CliRunner
 from sqlalchemy import create_engine, text
 
 from lapse.shell.app import main
-from tests.fixtures_db import admin_url
+from tests.fixtures.db import admin_url
 
 RATE = (int, float)
 
@@ -32,6 +32,7 @@ def bench_databases(run_id: str) -> list[str]:
     return names
 
 
+@pytest.mark.slow
 def test_quick_bench_reports_every_stage_and_cleans_up(kafka_bootstrap, tmp_path):
     plot = tmp_path / "bench.png"
     out = run_bench(kafka_bootstrap, "--quick", "--events", "200", "--batch-sizes", "100",
@@ -65,16 +66,9 @@ def test_quick_bench_reports_every_stage_and_cleans_up(kafka_bootstrap, tmp_path
     assert not list(Path.cwd().glob("bench-faust-*"))  # Faust's data dir stays out of the work tree
 
 
-def test_wrong_batch_sizes_is_a_one_line_error():
-    result = CliRunner().invoke(main, ["bench", "--batch-sizes", "100,abc"])
-    assert result.exit_code == 2
-    assert "expected comma-separated integers" in result.output
-    assert "Traceback" not in result.output
-
-
 @pytest.mark.bench
 def test_full_bench(kafka_bootstrap, request):
-    """The real benchmark (about two minutes): `pytest -m bench tests/test_bench.py -s`."""
+    """The real benchmark (about two minutes): `pytest -m bench tests/system/test_bench.py -s`."""
     if "bench" not in (request.config.getoption("-m") or ""):
         pytest.skip("the full benchmark runs only when selected with -m bench")
     out = run_bench(kafka_bootstrap, "--events", "20000")

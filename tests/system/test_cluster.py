@@ -3,18 +3,26 @@ loses nothing and applies nothing twice."""
 
 from __future__ import annotations
 
-import threading
 from collections import Counter
 
 import pytest
 from sqlalchemy import select
 
 from lapse.devtools.brokers import ApacheKafkaCluster
+from lapse.kernel.codec import Codec
+from lapse.kernel.database import make_engine
 from lapse.kernel.models import ledger_transitions
-from lapse.processors.worker import CleanupWorker
-from tests.pipeline_env import Pipeline, make_pipeline_settings
-from tests.test_pipeline import all_committed, expiry_event, produce, seed
-from tests.test_resilience import applied, wait_until
+from tests.fixtures.pipeline import (
+    Pipeline,
+    all_committed,
+    applied,
+    expiry_event,
+    make_pipeline_settings,
+    produce,
+    seed,
+)
+from tests.fixtures.polling import eventually
+from tests.fixtures.workers import running_workers
 
 REPLICATED = {
     "offsets.topic.replication.factor": "3",
@@ -33,24 +41,16 @@ def cluster(tmp_path_factory):
 
 @pytest.mark.slow
 def test_killing_one_of_three_brokers_loses_nothing(cluster, pg_url, unique):
-    from lapse.kernel.codec import Codec
-    from lapse.kernel.database import make_engine
-
     settings = make_pipeline_settings(cluster.bootstrap, pg_url, unique, replication_factor=3)
     pipeline = Pipeline(settings, make_engine(pg_url), Codec.from_settings(settings))
     ids = seed(pipeline, 2000)
     produce(pipeline, [expiry_event(i) for i in ids[:1000]])
-    worker = CleanupWorker(settings)
-    thread = threading.Thread(target=worker.run, daemon=True)
-    thread.start()
-    try:
-        wait_until(lambda: applied(pipeline) == 1000, what="the first 1,000 applied")
+    with running_workers(settings) as running:
+        eventually(lambda: applied(pipeline) == 1000, timeout_s=90, what="the first 1,000 applied")
         cluster.nodes[1].kill()  # a broker dies: leaders and maybe the group coordinator move
         produce(pipeline, [expiry_event(i) for i in ids[1000:]])
-        wait_until(lambda: applied(pipeline) == 2000, timeout_s=120, what="all 2,000 applied")
-    finally:
-        worker.stop.set()
-        thread.join(60)
+        eventually(lambda: applied(pipeline) == 2000, timeout_s=120, what="all 2,000 applied")
+    running.stats()  # stopped, and no worker thread failed
     with pipeline.engine.connect() as conn:
         per_key = Counter(conn.execute(select(ledger_transitions.c.op_key)).scalars())
     assert len(per_key) == 2000 and set(per_key.values()) == {1}

@@ -6,7 +6,10 @@ import json
 import subprocess
 import sys
 
+import pytest
 
+
+@pytest.mark.slow
 def test_demo_with_faults_on_embedded_broker_and_sqlite_converges_one_effect_per_op_key(embedded_bootstrap, tmp_path):
     # The demo starts its own embedded broker; the session fixture proves the binary is there
     # and fails the run with the reason if it is not.

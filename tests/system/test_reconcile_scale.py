@@ -11,10 +11,10 @@ from sqlalchemy import text
 
 from lapse.kernel.kafka_clients import make_producer
 from lapse.kernel.kinds import RELEASE_RESERVATION, registry
-from lapse.kernel.ledger import CLAIMED, PENDING, RETRY_SCHEDULED
+from lapse.kernel.ledger import CLAIMED, PENDING, RETRY_SCHEDULED, mark_stuck_statement
 from lapse.reconciler import queries
 from lapse.reconciler.scan import Reconciler
-from tests.pipeline_env import read_topic
+from tests.fixtures.kafka import read_topic
 
 ROWS = 1_000_000
 HELD_EVERY = 20         # every 20th reservation is still held and expired: 50,000 eligible rows
@@ -78,8 +78,8 @@ def test_million_row_table_is_scanned_in_bounded_memory_with_indexes_only(pipeli
             "eligible_first": queries.eligible_statement(RELEASE_RESERVATION, cutoff, None, PAGE),
         }
         for state in (PENDING, CLAIMED, RETRY_SCHEDULED):
-            statements[f"stuck_{state}"] = queries.mark_stuck_statement(state, cutoff, None, PAGE, NOW)
-            statements[f"stuck_{state}_next"] = queries.mark_stuck_statement(
+            statements[f"stuck_{state}"] = mark_stuck_statement(state, cutoff, None, PAGE, NOW)
+            statements[f"stuck_{state}_next"] = mark_stuck_statement(
                 state, cutoff, (DUE - timedelta(minutes=30), "release-reservation:5"), PAGE, NOW)
         plans = {name: plan(conn, stmt) for name, stmt in statements.items()}
     for name, text_plan in plans.items():
