@@ -8,7 +8,7 @@ from lapse.processors.dead_letters import list_dead_letters, replay
 from lapse.processors.delay_worker import DelayWorker
 from lapse.processors.object_store import FilesystemObjectStore
 from lapse.processors.rules import apply_batch
-from lapse.processors.scope import BatchResult, BatchScope, Topics
+from lapse.processors.scope import BatchResult, BatchScope
 from lapse.processors.worker import CleanupWorker, WorkerStats
 
 __all__ = [
@@ -18,7 +18,6 @@ __all__ = [
     "CleanupWorker",
     "DelayWorker",
     "FilesystemObjectStore",
-    "Topics",
     "WorkerStats",
     "apply_batch",
     "commit_batch",

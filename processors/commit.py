@@ -24,10 +24,11 @@ from lapse.kernel.kinds import CleanupKind
 from lapse.kernel.ledger import ExpiryEvent, Original, Position, dead_letter_record, expiry_record
 from lapse.kernel.logs import get_logger
 from lapse.kernel.settings import Settings
+from lapse.kernel.topology import Topology
 from lapse.processors.decode import Poison, position_of
 from lapse.processors.leased import EffectRunner, effect_runner, run_leased
 from lapse.processors.rules import apply_batch, dead_letter_events
-from lapse.processors.scope import BatchResult, BatchScope, Topics
+from lapse.processors.scope import BatchResult, BatchScope
 
 DEADLOCK_RETRIES = 3
 log = get_logger("processor")
@@ -43,21 +44,18 @@ class BatchContext:
     kinds: dict[str, CleanupKind]
     producer: Producer
     delivery: DeliveryTracker
-    tiers: list[tuple[str, int]]
     clock: Callable[[], datetime] = lambda: datetime.now(UTC)
     effects: EffectRunner | None = None  # built from settings on first use
     rng: random.Random = field(default_factory=random.Random)  # retry jitter
 
     @property
-    def topics(self) -> Topics:
-        return Topics(outcomes=self.settings.outcomes_topic, dlq=self.settings.dlq_topic,
-                      expiry=self.settings.expiry_topic,
-                      delay_prefix=self.settings.delay_topic_prefix, tiers=tuple(self.tiers))
+    def topics(self) -> Topology:
+        return self.settings.topology
 
     def scope(self, conn: Connection, now: datetime, positions: dict[str, Position]) -> BatchScope:
         """The scope of one batch on `conn`: the worker's settings are read here, once."""
-        return BatchScope(conn, kinds=self.kinds, topics=self.topics, worker=self.settings.worker_id,
-                          now=now, lease=timedelta(seconds=self.settings.lease_seconds),
+        return BatchScope(conn, kinds=self.kinds, topics=self.topics, worker=self.settings.runtime.worker_id,
+                          now=now, lease=timedelta(seconds=self.settings.processor.lease_seconds),
                           positions=positions, rng=self.rng)
 
     def effect_runner(self) -> EffectRunner:
@@ -191,8 +189,7 @@ def _produce_poison(ctx: BatchContext, item: Poison, now: datetime) -> None:
 
 
 def _produce_delayed(ctx: BatchContext, event: ExpiryEvent, now: datetime) -> None:
-    topics = ctx.topics
-    topic, headers = delay_record(topics.tiers, topics.delay_prefix, event.due_at, now, topics.expiry)
+    topic, headers = delay_record(ctx.topics, event.due_at, now)
     ctx.producer.produce(topic, key=event.op_key.encode(),
                          value=ctx.codec.encode("expiry_event", expiry_record(event, now)),
                          headers=list(headers), on_delivery=ctx.delivery)
@@ -200,5 +197,5 @@ def _produce_delayed(ctx: BatchContext, event: ExpiryEvent, now: datetime) -> No
 
 def _crash_if(point: str, settings: Settings) -> None:
     """Test hook: die without cleanup at a named point, as a killed process would."""
-    if settings.crash_point == point:
+    if settings.dev.crash_point == point:
         os._exit(17)

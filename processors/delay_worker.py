@@ -18,7 +18,6 @@ from lapse.kernel.delays import TARGET_HEADER, parse_due
 from lapse.kernel.kafka_clients import DeliveryTracker, make_consumer, make_producer
 from lapse.kernel.logs import get_logger
 from lapse.kernel.settings import Settings
-from lapse.kernel.topology import delay_tiers
 from lapse.processors.commit import commit_offsets
 
 log = get_logger("delay")
@@ -31,13 +30,13 @@ class DelayWorker:
                  stop: threading.Event | None = None,
                  clock: Callable[[], datetime] = lambda: datetime.now(UTC)) -> None:
         self.settings = settings
-        self.topics = topics or [settings.delay_topic(t) for t, _ in delay_tiers(settings)]
+        self.topics = topics or settings.topology.delay_topics
         self.stop = stop or threading.Event()
         self.clock = clock
         self.owned: set[tuple[str, int]] = set()
         self.held: dict[tuple[str, int], datetime] = {}  # paused partition → its head's due time
         self.forwarded = 0
-        self.consumer = make_consumer(settings, settings.delay_group)
+        self.consumer = make_consumer(settings, settings.topology.groups.delay)
         self.producer = make_producer(settings)
         self.delivery = DeliveryTracker()
 
@@ -57,7 +56,7 @@ class DelayWorker:
         try:
             while not self.stop.is_set():
                 self._release_due()
-                messages = self.consumer.consume(self.settings.batch_size, self._wait_s())
+                messages = self.consumer.consume(self.settings.processor.batch_size, self._wait_s())
                 self._process([m for m in messages if self._usable(m)])
         finally:
             self.close()
@@ -65,7 +64,7 @@ class DelayWorker:
 
     def _wait_s(self) -> float:
         """Poll no longer than until the earliest held record is due (and at most 1 s)."""
-        wait = self.settings.poll_timeout_s
+        wait = self.settings.processor.poll_timeout_s
         if self.held:
             until = (min(self.held.values()) - self.clock()).total_seconds()
             wait = min(max(until, 0.01), 1.0)
@@ -101,7 +100,7 @@ class DelayWorker:
                 self._hold(tp, msg.offset(), due)
                 continue
             target = dict(msg.headers() or []).get(TARGET_HEADER)
-            self.producer.produce((target or b"").decode() or self.settings.expiry_topic,
+            self.producer.produce((target or b"").decode() or self.settings.topology.expiry,
                                   key=msg.key(), value=msg.value(), headers=msg.headers(),
                                   on_delivery=self.delivery)
             self.producer.poll(0)

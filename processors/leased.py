@@ -124,4 +124,4 @@ def run_leased(runner: EffectRunner, scope: BatchScope, claimed: BatchResult,
 def effect_runner(settings: Settings) -> EffectRunner:
     """The runner of the built-in actions, from settings (object store, concurrency)."""
     store = store_from_settings(settings)
-    return EffectRunner({"delete-object": store.delete}, settings.effect_concurrency)
+    return EffectRunner({"delete-object": store.delete}, settings.processor.effect_concurrency)

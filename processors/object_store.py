@@ -89,7 +89,7 @@ class FaultyObjectStore:
 
 def store_from_settings(settings, rng: random.Random | None = None) -> ObjectStore:
     """The filesystem store at `object_store_dir`, faulty when `object_store_fault_rate` > 0."""
-    store: ObjectStore = FilesystemObjectStore(settings.object_store_dir)
-    if settings.object_store_fault_rate > 0:
-        store = FaultyObjectStore(store, settings.object_store_fault_rate, rng or random.Random())
+    store: ObjectStore = FilesystemObjectStore(settings.processor.object_store_dir)
+    if settings.dev.object_store_fault_rate > 0:
+        store = FaultyObjectStore(store, settings.dev.object_store_fault_rate, rng or random.Random())
     return store

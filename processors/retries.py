@@ -30,8 +30,7 @@ class FailedAttempt:
 def wake_up(scope: BatchScope, event: ExpiryEvent, due_at: datetime, attempt: int, source: str) -> None:
     """Put `event` back, due at `due_at`, on the smallest delay tier covering the wait (through
     the outbox, so the wake-up commits with the ledger change that schedules it)."""
-    topics = scope.topics
-    topic, headers = delay_record(topics.tiers, topics.delay_prefix, due_at, scope.now, topics.expiry)
+    topic, headers = delay_record(scope.topics, due_at, scope.now)
     scope.writes.expiry(topic, replace(event, due_at=due_at, attempt=attempt, source=source),
                         {key: value.decode() for key, value in headers})
 

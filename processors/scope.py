@@ -1,6 +1,6 @@
 """One batch's scope: what every step of a batch works with, and what the steps collect.
 
-A `BatchScope` is one batch on one database connection: the kinds, where records go (`Topics`),
+A `BatchScope` is one batch on one database connection: the kinds, where records go (the `Topology`),
 who and when, the lease, where each event was consumed, the retry jitter; and the ledger writes
 its steps fill and the `BatchResult` they report, both for one transaction. A step that runs in
 one transaction (`apply_batch`) runs in the one its caller began on the connection; work that
@@ -19,18 +19,7 @@ from sqlalchemy import Connection
 
 from lapse.kernel.kinds import CleanupKind
 from lapse.kernel.ledger import ExpiryEvent, LedgerWrites, Position
-
-
-@dataclass(frozen=True)
-class Topics:
-    """Where the rules send records: outcomes, dead letters, and retry wake-ups (a delay tier
-    `delay_prefix + tier`, forwarded to `expiry` when due)."""
-
-    outcomes: str
-    dlq: str
-    expiry: str = "lapse.expiry"
-    delay_prefix: str = "lapse.delay."
-    tiers: tuple[tuple[str, int], ...] = (("30s", 30), ("2m", 120), ("10m", 600), ("1h", 3600))
+from lapse.kernel.topology import Topology
 
 
 @dataclass
@@ -73,7 +62,7 @@ class BatchScope:
 
     conn: Connection
     kinds: Mapping[str, CleanupKind]
-    topics: Topics
+    topics: Topology
     worker: str
     now: datetime
     lease: timedelta

@@ -19,7 +19,6 @@ from lapse.kernel.kafka_clients import DeliveryFailed, DeliveryTracker, make_con
 from lapse.kernel.kinds import registry
 from lapse.kernel.logs import get_logger
 from lapse.kernel.settings import Settings
-from lapse.kernel.topology import delay_tiers
 from lapse.processors.circuit import CircuitPolicy, DeadLetterCircuit
 from lapse.processors.commit import BatchContext, commit_batch
 from lapse.processors.decode import decode_batch, partition_of, position_of
@@ -61,15 +60,14 @@ class CleanupWorker:
             settings=settings,
             engine=self.engine,
             codec=Codec.from_settings(settings),
-            kinds=registry(settings.extra_kinds),
+            kinds=registry(settings.processor.extra_kinds),
             producer=make_producer(settings),
             delivery=DeliveryTracker(),
-            tiers=delay_tiers(settings),
         )
-        self.consumer = make_consumer(settings, settings.cleanup_group)
+        self.consumer = make_consumer(settings, settings.topology.groups.cleanup)
         self.circuit = DeadLetterCircuit(CircuitPolicy(
-            threshold=settings.circuit_threshold, min_events=settings.circuit_min_events,
-            window=settings.circuit_window, cooldown_s=settings.circuit_cooldown_s))
+            threshold=settings.processor.circuit_threshold, min_events=settings.processor.circuit_min_events,
+            window=settings.processor.circuit_window, cooldown_s=settings.processor.circuit_cooldown_s))
         self.next_offset: dict[tuple[str, int], int] = {}
 
     def _on_assign(self, consumer, partitions) -> None:
@@ -87,7 +85,7 @@ class CleanupWorker:
     def run(self, exit_when_idle: float | None = None) -> WorkerStats:
         """Process until stopped (SIGTERM/SIGINT or `stop`), or idle for `exit_when_idle` seconds."""
         self.consumer.subscribe(
-            [self.settings.expiry_topic], on_assign=self._on_assign,
+            [self.settings.topology.expiry], on_assign=self._on_assign,
             on_revoke=self._on_revoke, on_lost=self._on_revoke,
         )
         last_activity = time.monotonic()
@@ -136,10 +134,10 @@ class CleanupWorker:
         if self.owned:
             active = {tp for tp in self.owned if not self.circuit.is_open(tp)}
             return active <= self.at_eof and quiet >= idle_s
-        return quiet >= idle_s + 2 * self.settings.session_timeout_ms / 1000
+        return quiet >= idle_s + 2 * self.settings.processor.session_timeout_ms / 1000
 
     def _consume(self) -> list:
-        batch = self.consumer.consume(self.settings.batch_size, self.settings.poll_timeout_s)
+        batch = self.consumer.consume(self.settings.processor.batch_size, self.settings.processor.poll_timeout_s)
         messages = []
         for msg in batch:
             err = msg.error()
@@ -197,8 +195,8 @@ class CleanupWorker:
                 self.consumer.pause([TopicPartition(*tp)])
                 log.error("dead-letter circuit open: partition paused", extra={
                     "topic": tp[0], "partition": tp[1],
-                    "cooldown_s": self.settings.circuit_cooldown_s,
-                    "threshold": self.settings.circuit_threshold})
+                    "cooldown_s": self.settings.processor.circuit_cooldown_s,
+                    "threshold": self.settings.processor.circuit_threshold})
 
     def _close_circuits(self) -> None:
         """Resume partitions whose cooldown passed, from the first offset not yet committed."""

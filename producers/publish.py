@@ -16,17 +16,8 @@ from lapse.kernel.delays import delay_record
 from lapse.kernel.kinds import CleanupKind, registry
 from lapse.kernel.ledger import LedgerWrites, expiry_event, insert_pending
 from lapse.kernel.settings import Settings, load_settings
-from lapse.kernel.topology import delay_tiers
 
 SOURCE = "publish"
-_tier_cache: dict[tuple[str, str], list[tuple[str, int]]] = {}
-
-
-def _tiers(settings: Settings) -> list[tuple[str, int]]:
-    key = (str(settings.topics_file), settings.delay_topic_prefix)
-    if key not in _tier_cache:
-        _tier_cache[key] = delay_tiers(settings)
-    return _tier_cache[key]
 
 
 def _connection(conn_or_session: Connection | Session) -> Connection:
@@ -51,7 +42,7 @@ def schedule_cleanup(
     """
     settings = settings or load_settings()
     name = kind.name if isinstance(kind, CleanupKind) else kind
-    if name not in registry(settings.extra_kinds):
+    if name not in registry(settings.processor.extra_kinds):
         raise ValueError(f"unknown cleanup kind {name!r}")
     if due_at.tzinfo is None:
         raise ValueError("due_at must be timezone-aware")
@@ -60,10 +51,9 @@ def schedule_cleanup(
     conn = _connection(conn_or_session)
     if not insert_pending(conn, [event], now):
         return False
-    topic, headers = settings.expiry_topic, {}
+    topic, headers = settings.topology.expiry, {}
     if due_at > now:
-        topic, record_headers = delay_record(_tiers(settings), settings.delay_topic_prefix, due_at, now,
-                                             settings.expiry_topic)
+        topic, record_headers = delay_record(settings.topology, due_at, now)
         headers = {key: value.decode() for key, value in record_headers}
     writes = LedgerWrites(SOURCE, now)
     writes.expiry(topic, event, headers)

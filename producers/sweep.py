@@ -40,13 +40,13 @@ def sweep_kind(engine: Engine, producer: Producer, codec: Codec, settings: Setti
     while True:
         with engine.begin() as conn:
             rows = [kind.to_eligible(r) for r in conn.execute(kind.eligible_page(
-                now, cursor, settings.sweep_page_size, without_ledger=True))]
+                now, cursor, settings.producer.sweep_page_size, without_ledger=True))]
             if not rows:
                 return
             events = [expiry_event(kind.name, r.subject_id, r.tenant, r.due_at, source=source) for r in rows]
             created = set(insert_pending(conn, events, now))
         fresh = [e for e in events if e.op_key in created]
-        emit_events(producer, codec, delivery, settings.expiry_topic, fresh, now)
+        emit_events(producer, codec, delivery, settings.topology.expiry, fresh, now)
         cursor = rows[-1].cursor
         report.pages += 1
         report.found += len(rows)

@@ -13,7 +13,7 @@ from lapse.readers.offsets import (
     plan_reset,
     read_spans,
 )
-from lapse.readers.status import declared_reads, status_report
+from lapse.readers.status import status_report
 
 __all__ = [
     "EVENT_FIELDS",
@@ -21,7 +21,6 @@ __all__ = [
     "OffsetsError",
     "Span",
     "committed",
-    "declared_reads",
     "execute_reset",
     "group_lag",
     "manual_consumer",

@@ -130,19 +130,19 @@ def _prune(tables: Tables, now: datetime, keep: timedelta) -> None:
 
 
 def build_app(settings: Settings, options: AnalyticsOptions, partitions: int) -> faust.App:
-    """The Faust app over settings.outcomes_topic; `partitions` is that topic's partition count."""
+    """The Faust app over settings.topology.outcomes; `partitions` is that topic's partition count."""
     import faust  # function-local: faust takes a second to import; `lapse --help` must not
 
     codec = Codec.from_settings(settings)
     app = faust.App(
-        options.app_id, broker=f"kafka://{settings.bootstrap_servers}", store="memory://",
+        options.app_id, broker=f"kafka://{settings.kafka.bootstrap_servers}", store="memory://",
         key_serializer="json", value_serializer="json", datadir=str(options.data_dir), web_port=options.web_port,
         topic_partitions=partitions, topic_replication_factor=options.replication_factor,
         consumer_auto_offset_reset="earliest", topic_disable_leader=True,
-        broker_session_timeout=settings.session_timeout_ms / 1000,
-        broker_heartbeat_interval=max(0.5, settings.session_timeout_ms / 5000),
+        broker_session_timeout=settings.processor.session_timeout_ms / 1000,
+        broker_heartbeat_interval=max(0.5, settings.processor.session_timeout_ms / 5000),
     )
-    source = app.topic(settings.outcomes_topic, key_type=bytes, key_serializer="raw",
+    source = app.topic(settings.topology.outcomes, key_type=bytes, key_serializer="raw",
                        value_type=bytes, value_serializer="raw")
     names = ("windows", "totals", "attempts", "latency", "dead_letters", "undecodable")
     tables = {name: app.Table(name.replace("_", "-"), default=int, key_type=str, value_type=int,
@@ -177,8 +177,8 @@ def run_analytics(settings: Settings, options: AnalyticsOptions) -> None:
 
     consumer = manual_consumer(settings)
     try:
-        partitions = len(partitions_of(consumer, settings.outcomes_topic))
+        partitions = len(partitions_of(consumer, settings.topology.outcomes))
     finally:
         consumer.close()
     app = build_app(settings, options, partitions)
-    faust.Worker(app, loglevel=settings.log_level, quiet=True).execute_from_commandline()
+    faust.Worker(app, loglevel=settings.runtime.log_level, quiet=True).execute_from_commandline()

@@ -162,10 +162,10 @@ def run_audit(settings: Settings, *, since: datetime | None = None, until: datet
     report = AuditReport(since=since.isoformat() if since else None,
                          until=until.isoformat() if until else None)
     codec = Codec.from_settings(settings)
-    expected = {settings.expiry_topic: "expiry_event", settings.outcomes_topic: "cleanup_outcome",
-                settings.dlq_topic: "dead_letter"}
-    fields = {settings.expiry_topic: EVENT_FIELDS, settings.outcomes_topic: OUTCOME_FIELDS,
-              settings.dlq_topic: DEAD_LETTER_FIELDS}
+    expected = {settings.topology.expiry: "expiry_event", settings.topology.outcomes: "cleanup_outcome",
+                settings.topology.dlq: "dead_letter"}
+    fields = {settings.topology.expiry: EVENT_FIELDS, settings.topology.outcomes: OUTCOME_FIELDS,
+              settings.topology.dlq: DEAD_LETTER_FIELDS}
     history = _History()
     since_ms = millis(since) if since else None
     until_ms = millis(until) if until else None
@@ -187,9 +187,9 @@ def run_audit(settings: Settings, *, since: datetime | None = None, until: datet
             except DecodeError:
                 undecodable[topic] += 1
                 continue
-            if topic == settings.expiry_topic:
+            if topic == settings.topology.expiry:
                 history.event(record, ts_ms)
-            elif topic == settings.outcomes_topic:
+            elif topic == settings.topology.outcomes:
                 history.outcome(record)
             else:
                 history.dead_letter(record)

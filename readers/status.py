@@ -12,7 +12,6 @@ from sqlalchemy import Connection, Engine, func, select
 from lapse.kernel.ledger import CLAIMED, DEAD_LETTER, PENDING, RETRY_SCHEDULED
 from lapse.kernel.models import cleanup_ledger as L
 from lapse.kernel.settings import Settings
-from lapse.kernel.topology import load_topics
 from lapse.readers.offsets import OffsetsError, group_lag
 
 UNFINISHED = (PENDING, CLAIMED, RETRY_SCHEDULED)
@@ -40,25 +39,10 @@ def ledger_status(conn: Connection, now: datetime) -> dict[str, Any]:
     }
 
 
-def declared_reads(settings: Settings) -> list[tuple[str, str]]:
-    """(group, topic) pairs from topics.yaml, with default names replaced by the configured ones."""
-    rename = {}
-    for field in ("expiry_topic", "outcomes_topic", "dlq_topic", "cleanup_group", "delay_group"):
-        rename[Settings.model_fields[field].default] = getattr(settings, field)
-    default_prefix = Settings.model_fields["delay_topic_prefix"].default
-    pairs = []
-    for spec in load_topics(settings.topics_file):
-        topic = rename.get(spec.name, spec.name)
-        if topic.startswith(default_prefix) and spec.delay_seconds is not None:
-            topic = settings.delay_topic_prefix + topic[len(default_prefix):]
-        pairs += [(rename.get(group, group), topic) for group in spec.groups]
-    return sorted(pairs)
-
-
 def lag_status(settings: Settings, now: datetime) -> list[dict[str, Any]]:
     """Lag per declared (group, topic): records behind and age of the oldest unconsumed record."""
     rows: list[dict[str, Any]] = []
-    for group, topic in declared_reads(settings):
+    for group, topic in sorted(settings.topology.reads()):
         try:
             parts = group_lag(settings, group, topic, now)
         except OffsetsError as exc:

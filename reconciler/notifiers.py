@@ -78,9 +78,9 @@ class SmtpNotifier:
 
 def notifier_from_settings(settings: Settings) -> Notifier:
     """The configured notifier; ValueError (one line) when smtp is chosen but not configured."""
-    if settings.report_notifier == "file":
-        return FileNotifier(settings.report_dir)
-    recipients = [r.strip() for r in (settings.report_mail_to or "").split(",") if r.strip()]
-    if not settings.smtp_host or not recipients:
+    if settings.report.notifier == "file":
+        return FileNotifier(settings.report.dir)
+    recipients = [r.strip() for r in (settings.report.mail_to or "").split(",") if r.strip()]
+    if not settings.report.smtp_host or not recipients:
         raise ValueError("the smtp notifier needs LAPSE_SMTP_HOST and LAPSE_REPORT_MAIL_TO")
-    return SmtpNotifier(settings.smtp_host, settings.smtp_port, settings.report_mail_from, recipients)
+    return SmtpNotifier(settings.report.smtp_host, settings.report.smtp_port, settings.report.mail_from, recipients)

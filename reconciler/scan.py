@@ -85,15 +85,15 @@ class Reconciler:
         self.settings = settings
         self.kinds = kinds
         self.clock = clock
-        self.bucket = bucket or TokenBucket(settings.reconcile_rate)
+        self.bucket = bucket or TokenBucket(settings.reconciler.rate)
         self.delivery = DeliveryTracker()
-        self.page_size = settings.reconcile_page_size
+        self.page_size = settings.reconciler.page_size
 
     def run_once(self) -> ReconcileReport:
         """One full pass: every kind's business table, then the stuck ledger states."""
         report = ReconcileReport()
         now = self.clock()
-        cutoff = now - timedelta(seconds=self.settings.reconcile_grace_s)
+        cutoff = now - timedelta(seconds=self.settings.reconciler.grace_s)
         for kind in self.kinds.values():
             self._scan_kind(kind, cutoff, now, report)
         for state in STUCK_REASONS:
@@ -172,7 +172,7 @@ class Reconciler:
         already marked, come back to a later pass once the grace period has passed again."""
         if not events:
             return
-        emit_events(self.producer, self.codec, self.delivery, self.settings.expiry_topic, events, now)
+        emit_events(self.producer, self.codec, self.delivery, self.settings.topology.expiry, events, now)
         report.reemitted += len(events)
         for event in events:
             log.debug("re-emitted", extra={"op_key": event.op_key, "correlation_id": event.correlation_id})

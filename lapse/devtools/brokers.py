@@ -22,11 +22,10 @@ from typing import Any
 
 from confluent_kafka.admin import AdminClient
 
-from lapse.kernel.settings import REPO_ROOT
+from lapse.kernel.settings import DevSettings, env_var
 
-DEFAULT_KAFKA_JARS = REPO_ROOT / "build" / "kafka" / "libs"
-KAFKA_JARS_ENV = "LAPSE_KAFKA_JARS"
-JAVA_HINT = "Java 17 not found: apt-get install openjdk-17-jre-headless (or set JAVA_HOME)"
+DEFAULT_KAFKA_JARS = DevSettings().kafka_jars
+JAVA_HINT = "Java 17 not found: apt-get install openjdk-17-jre-headless (or set LAPSE_DEV__JAVA_HOME)"
 EMBEDDED_HINT = "the embedded broker needs the optional extra: pip install 'lapse[embedded]'"
 
 _RUNNING: set[subprocess.Popen[bytes]] = set()
@@ -39,25 +38,20 @@ class BrokerUnavailable(RuntimeError):
 # ---------------------------------------------------------------- prerequisites
 
 
-def default_kafka_jars_dir() -> Path:
-    """`$LAPSE_KAFKA_JARS` if set, else `<repo>/build/kafka/libs` (filled by `make kafka-jars`)."""
-    return Path(os.environ.get(KAFKA_JARS_ENV) or DEFAULT_KAFKA_JARS)
-
-
 def find_kafka_jars(jars_dir: str | Path | None = None) -> Path:
-    """The folder holding the Kafka server jars, checked to contain `kafka_2.13-*.jar`."""
-    path = Path(jars_dir) if jars_dir is not None else default_kafka_jars_dir()
+    """The folder holding the Kafka server jars (settings.dev.kafka_jars, default
+    `<repo>/build/kafka/libs`, filled by `make kafka-jars`), checked to contain `kafka_2.13-*.jar`."""
+    path = Path(jars_dir) if jars_dir is not None else DEFAULT_KAFKA_JARS
     if not path.is_dir() or not any(path.glob("kafka_2.13-*.jar")):
         raise BrokerUnavailable(
             f"Kafka server jars not found in {path}: run `make kafka-jars` "
-            f"(or set {KAFKA_JARS_ENV} to a folder with kafka_2.13-*.jar)"
+            f"(or set {env_var('dev.kafka_jars')} to a folder with kafka_2.13-*.jar)"
         )
     return path
 
 
-def find_java() -> str:
-    """The `java` executable (JAVA_HOME first, then PATH), checked to be version 17 or newer."""
-    home = os.environ.get("JAVA_HOME")
+def find_java(home: str | Path | None = None) -> str:
+    """The `java` executable (of the JDK at `home` if given, else on PATH), checked to be 17+."""
     candidate = str(Path(home) / "bin" / "java") if home else None
     java = candidate if candidate and os.access(candidate, os.X_OK) else shutil.which("java")
     if not java:
@@ -223,8 +217,10 @@ class ApacheKafkaServer:
         node_id: int = 1,
         quorum_voters: str | None = None,
         cluster_id: str | None = None,
+        java_home: str | Path | None = None,
     ) -> None:
         self._own_dir = data_dir is None
+        self.java_home = java_home
         self.data_dir = Path(data_dir) if data_dir else Path(tempfile.mkdtemp(prefix="lapse-kafka-"))
         self.port = port
         self.controller_port = controller_port
@@ -345,7 +341,7 @@ class ApacheKafkaServer:
 
     def _tools(self) -> tuple[str, str]:
         """java and the jars' classpath, found once."""
-        self._java = self._java or find_java()
+        self._java = self._java or find_java(self.java_home)
         self._classpath = self._classpath or f"{find_kafka_jars(self.jars_dir)}/*"
         return self._java, self._classpath
 
@@ -365,7 +361,7 @@ class ApacheKafkaCluster:
 
     def __init__(self, n: int = 3, base_dir: str | Path | None = None,
                  jars_dir: str | Path | None = None, overrides: dict[str, Any] | None = None,
-                 heap: str = "512m", start_timeout: float = 120.0) -> None:
+                 heap: str = "512m", start_timeout: float = 120.0, java_home: str | Path | None = None) -> None:
         self._own_dir = base_dir is None
         self.base_dir = Path(base_dir) if base_dir else Path(tempfile.mkdtemp(prefix="lapse-kafka-cluster-"))
         self.start_timeout = start_timeout
@@ -375,7 +371,7 @@ class ApacheKafkaCluster:
         cluster_id = random_cluster_id()
         self.nodes = [
             ApacheKafkaServer(self.base_dir / f"node-{i}", ports[i][0], ports[i][1], jars_dir,
-                              overrides, heap, start_timeout, i, voters, cluster_id)
+                              overrides, heap, start_timeout, i, voters, cluster_id, java_home)
             for i in ids
         ]
 

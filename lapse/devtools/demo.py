@@ -83,7 +83,7 @@ def prepare(settings: Settings) -> None:
     """Migrate the database and create the topics (replication 1: one broker)."""
     upgrade(settings)
     admin = make_admin(settings)
-    actions = plan(admin, load_topics(settings.topics_file, replication_factor=1))
+    actions = plan(admin, load_topics(settings.topics.file, replication_factor=1))
     apply(admin, actions)
 
 
@@ -95,10 +95,10 @@ def seed_and_emit(settings: Settings, engine: Engine, reservations_n: int, rng: 
         ids = seed_mix(conn, mix, now, rng)
     with engine.begin() as conn:
         artifact_ids = add_artifacts(conn, reservations_n // 4, retain_until=now,
-                                     store=FilesystemObjectStore(settings.object_store_dir))
+                                     store=FilesystemObjectStore(settings.processor.object_store_dir))
     codec = Codec.from_settings(settings)
     producer = make_producer(settings)
-    sweep_once(engine, producer, codec, settings, registry(settings.extra_kinds), clock=lambda: now)
+    sweep_once(engine, producer, codec, settings, registry(settings.processor.extra_kinds), clock=lambda: now)
 
     expired = ids["expired_held"]
     dup_ids = rng.sample(expired, k=len(expired) // 10)
@@ -107,7 +107,7 @@ def seed_and_emit(settings: Settings, engine: Engine, reservations_n: int, rng: 
             cleanup_ledger.c.subject_id.in_([str(i) for i in dup_ids]))).mappings().all()
     dups = [expiry_event(r["kind"], r["subject_id"], r["tenant"], r["due_at"], source="demo-duplicate",
                          correlation_id=r["correlation_id"]) for r in rows]
-    emit_events(producer, codec, DeliveryTracker(), settings.expiry_topic, dups, now)
+    emit_events(producer, codec, DeliveryTracker(), settings.topology.expiry, dups, now)
 
     paid = rng.sample(sorted(set(expired) - set(dup_ids)), k=len(expired) // 20)
     with engine.begin() as conn:
@@ -130,7 +130,7 @@ def published_outcomes(settings: Settings, codec: Codec) -> dict[str, set[int]]:
     """op key → outcome ids read back from lapse.outcomes (to partition EOF)."""
     consumer = manual_consumer(settings)
     try:
-        topic = settings.outcomes_topic
+        topic = settings.topology.outcomes
         spans = [Span(topic, p, 0, NO_END) for p in partitions_of(consumer, topic)]
         seen: dict[str, set[int]] = {}
         for msg in read_spans(consumer, spans, stall_s=30):
@@ -170,7 +170,7 @@ def verify(settings: Settings, engine: Engine, summary: DemoSummary) -> None:
             .where(cleanup_ledger.c.kind == "artifact-delete")
             .group_by(cleanup_ledger.c.state)).all())
 
-    store = FilesystemObjectStore(settings.object_store_dir)
+    store = FilesystemObjectStore(settings.processor.object_store_dir)
     summary.objects_deleted = len(deleted_rows)
     summary.skipped = states.get("skipped", 0)
     summary.dead_letters = states.get("dead_letter", 0)

@@ -131,14 +131,14 @@ class Codec:
 
     @classmethod
     def from_settings(cls, settings: Settings) -> Codec:
-        """A codec for `settings.schemas_dir`, in Confluent format if `schema_registry_url` is set."""
+        """A codec for `settings.schemas.dir`, in Confluent format if `schema_registry_url` is set."""
         registry = None
-        if settings.schema_registry_url:
-            auth = settings.schema_registry_auth
+        if settings.schemas.registry_url:
+            auth = settings.schemas.registry_auth
             registry = SchemaRegistryClient(
-                settings.schema_registry_url, auth.get_secret_value() if auth else None
+                settings.schemas.registry_url, auth.get_secret_value() if auth else None
             )
-        return cls(SchemaStore(settings.schemas_dir), registry)
+        return cls(SchemaStore(settings.schemas.dir), registry)
 
     # Encoding.
 

@@ -44,7 +44,7 @@ def make_engine(url: str, *, pool_size: int = 5) -> Engine:
 
 
 def engine_from_settings(settings: Settings, *, pool_size: int = 5) -> Engine:
-    return make_engine(settings.database_url_plain(), pool_size=pool_size)
+    return make_engine(settings.database.url_plain(), pool_size=pool_size)
 
 
 def alembic_config(url: str) -> Config:
@@ -72,4 +72,4 @@ def upgrade_url(url: str, revision: str = "head") -> None:
 
 
 def upgrade(settings: Settings, revision: str = "head") -> None:
-    upgrade_url(settings.database_url_plain(), revision)
+    upgrade_url(settings.database.url_plain(), revision)

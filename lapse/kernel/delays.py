@@ -9,6 +9,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 
+from lapse.kernel.topology import DelayTier, Topology
+
 DUE_AT_HEADER = "lapse-due-at"
 TARGET_HEADER = "lapse-target"
 
@@ -16,17 +18,17 @@ TARGET_HEADER = "lapse-target"
 RecordHeaders = Sequence[tuple[str, str | bytes | None]] | Mapping[str, str | bytes | None]
 
 
-def choose_tier(tiers: Sequence[tuple[str, int]], wait_seconds: float) -> str:
+def choose_tier(tiers: Sequence[DelayTier], wait_seconds: float) -> DelayTier:
     """The smallest tier whose delay is at least `wait_seconds`, else the longest tier.
 
     A wait longer than the longest tier makes more than one trip: the tier forwards it when its
     own delay has passed and the processor sends it back until the due time is reached."""
     if not tiers:
         raise ValueError("no delay tiers declared in topics.yaml (topics with delay_seconds)")
-    for name, delay in tiers:
-        if delay >= wait_seconds:
-            return name
-    return tiers[-1][0]
+    for tier in tiers:
+        if tier.delay_s >= wait_seconds:
+            return tier
+    return tiers[-1]
 
 
 def due_header(due_at: datetime) -> tuple[str, bytes]:
@@ -45,10 +47,10 @@ def parse_due(headers: RecordHeaders | None) -> datetime | None:
     return None
 
 
-def delay_record(tiers: Sequence[tuple[str, int]], prefix: str, due_at: datetime, now: datetime,
-                 target: str) -> tuple[str, list[tuple[str, bytes]]]:
-    """Where a record not due before `due_at` waits: (delay topic, headers for the tier consumer).
+def delay_record(topology: Topology, due_at: datetime, now: datetime) -> tuple[str, list[tuple[str, bytes]]]:
+    """Where a record not due before `due_at` waits: (delay topic, headers for the tier consumer,
+    which forwards it to the expiry topic when due).
 
     Producers' `not_before` and the processors' retries and early wake-ups all use this."""
-    tier = choose_tier(tiers, (due_at - now).total_seconds())
-    return f"{prefix}{tier}", [due_header(due_at), (TARGET_HEADER, target.encode())]
+    tier = choose_tier(topology.tiers, (due_at - now).total_seconds())
+    return tier.topic, [due_header(due_at), (TARGET_HEADER, topology.expiry.encode())]

@@ -13,7 +13,7 @@ from lapse.kernel.settings import Settings
 def producer_config(settings: Settings, **overrides: Any) -> dict[str, Any]:
     """Idempotent, acks=all: a retried send never duplicates or reorders within a partition."""
     return {
-        **settings.kafka_common(),
+        **settings.kafka.client_config(),
         "enable.idempotence": True,
         "acks": "all",
         "linger.ms": 5,
@@ -25,16 +25,16 @@ def producer_config(settings: Settings, **overrides: Any) -> dict[str, Any]:
 def consumer_config(settings: Settings, group: str, **overrides: Any) -> dict[str, Any]:
     """Manual offsets: nothing is stored or committed until the work behind it is durable."""
     return {
-        **settings.kafka_common(),
+        **settings.kafka.client_config(),
         "group.id": group,
         "enable.auto.commit": False,
         "enable.auto.offset.store": False,
         "auto.offset.reset": "earliest",
         "enable.partition.eof": True,
-        "session.timeout.ms": settings.session_timeout_ms,
-        "heartbeat.interval.ms": max(500, settings.session_timeout_ms // 5),
-        "max.poll.interval.ms": settings.max_poll_interval_ms,
-        "client.id": f"lapse-{settings.worker_id}",
+        "session.timeout.ms": settings.processor.session_timeout_ms,
+        "heartbeat.interval.ms": max(500, settings.processor.session_timeout_ms // 5),
+        "max.poll.interval.ms": settings.processor.max_poll_interval_ms,
+        "client.id": f"lapse-{settings.runtime.worker_id}",
         **overrides,
     }
 
@@ -48,7 +48,7 @@ def make_consumer(settings: Settings, group: str, **overrides: Any) -> Consumer:
 
 
 def make_admin(settings: Settings) -> AdminClient:
-    return AdminClient(settings.kafka_common())
+    return AdminClient(settings.kafka.client_config())
 
 
 class DeliveryFailed(RuntimeError):

@@ -40,10 +40,10 @@ class TextFormatter(logging.Formatter):
 def configure_logging(settings: Settings) -> None:
     """Send Lapse's logs to stderr in the configured format (idempotent)."""
     handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(JsonFormatter() if settings.log_format == "json" else TextFormatter())
+    handler.setFormatter(JsonFormatter() if settings.runtime.log_format == "json" else TextFormatter())
     root = logging.getLogger("lapse")
     root.handlers[:] = [handler]
-    root.setLevel(settings.log_level.upper())
+    root.setLevel(settings.runtime.log_level.upper())
     root.propagate = False
 
 

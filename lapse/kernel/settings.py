@@ -1,7 +1,10 @@
 """The one settings object: read once from `LAPSE_*` variables (and CLI flags), then frozen.
 
-Every Kafka-facing setting turns into a librdkafka key in `kafka_common()`, so the clients are
-configured in one place and a real cluster's SASL/SSL settings pass straight through.
+Settings are nested by concern — Kafka connection, schemas, database, topics, processor, producer,
+reconciler, report, runtime, and dev (test hooks and demo fault injection) — and set by
+environment variables with a double underscore between section and field
+(`LAPSE_KAFKA__BOOTSTRAP_SERVERS`, `LAPSE_PROCESSOR__BATCH_SIZE`). Every Kafka-facing setting turns
+into a librdkafka key in `KafkaSettings.client_config()`, so the clients are configured in one place.
 """
 
 from __future__ import annotations
@@ -11,10 +14,13 @@ import socket
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, SecretStr, field_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from lapse.kernel.topology import Topology, load_topology
+
 ENV_PREFIX = "LAPSE_"
+ENV_NESTED_DELIMITER = "__"
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_STATE_DIR = Path(".lapse")
 
@@ -24,30 +30,16 @@ def default_worker_id() -> str:
     return f"{socket.gethostname()}-{os.getpid()}"
 
 
-class Settings(BaseSettings):
-    """Typed configuration for every Lapse process. Construct with `load_settings()`."""
+class _Section(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
 
-    model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, frozen=True, extra="forbid")
 
-    # Where things are.
+class KafkaSettings(_Section):
+    """How to reach the Kafka cluster; passed through to librdkafka."""
+
     bootstrap_servers: str = Field("127.0.0.1:9092", description="Kafka bootstrap servers.")
-    database_url: SecretStr = Field(
-        SecretStr(f"sqlite:///{DEFAULT_STATE_DIR}/lapse.db"),
-        description="SQLAlchemy URL of the ledger database (postgresql+psycopg://… in production).",
-    )
-    schema_registry_url: str | None = Field(
-        None, description="Confluent schema registry URL; unset means Avro single-object encoding."
-    )
-    schema_registry_auth: SecretStr | None = Field(
-        None, description="Schema registry basic auth as user:password."
-    )
-    schemas_dir: Path = Field(REPO_ROOT / "schemas", description="Folder of the .avsc schemas.")
-    topics_file: Path = Field(REPO_ROOT / "topics.yaml", description="Declared topics and groups.")
-
-    # Kafka security, passed through to librdkafka.
     security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = Field(
-        "PLAINTEXT", description="Kafka security.protocol."
-    )
+        "PLAINTEXT", description="Kafka security.protocol.")
     sasl_mechanism: str | None = Field(None, description="Kafka sasl.mechanism (PLAIN, SCRAM-SHA-512…).")
     sasl_username: str | None = Field(None, description="Kafka sasl.username.")
     sasl_password: SecretStr | None = Field(None, description="Kafka sasl.password.")
@@ -55,72 +47,7 @@ class Settings(BaseSettings):
     ssl_certificate_location: str | None = Field(None, description="Kafka ssl.certificate.location.")
     ssl_key_location: str | None = Field(None, description="Kafka ssl.key.location.")
     ssl_key_password: SecretStr | None = Field(None, description="Kafka ssl.key.password.")
-    kafka_extra: dict[str, str] = Field(
-        default_factory=dict, description="Extra librdkafka settings as a JSON object."
-    )
-
-    # Topics and groups (topics.yaml declares them; these name them for the clients).
-    expiry_topic: str = Field("lapse.expiry", description="Topic of expiry events.")
-    outcomes_topic: str = Field("lapse.outcomes", description="Topic of cleanup outcomes.")
-    dlq_topic: str = Field("lapse.dlq", description="Topic of dead letters.")
-    delay_topic_prefix: str = Field("lapse.delay.", description="Prefix of the delay tier topics.")
-    cleanup_group: str = Field("lapse-cleanup", description="Consumer group of the processors.")
-    delay_group: str = Field("lapse-delay", description="Consumer group of the delay tiers.")
-
-    # Consumer behaviour.
-    batch_size: int = Field(500, ge=1, le=100_000, description="Records per processing batch.")
-    poll_timeout_s: float = Field(0.2, gt=0, description="Longest wait for a batch to fill.")
-    session_timeout_ms: int = Field(10_000, ge=1000, description="Kafka session.timeout.ms.")
-    max_poll_interval_ms: int = Field(300_000, ge=1000, description="Kafka max.poll.interval.ms.")
-    lease_seconds: float = Field(30.0, gt=0, description="Claim lease for effects outside the DB.")
-
-    # Producers and relay.
-    sweep_page_size: int = Field(500, ge=1, le=100_000, description="Rows per sweep page.")
-    sweep_interval_s: float = Field(5.0, gt=0, description="Pause between sweeps in `lapse run`.")
-    relay_batch_size: int = Field(500, ge=1, le=100_000, description="Outbox rows per relay batch.")
-    relay_interval_s: float = Field(0.2, gt=0, description="Relay pause when the outbox is empty.")
-
-    # Reconciler and daily report.
-    reconcile_page_size: int = Field(5000, ge=1, le=100_000, description="Rows per reconciler page.")
-    reconcile_grace_s: float = Field(
-        300.0, ge=0, description="How long work may look stuck before the reconciler re-emits it (s)."
-    )
-    reconcile_rate: float = Field(500.0, gt=0, description="Most events the reconciler re-emits per second.")
-    reconcile_interval_s: float = Field(60.0, gt=0, description="Pause between reconciler passes.")
-    report_notifier: Literal["file", "smtp"] = Field("file", description="Where daily reports go.")
-    report_dir: Path = Field(DEFAULT_STATE_DIR / "reports", description="Folder of the file notifier.")
-    smtp_host: str | None = Field(None, description="SMTP host of the smtp report notifier.")
-    smtp_port: int = Field(25, ge=1, le=65535, description="SMTP port of the smtp report notifier.")
-    report_mail_from: str = Field("lapse@localhost", description="Sender of daily report mails.")
-    report_mail_to: str | None = Field(None, description="Comma-separated recipients of report mails.")
-
-    # Cleanup kinds and effects.
-    extra_kinds: list[str] = Field(
-        default_factory=list, description="Extra cleanup kinds as JSON list of module:ATTRIBUTE."
-    )
-
-    object_store_dir: Path = Field(
-        DEFAULT_STATE_DIR / "objects", description="Folder of the filesystem object store (artifact-delete)."
-    )
-    object_store_fault_rate: float = Field(
-        0.0, ge=0, le=1, description="Share of object deletes that fail on purpose (demo: 429, 503, invalid key)."
-    )
-    circuit_threshold: float = Field(
-        0.5, gt=0, le=1, description="Share of failed outcomes in a partition's window that pauses it."
-    )
-    circuit_min_events: int = Field(20, ge=1, description="Outcomes seen before the circuit may trip.")
-    circuit_window: int = Field(200, ge=1, description="Outcomes per partition the circuit looks at.")
-    circuit_cooldown_s: float = Field(60.0, gt=0, description="How long a tripped partition stays paused.")
-    effect_concurrency: int = Field(8, ge=1, le=256, description="External effects run at once per worker.")
-
-    # Operations.
-    worker_id: str = Field(default_factory=default_worker_id, description="Claim owner name.")
-    log_level: str = Field("INFO", description="Log level.")
-    log_format: Literal["json", "text"] = Field("json", description="Log line format.")
-    metrics_port: int | None = Field(None, description="Serve Prometheus metrics on this port.")
-    crash_point: Literal["after_db_commit", "after_produce"] | None = Field(
-        None, description="Test hook: exit the worker process abruptly at this point of a batch."
-    )
+    extra: dict[str, str] = Field(default_factory=dict, description="Extra librdkafka settings as a JSON object.")
 
     @field_validator("bootstrap_servers")
     @classmethod
@@ -129,10 +56,7 @@ class Settings(BaseSettings):
             raise ValueError("must name at least one host:port")
         return value.strip()
 
-    def database_url_plain(self) -> str:
-        return self.database_url.get_secret_value()
-
-    def kafka_common(self) -> dict[str, Any]:
+    def client_config(self) -> dict[str, Any]:
         """librdkafka settings shared by producers, consumers and admin clients."""
         conf: dict[str, Any] = {
             "bootstrap.servers": self.bootstrap_servers,
@@ -148,18 +72,161 @@ class Settings(BaseSettings):
             "ssl.key.password": self.ssl_key_password.get_secret_value() if self.ssl_key_password else None,
         }
         conf.update({k: v for k, v in optional.items() if v is not None})
-        conf.update(self.kafka_extra)
+        conf.update(self.extra)
         return conf
 
-    def delay_topic(self, tier: str) -> str:
-        return f"{self.delay_topic_prefix}{tier}"
+
+class SchemaSettings(_Section):
+    """Where the Avro schemas come from: the local files, and optionally a schema registry."""
+
+    dir: Path = Field(REPO_ROOT / "schemas", description="Folder of the .avsc schemas.")
+    registry_url: str | None = Field(
+        None, description="Confluent schema registry URL; unset means Avro single-object encoding.")
+    registry_auth: SecretStr | None = Field(None, description="Schema registry basic auth as user:password.")
 
 
-def env_var(field_name: str) -> str:
-    """The environment variable that sets `field_name`, as shown in `--help`."""
-    return f"{ENV_PREFIX}{field_name.upper()}"
+class DatabaseSettings(_Section):
+    """The ledger database."""
+
+    url: SecretStr = Field(
+        SecretStr(f"sqlite:///{DEFAULT_STATE_DIR}/lapse.db"),
+        description="SQLAlchemy URL of the ledger database (postgresql+psycopg://… in production).",
+    )
+
+    def url_plain(self) -> str:
+        return self.url.get_secret_value()
 
 
-def load_settings(**overrides: Any) -> Settings:
-    """Read the environment once, with explicit overrides (CLI flags) winning; None means unset."""
-    return Settings(**{k: v for k, v in overrides.items() if v is not None})
+class TopicsSettings(_Section):
+    """The declared topology (topics.yaml) and an optional prefix for every topic and group name."""
+
+    file: Path = Field(REPO_ROOT / "topics.yaml", description="Declared topics and groups.")
+    prefix: str = Field("", description="Prefix of every topic and group name (side-by-side environments).")
+
+
+class ProcessorSettings(_Section):
+    """The cleanup worker: batches, consumer timing, leases, the dead-letter circuit, effects."""
+
+    batch_size: int = Field(500, ge=1, le=100_000, description="Records per processing batch.")
+    poll_timeout_s: float = Field(0.2, gt=0, description="Longest wait for a batch to fill.")
+    session_timeout_ms: int = Field(10_000, ge=1000, description="Kafka session.timeout.ms.")
+    max_poll_interval_ms: int = Field(300_000, ge=1000, description="Kafka max.poll.interval.ms.")
+    lease_seconds: float = Field(30.0, gt=0, description="Claim lease for effects outside the DB.")
+    circuit_threshold: float = Field(
+        0.5, gt=0, le=1, description="Share of failed outcomes in a partition's window that pauses it.")
+    circuit_min_events: int = Field(20, ge=1, description="Outcomes seen before the circuit may trip.")
+    circuit_window: int = Field(200, ge=1, description="Outcomes per partition the circuit looks at.")
+    circuit_cooldown_s: float = Field(60.0, gt=0, description="How long a tripped partition stays paused.")
+    effect_concurrency: int = Field(8, ge=1, le=256, description="External effects run at once per worker.")
+    extra_kinds: list[str] = Field(
+        default_factory=list, description="Extra cleanup kinds as JSON list of module:ATTRIBUTE.")
+    object_store_dir: Path = Field(
+        DEFAULT_STATE_DIR / "objects", description="Folder of the filesystem object store (artifact-delete).")
+
+
+class ProducerSettings(_Section):
+    """The sweep and the outbox relay."""
+
+    sweep_page_size: int = Field(500, ge=1, le=100_000, description="Rows per sweep page.")
+    sweep_interval_s: float = Field(5.0, gt=0, description="Pause between sweeps in `lapse run`.")
+    relay_batch_size: int = Field(500, ge=1, le=100_000, description="Outbox rows per relay batch.")
+    relay_interval_s: float = Field(0.2, gt=0, description="Relay pause when the outbox is empty.")
+
+
+class ReconcilerSettings(_Section):
+    """The reconciler's passes."""
+
+    page_size: int = Field(5000, ge=1, le=100_000, description="Rows per reconciler page.")
+    grace_s: float = Field(
+        300.0, ge=0, description="How long work may look stuck before the reconciler re-emits it (s).")
+    rate: float = Field(500.0, gt=0, description="Most events the reconciler re-emits per second.")
+    interval_s: float = Field(60.0, gt=0, description="Pause between reconciler passes.")
+
+
+class ReportSettings(_Section):
+    """Where the daily report goes."""
+
+    notifier: Literal["file", "smtp"] = Field("file", description="Where daily reports go.")
+    dir: Path = Field(DEFAULT_STATE_DIR / "reports", description="Folder of the file notifier.")
+    smtp_host: str | None = Field(None, description="SMTP host of the smtp report notifier.")
+    smtp_port: int = Field(25, ge=1, le=65535, description="SMTP port of the smtp report notifier.")
+    mail_from: str = Field("lapse@localhost", description="Sender of daily report mails.")
+    mail_to: str | None = Field(None, description="Comma-separated recipients of report mails.")
+
+
+class RuntimeSettings(_Section):
+    """This process: its identity, logs and metrics endpoint."""
+
+    worker_id: str = Field(default_factory=default_worker_id, description="Claim owner name.")
+    log_level: str = Field("INFO", description="Log level.")
+    log_format: Literal["json", "text"] = Field("json", description="Log line format.")
+    metrics_port: int | None = Field(None, description="Serve Prometheus metrics on this port.")
+
+
+class DevSettings(_Section):
+    """Dev tools and test hooks; never needed in production."""
+
+    crash_point: Literal["after_db_commit", "after_produce"] | None = Field(
+        None, description="Test hook: exit the worker process abruptly at this point of a batch.")
+    object_store_fault_rate: float = Field(
+        0.0, ge=0, le=1, description="Share of object deletes that fail on purpose (demo: 429, 503, invalid key).")
+    kafka_jars: Path = Field(
+        REPO_ROOT / "build" / "kafka" / "libs", description="Apache Kafka server jars for brokers started here.")
+    java_home: Path | None = Field(None, description="JDK for brokers started here (else java on PATH).")
+
+
+class Settings(BaseSettings):
+    """Typed configuration for every Lapse process. Construct with `load_settings()`."""
+
+    model_config = SettingsConfigDict(
+        env_prefix=ENV_PREFIX, env_nested_delimiter=ENV_NESTED_DELIMITER, frozen=True, extra="forbid")
+
+    kafka: KafkaSettings = Field(default_factory=KafkaSettings)
+    schemas: SchemaSettings = Field(default_factory=SchemaSettings)
+    database: DatabaseSettings = Field(default_factory=DatabaseSettings)
+    topics: TopicsSettings = Field(default_factory=TopicsSettings)
+    processor: ProcessorSettings = Field(default_factory=ProcessorSettings)
+    producer: ProducerSettings = Field(default_factory=ProducerSettings)
+    reconciler: ReconcilerSettings = Field(default_factory=ReconcilerSettings)
+    report: ReportSettings = Field(default_factory=ReportSettings)
+    runtime: RuntimeSettings = Field(default_factory=RuntimeSettings)
+    dev: DevSettings = Field(default_factory=DevSettings)
+
+    @property
+    def topology(self) -> Topology:
+        """The topics and groups of topics.yaml with the prefix applied (read once per process)."""
+        return load_topology(Path(self.topics.file), self.topics.prefix)
+
+    def with_(self, **sections: dict[str, Any]) -> Settings:
+        """A copy with some fields of some sections changed: `with_(processor={"batch_size": 10})`."""
+        return type(self).model_validate(
+            {**self.model_dump(), **{name: {**getattr(self, name).model_dump(), **values}
+                                     for name, values in sections.items()}})
+
+
+def env_var(path: str) -> str:
+    """The environment variable that sets the field at dotted `path`, as shown in `--help`."""
+    return ENV_PREFIX + path.upper().replace(".", ENV_NESTED_DELIMITER)
+
+
+def field_info(path: str) -> Any:
+    """The pydantic FieldInfo of the field at dotted `path` (`"processor.batch_size"`)."""
+    section, _, name = path.partition(".")
+    model: type[BaseModel] = Settings.model_fields[section].annotation  # type: ignore[assignment]
+    return model.model_fields[name]
+
+
+def nest(flat: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """{"processor.batch_size": 10} → {"processor": {"batch_size": 10}}; None values are dropped."""
+    nested: dict[str, dict[str, Any]] = {}
+    for path, value in flat.items():
+        if value is not None:
+            section, _, name = path.partition(".")
+            nested.setdefault(section, {})[name] = value
+    return nested
+
+
+def load_settings(**sections: dict[str, Any]) -> Settings:
+    """Read the environment once; explicit values (CLI flags, tests) win field by field:
+    `load_settings(kafka={"bootstrap_servers": "…"}, processor={"batch_size": 10})`."""
+    return Settings(**sections)  # type: ignore[arg-type]

@@ -17,11 +17,22 @@ import click
 from pydantic import ValidationError
 
 from lapse.kernel.logs import configure_logging
-from lapse.kernel.settings import Settings, env_var, load_settings
-
-_CLICK_TYPES = {int: click.INT, float: click.FLOAT}
+from lapse.kernel.settings import Settings, env_var, field_info, load_settings, nest
 
 F = TypeVar("F", bound=Callable[..., Any])
+
+_CLICK_TYPES: dict[Any, click.ParamType] = {int: click.INT, float: click.FLOAT}
+
+# Flags whose name is not `--` + the field's name (the section alone does not say enough).
+_FLAGS = {
+    "kafka.bootstrap_servers": "--bootstrap-servers",
+    "database.url": "--database-url",
+    "schemas.registry_url": "--schema-registry-url",
+    "topics.file": "--topics-file",
+    "topics.prefix": "--topic-prefix",
+    "report.dir": "--report-dir",
+    "report.notifier": "--notifier",
+}
 
 
 def _field_type(annotation: Any) -> Any:
@@ -32,10 +43,16 @@ def _field_type(annotation: Any) -> Any:
     return args[0] if len(args) == 1 and args[0] in _CLICK_TYPES else None
 
 
-def setting_option(field: str, *decls: str, **kwargs: Any) -> Callable[[F], F]:
-    """A click option for Settings field `field`; help shows the field's env var and default."""
-    info = Settings.model_fields[field]
-    decls = decls or (f"--{field.replace('_', '-')}",)
+def _param(path: str) -> str:
+    """The click parameter name of the setting at dotted `path` (`processor__batch_size`)."""
+    return path.replace(".", "__")
+
+
+def setting_option(path: str, *decls: str, **kwargs: Any) -> Callable[[F], F]:
+    """A click option for the setting at dotted `path` (`"processor.batch_size"`); help shows its
+    environment variable and default."""
+    info = field_info(path)
+    decls = decls or (_FLAGS.get(path) or f"--{path.rpartition('.')[2].replace('_', '-')}",)
     help_text = kwargs.pop("help", None) or info.description or ""
     kwargs.setdefault("default", None)
     number = _field_type(info.annotation)
@@ -44,34 +61,26 @@ def setting_option(field: str, *decls: str, **kwargs: Any) -> Callable[[F], F]:
     default = info.get_default(call_default_factory=False)
     shown = f"default: {default}; " if isinstance(default, (int, float, str)) and default != "" else ""
     return click.option(
-        *decls, field, help=f"{help_text} [{shown}env: {env_var(field)}]", show_default=False, **kwargs
+        *decls, _param(path), help=f"{help_text} [{shown}env: {env_var(path)}]", show_default=False, **kwargs
     )
 
 
 def connection_options(func: F) -> F:
     """The flags every command that talks to Kafka and the database accepts."""
-    for opt in reversed(
-        [
-            setting_option("bootstrap_servers"),
-            setting_option("database_url"),
-            setting_option("schema_registry_url"),
-            setting_option("log_level"),
-        ]
-    ):
-        func = opt(func)
+    for path in reversed(["kafka.bootstrap_servers", "database.url", "schemas.registry_url", "topics.file",
+                          "topics.prefix", "runtime.log_level"]):
+        func = setting_option(path)(func)
     return func
 
 
-def build_settings(**flags: Any) -> Settings:
-    """Settings from env + flags, or a one-line error and exit status 2 on a wrong value."""
-    known = {k: v for k, v in flags.items() if k in Settings.model_fields}
+def build_settings(flags: dict[str, Any]) -> Settings:
+    """Settings from env + flags (dotted paths), or a one-line error and exit status 2 on a wrong value."""
     try:
-        return load_settings(**known)
+        return load_settings(**nest(flags))
     except ValidationError as exc:
         first = exc.errors()[0]
         where = ".".join(str(p) for p in first["loc"]) or "settings"
-        var = env_var(where) if where in Settings.model_fields else where
-        raise click.UsageError(f"invalid setting {where} ({var}): {first['msg']}") from None
+        raise click.UsageError(f"invalid setting {where} ({env_var(where)}): {first['msg']}") from None
 
 
 def pass_settings(func: Callable[..., Any]) -> Callable[..., Any]:
@@ -79,9 +88,8 @@ def pass_settings(func: Callable[..., Any]) -> Callable[..., Any]:
 
     @functools.wraps(func)
     def wrapper(**kwargs: Any) -> Any:
-        setting_values = {k: kwargs.pop(k) for k in list(kwargs) if k in Settings.model_fields}
-        settings = build_settings(**setting_values)
-
+        flags = {k.replace("__", "."): kwargs.pop(k) for k in list(kwargs) if "__" in k}
+        settings = build_settings(flags)
         configure_logging(settings)
         return func(settings=settings, **kwargs)
 

@@ -30,10 +30,10 @@ _served: set[int] = set()
 
 
 def serve(settings: Settings, offset: int = 0) -> int | None:
-    """Serve /metrics on settings.metrics_port + offset (once per process); None when unset."""
-    if settings.metrics_port is None:
+    """Serve /metrics on settings.runtime.metrics_port + offset (once per process); None when unset."""
+    if settings.runtime.metrics_port is None:
         return None
-    port = settings.metrics_port + offset
+    port = settings.runtime.metrics_port + offset
     if port not in _served:
         start_http_server(port)
         _served.add(port)

@@ -45,7 +45,7 @@ def run_relay_role(settings: Settings, kwargs: dict[str, Any]) -> int:
     producer = make_producer(settings)
     try:
         return run_relay(engine, producer, Codec.from_settings(settings),
-                         limit=settings.relay_batch_size, idle_s=settings.relay_interval_s,
+                         limit=settings.producer.relay_batch_size, idle_s=settings.producer.relay_interval_s,
                          stop=stop, exit_when_idle=kwargs.get("exit_when_idle"))
     finally:
         producer.flush(10)
@@ -58,11 +58,11 @@ def run_sweep_role(settings: Settings, kwargs: dict[str, Any]) -> None:
     engine = engine_from_settings(settings)
     producer = make_producer(settings)
     codec = Codec.from_settings(settings)
-    kinds = registry(settings.extra_kinds)
+    kinds = registry(settings.processor.extra_kinds)
     try:
         while not stop.is_set():
             sweep_once(engine, producer, codec, settings, kinds)
-            stop.wait(settings.sweep_interval_s)
+            stop.wait(settings.producer.sweep_interval_s)
     finally:
         producer.flush(10)
         engine.dispose()
@@ -75,14 +75,14 @@ def run_reconcile_role(settings: Settings, kwargs: dict[str, Any]) -> None:
     engine = engine_from_settings(settings)
     producer = make_producer(settings)
     reconciler = Reconciler(engine, producer, Codec.from_settings(settings), settings,
-                            registry(settings.extra_kinds))
+                            registry(settings.processor.extra_kinds))
     try:
         while not stop.is_set():
             try:
                 reconciler.run_once()
             except Exception:
                 log.exception("reconcile pass failed")
-            stop.wait(settings.reconcile_interval_s)
+            stop.wait(settings.reconciler.interval_s)
     finally:
         producer.flush(10)
         engine.dispose()

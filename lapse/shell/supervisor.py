@@ -36,8 +36,7 @@ class Role:
 def _child(target: RoleTarget, settings: Settings, kwargs: dict[str, Any], role_name: str) -> None:
     # Each role process is its own claim owner: two processors sharing the parent's id could
     # complete each other's leases.
-    settings = settings.model_copy(
-        update={"worker_id": f"{settings.worker_id}/{role_name}-{os.getpid()}"})
+    settings = settings.with_(runtime={"worker_id": f"{settings.runtime.worker_id}/{role_name}-{os.getpid()}"})
     configure_logging(settings)
     serve(settings, kwargs.get("metrics_offset", 0))  # one port per role process
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides when children stop

@@ -33,9 +33,9 @@ if TYPE_CHECKING:
 def run_faust(settings: Settings, database_url: str, topic: str, events: int) -> dict[str, Any]:
     """Start the Faust worker on `topic` with a fresh app id; stop it once `events` rows are done."""
     datadir = tempfile.mkdtemp(prefix="lapse-bench-faust-")
-    args = {"bootstrap": settings.bootstrap_servers, "topic": topic, "app_id": unique_name("bench-faust"),
-            "database_url": database_url, "schemas_dir": str(settings.schemas_dir),
-            "outcomes": settings.outcomes_topic, "dlq": settings.dlq_topic, "datadir": datadir}
+    args = {"bootstrap": settings.kafka.bootstrap_servers, "topic": topic, "app_id": unique_name("bench-faust"),
+            "database_url": database_url, "schemas_dir": str(settings.schemas.dir),
+            "outcomes": settings.topology.outcomes, "dlq": settings.topology.dlq, "datadir": datadir}
     engine = make_engine(database_url)
     proc = subprocess.Popen([sys.executable, "-m", "lapse.devtools.bench.faust_stage", json.dumps(args)],
                             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,

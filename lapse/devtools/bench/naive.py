@@ -24,7 +24,7 @@ def run_naive(settings: Settings, database_url: str, topic: str, events: int) ->
     engine = make_engine(database_url)
     codec = Codec.from_settings(settings)
     kinds = registry()
-    topics = Topics(outcomes=settings.outcomes_topic, dlq=settings.dlq_topic)
+    topics = Topics(outcomes=settings.topology.outcomes, dlq=settings.topology.dlq)
     consumer = make_consumer(settings, unique_name("bench-naive"))
     consumer.subscribe([topic])
     done = 0

@@ -63,7 +63,7 @@ def run_bench(settings: Settings, plan: BenchPlan, progress: Callable[[str], Non
     settings = settings.model_copy(update={"session_timeout_ms": 6000, **quiet})
     configure_logging(settings)
     try:
-        dbs = BenchDatabases(admin_url_for(settings.database_url_plain()))
+        dbs = BenchDatabases(admin_url_for(settings.database.url_plain()))
         try:
             return _stages(settings, plan, dbs, progress)
         finally:
@@ -82,7 +82,7 @@ def _stages(settings: Settings, plan: BenchPlan, dbs: BenchDatabases, progress: 
     topic = unique_name("bench-expiry")
     create_topic(settings, topic, PARTITIONS)
     produce_events(settings, topic, events, datetime.now(UTC))
-    topics = Topics(outcomes=settings.outcomes_topic, dlq=settings.dlq_topic)
+    topics = Topics(outcomes=settings.topology.outcomes, dlq=settings.topology.dlq)
     out: dict[str, Any] = {"machine": machine(), "run_id": dbs.run_id, "events": n, "partitions": PARTITIONS}
 
     progress("limit: batch transaction alone, then COPY")

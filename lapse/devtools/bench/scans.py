@@ -49,7 +49,7 @@ def reconciler_scan(settings: Settings, database_url: str, rows: int) -> dict[st
     finally:
         engine.dispose()
     scanned = report.scanned + report.ledger_scanned
-    return {"rows": scanned, "pages": report.pages, "page_size": settings.reconcile_page_size,
+    return {"rows": scanned, "pages": report.pages, "page_size": settings.reconciler.page_size,
             "seconds": round(scanned / rate, 3) if rate else None, "rows_per_s": round(rate, 1),
             "reemitted": report.reemitted, "method": "lapse.reconciler.scan.scan_rate, work in flight"}
 

@@ -19,8 +19,8 @@ from lapse.shell.cli_options import emit, pass_settings, setting_option
               help="Reservations to seed (70% expired holds).")
 @click.option("--workers", type=click.IntRange(1, 16), default=2, show_default=True,
               help="Processor processes.")
-@setting_option("bootstrap_servers", help="Use this Kafka cluster instead of the embedded broker.")
-@setting_option("database_url", help="Use this database instead of a fresh SQLite file under .lapse/.")
+@setting_option("kafka.bootstrap_servers", help="Use this Kafka cluster instead of the embedded broker.")
+@setting_option("database.url", help="Use this database instead of a fresh SQLite file under .lapse/.")
 @click.option("--state-dir", type=click.Path(path_type=Path), default=DEFAULT_STATE_DIR,
               show_default=True, help="Where the embedded database and broker logs go.")
 @click.option("--timeout", "timeout_s", type=float, default=300.0, show_default=True,

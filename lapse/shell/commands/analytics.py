@@ -15,8 +15,7 @@ from lapse.shell.time_args import DURATION
 
 @main.command()
 @connection_options
-@setting_option("outcomes_topic")
-@setting_option("session_timeout_ms")
+@setting_option("processor.session_timeout_ms")
 @click.option("--app-id", default="lapse-analytics", show_default=True,
               help="Faust app id, which is also its consumer group.")
 @click.option("--web-port", type=click.IntRange(1, 65535), default=6066, show_default=True,

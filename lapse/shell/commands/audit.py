@@ -11,7 +11,7 @@ import click
 
 from lapse.kernel.settings import Settings
 from lapse.shell.cli import main
-from lapse.shell.cli_options import connection_options, emit, pass_settings, setting_option
+from lapse.shell.cli_options import connection_options, emit, pass_settings
 from lapse.shell.time_args import DURATION, TIMESTAMP
 
 
@@ -40,9 +40,6 @@ def _text(r: dict[str, Any]) -> str:
 
 @main.command()
 @connection_options
-@setting_option("expiry_topic")
-@setting_option("outcomes_topic")
-@setting_option("dlq_topic")
 @click.option("--since", type=TIMESTAMP, help="Read records from this time (ISO 8601 or epoch ms).")
 @click.option("--from-beginning", is_flag=True, help="Read everything retained.")
 @click.option("--until", type=TIMESTAMP, help="Ignore records at or after this time.")

@@ -11,9 +11,8 @@ from lapse.shell.cli_options import connection_options, emit, pass_settings, set
 
 @main.command()
 @connection_options
-@setting_option("delay_group", "--group")
-@setting_option("session_timeout_ms")
-@setting_option("metrics_port")
+@setting_option("processor.session_timeout_ms")
+@setting_option("runtime.metrics_port")
 @click.option("--json", "as_json", is_flag=True, help="Print the final count as JSON.")
 @pass_settings
 def delay(settings: Settings, as_json: bool) -> None:

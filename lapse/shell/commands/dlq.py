@@ -14,8 +14,8 @@ from lapse.shell.cli_options import F, emit, pass_settings, setting_option
 
 def _selection_options(func: F) -> F:
     for opt in reversed([
-        setting_option("database_url"),
-        setting_option("log_level"),
+        setting_option("database.url"),
+        setting_option("runtime.log_level"),
         click.option("--kind", default=None, help="Only this cleanup kind."),
         click.option("--tenant", default=None, help="Only this tenant."),
         click.option("--json", "as_json", is_flag=True, help="Print the result as JSON."),
@@ -78,7 +78,7 @@ def dlq_replay(settings: Settings, kind: str | None, tenant: str | None, as_json
         with engine.begin() as conn:
             replay_id, released = replay(
                 conn, Selection(kind, tenant, tuple(op_keys), include_replayed), limit=limit,
-                reason=reason, actor=actor, now=datetime.now(UTC), expiry_topic=settings.expiry_topic)
+                reason=reason, actor=actor, now=datetime.now(UTC), expiry_topic=settings.topology.expiry)
     finally:
         engine.dispose()
     data: dict[str, Any] = {"replay_id": replay_id if released else None, "released": released, "actor": actor}

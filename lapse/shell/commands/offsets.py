@@ -10,7 +10,7 @@ import click
 
 from lapse.kernel.settings import Settings
 from lapse.shell.cli import main
-from lapse.shell.cli_options import connection_options, emit, pass_settings, setting_option
+from lapse.shell.cli_options import connection_options, emit, pass_settings
 from lapse.shell.time_args import TIMESTAMP
 
 
@@ -29,10 +29,6 @@ def _text(data: dict[str, Any]) -> str:
 
 @offsets.command("reset")
 @connection_options
-@setting_option("topics_file")
-@setting_option("expiry_topic")
-@setting_option("outcomes_topic")
-@setting_option("dlq_topic")
 @click.option("--group", required=True, help="Consumer group to move.")
 @click.option("--topic", help="Only this topic (default: the topics topics.yaml says the group reads).")
 @click.option("--to-datetime", type=TIMESTAMP, help="First offset at or after this time (ISO 8601 or epoch ms).")
@@ -50,11 +46,10 @@ def reset(settings: Settings, group: str, topic: str | None, to_datetime: dateti
     # function-local: keeps `lapse --help` fast
     from lapse.kernel.kafka_clients import make_admin
     from lapse.readers.offsets import OffsetsError, execute_reset, plan_reset
-    from lapse.readers.status import declared_reads
 
     if sum((to_datetime is not None, to_earliest, shift_by is not None)) != 1:
         raise click.UsageError("give exactly one of --to-datetime, --to-earliest, --shift-by")
-    topics = [topic] if topic else sorted({t for g, t in declared_reads(settings) if g == group})
+    topics = [topic] if topic else sorted({t for g, t in settings.topology.reads() if g == group})
     try:
         plan = plan_reset(settings, group, topics, to_datetime=to_datetime, to_earliest=to_earliest,
                           shift_by=shift_by)

@@ -21,9 +21,9 @@ def _exit_when_idle() -> Callable[[Callable[..., Any]], Callable[..., Any]]:
 
 @main.command()
 @connection_options
-@setting_option("sweep_page_size", "--page-size")
-@setting_option("sweep_interval_s", "--interval")
-@setting_option("metrics_port")
+@setting_option("producer.sweep_page_size", "--page-size")
+@setting_option("producer.sweep_interval_s", "--interval")
+@setting_option("runtime.metrics_port")
 @click.option("--once", is_flag=True, help="One pass, then exit.")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 @pass_settings
@@ -48,7 +48,7 @@ def sweep(settings: Settings, once: bool, as_json: bool) -> None:
     producer = make_producer(settings)
     try:
         report = sweep_once(engine, producer, Codec.from_settings(settings), settings,
-                            registry(settings.extra_kinds))
+                            registry(settings.processor.extra_kinds))
     finally:
         engine.dispose()
     emit(asdict(report), as_json,
@@ -57,9 +57,9 @@ def sweep(settings: Settings, once: bool, as_json: bool) -> None:
 
 @main.command()
 @connection_options
-@setting_option("batch_size")
-@setting_option("session_timeout_ms")
-@setting_option("metrics_port")
+@setting_option("processor.batch_size")
+@setting_option("processor.session_timeout_ms")
+@setting_option("runtime.metrics_port")
 @_exit_when_idle()
 @click.option("--json", "as_json", is_flag=True, help="Print the final counts as JSON.")
 @pass_settings
@@ -80,8 +80,8 @@ def process(settings: Settings, exit_when_idle: float | None, as_json: bool) -> 
 
 @main.command()
 @connection_options
-@setting_option("relay_batch_size", "--batch-size")
-@setting_option("metrics_port")
+@setting_option("producer.relay_batch_size", "--batch-size")
+@setting_option("runtime.metrics_port")
 @_exit_when_idle()
 @pass_settings
 def relay(settings: Settings, exit_when_idle: float | None) -> None:
@@ -97,7 +97,7 @@ def relay(settings: Settings, exit_when_idle: float | None) -> None:
 
 @main.command()
 @connection_options
-@setting_option("metrics_port", help="Serve Prometheus metrics from port N + role index.")
+@setting_option("runtime.metrics_port", help="Serve Prometheus metrics from port N + role index.")
 @click.option("--workers", type=click.IntRange(1, 64), default=2, show_default=True,
               help="Processor processes.")
 @pass_settings

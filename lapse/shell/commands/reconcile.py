@@ -21,13 +21,13 @@ def _summary(r: dict[str, Any]) -> str:
 
 @main.command()
 @connection_options
-@setting_option("reconcile_grace_s", "--grace", type=Duration(as_seconds=True), metavar="DURATION",
+@setting_option("reconciler.grace_s", "--grace", type=Duration(as_seconds=True), metavar="DURATION",
                 help="Leave work alone until it has looked stuck this long (30s, 5m, 1h).")
-@setting_option("reconcile_page_size", "--page-size", type=click.IntRange(1, 100_000))
-@setting_option("reconcile_rate", "--rate", type=click.FloatRange(min=0, min_open=True),
+@setting_option("reconciler.page_size", "--page-size", type=click.IntRange(1, 100_000))
+@setting_option("reconciler.rate", "--rate", type=click.FloatRange(min=0, min_open=True),
                 help="Most events re-emitted per second.")
-@setting_option("reconcile_interval_s", "--interval", type=Duration(as_seconds=True), metavar="DURATION")
-@setting_option("metrics_port")
+@setting_option("reconciler.interval_s", "--interval", type=Duration(as_seconds=True), metavar="DURATION")
+@setting_option("runtime.metrics_port")
 @click.option("--once", is_flag=True, help="One pass, then exit.")
 @click.option("--json", "as_json", is_flag=True, help="Print the pass summary as JSON.")
 @pass_settings
@@ -52,7 +52,7 @@ def reconcile(settings: Settings, once: bool, as_json: bool) -> None:
     producer = make_producer(settings)
     try:
         report = reconcile_once(engine, producer, Codec.from_settings(settings), settings,
-                                registry(settings.extra_kinds))
+                                registry(settings.processor.extra_kinds))
     finally:
         producer.flush(10)
         engine.dispose()

@@ -21,10 +21,10 @@ def _text(r: dict[str, Any]) -> str:
 
 
 @main.command()
-@setting_option("database_url")
-@setting_option("log_level")
-@setting_option("report_notifier", "--notifier", type=click.Choice(["file", "smtp"]))
-@setting_option("report_dir", "--report-dir", type=click.Path(file_okay=False))
+@setting_option("database.url")
+@setting_option("runtime.log_level")
+@setting_option("report.notifier", "--notifier", type=click.Choice(["file", "smtp"]))
+@setting_option("report.dir", "--report-dir", type=click.Path(file_okay=False))
 @click.option("--date", "day", type=click.DateTime(formats=["%Y-%m-%d"]), default=None,
               help="UTC day to report, YYYY-MM-DD (default: yesterday). A missed day is enqueued "
                    "by giving its date.")

@@ -33,8 +33,7 @@ def _text(r: dict[str, Any]) -> str:
 
 @main.command()
 @connection_options
-@setting_option("topics_file")
-@setting_option("metrics_port", help="With --watch: serve the status gauges to Prometheus here.")
+@setting_option("runtime.metrics_port", help="With --watch: serve the status gauges to Prometheus here.")
 @click.option("--watch", type=click.FloatRange(min=1), metavar="SECONDS",
               help="Keep running, refreshing the Prometheus gauges every SECONDS (a monitor service).")
 @click.option("--no-lag", is_flag=True, help="Only the ledger; do not ask Kafka for consumer lag.")
@@ -52,7 +51,7 @@ def status(settings: Settings, watch: float | None, no_lag: bool, as_json: bool)
         from lapse.kernel.signals import stop_on_signals
         from lapse.shell.metrics import monitor, serve
 
-        if settings.metrics_port is None:
+        if settings.runtime.metrics_port is None:
             raise click.UsageError("--watch needs --metrics-port (or LAPSE_METRICS_PORT)")
         stop = stop_on_signals()
         serve(settings)

@@ -38,32 +38,31 @@ def _text(result: dict[str, Any]) -> str:
 
 
 @topics.command("apply")
-@setting_option("topics_file", "--file", type=click.Path(dir_okay=False, path_type=Path))
-@setting_option("bootstrap_servers")
-@setting_option("log_level")
+@setting_option("topics.file", "--file", type=click.Path(dir_okay=False, path_type=Path))
+@setting_option("topics.prefix", "--topic-prefix")
+@setting_option("kafka.bootstrap_servers", "--bootstrap-servers")
+@setting_option("runtime.log_level", "--log-level")
 @click.option("--dry-run", is_flag=True, help="Show what would change; change nothing.")
 @click.option("--replication-factor", type=click.IntRange(min=1), default=None,
               help="Use this replication factor for every topic (1 for a single test broker).")
-@click.option("--name-prefix", default="", help="Prefix every topic name (side-by-side environments, tests).")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object on stdout.")
 @pass_settings
-def topics_apply(settings: Settings, dry_run: bool, replication_factor: int | None, name_prefix: str,
-                 as_json: bool) -> None:
+def topics_apply(settings: Settings, dry_run: bool, replication_factor: int | None, as_json: bool) -> None:
     """Create missing topics and set declared configs; report drift it cannot fix."""
     # function-local: keeps `lapse --help` fast
     from confluent_kafka import KafkaException
     from confluent_kafka.admin import AdminClient
 
     from lapse.kernel.logs import get_logger
-    from lapse.kernel.topology import TopicsFileError, apply, load_topics, plan
+    from lapse.kernel.provisioning import apply, plan
+    from lapse.kernel.topology import TopicsFileError, load_topology
 
     try:
-        declared = load_topics(settings.topics_file, name_prefix=name_prefix,
-                               replication_factor=replication_factor)
+        declared = list(load_topology(settings.topics.file, settings.topics.prefix, replication_factor).specs)
     except TopicsFileError as exc:
         raise click.ClickException(str(exc)) from None
     # confluent-kafka's stub types config values as str/int/float/bool; a Python logger is documented.
-    admin = AdminClient({**settings.kafka_common(), "logger": get_logger("kafka")})  # type: ignore[dict-item]
+    admin = AdminClient({**settings.kafka.client_config(), "logger": get_logger("kafka")})  # type: ignore[dict-item]
     try:
         actions = plan(admin, declared)
         if not dry_run:
@@ -71,7 +70,7 @@ def topics_apply(settings: Settings, dry_run: bool, replication_factor: int | No
     except KafkaException as exc:
         err = exc.args[0] if exc.args else exc
         detail = err.str() if hasattr(err, "str") else str(exc)
-        raise click.ClickException(f"cannot reach Kafka at {settings.bootstrap_servers}: {detail}") from None
+        raise click.ClickException(f"cannot reach Kafka at {settings.kafka.bootstrap_servers}: {detail}") from None
     unresolved = [a for a in actions if not a.fixable or a.status == "failed"]
     result = {
         "dry_run": dry_run,
