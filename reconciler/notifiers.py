@@ -82,5 +82,5 @@ def notifier_from_settings(settings: Settings) -> Notifier:
         return FileNotifier(settings.report.dir)
     recipients = [r.strip() for r in (settings.report.mail_to or "").split(",") if r.strip()]
     if not settings.report.smtp_host or not recipients:
-        raise ValueError("the smtp notifier needs LAPSE_SMTP_HOST and LAPSE_REPORT_MAIL_TO")
+        raise ValueError("the smtp notifier needs LAPSE_REPORT__SMTP_HOST and LAPSE_REPORT__MAIL_TO")
     return SmtpNotifier(settings.report.smtp_host, settings.report.smtp_port, settings.report.mail_from, recipients)

@@ -1,6 +1,6 @@
 """`lapse demo`: the whole pipeline on one machine, with the checks that prove it worked.
 
-It seeds reservations (expired, not yet due, paid, cancelled), sweeps them onto lapse.expiry,
+It seeds reservations (expired, not yet due, paid, cancelled), sweeps them onto the expiry topic,
 injects duplicate deliveries and late payments, runs processors and the relay until every due
 record is terminal, and checks one effect per op key and one published outcome per ledger row.
 """
@@ -23,8 +23,9 @@ from lapse.kernel.kinds import registry
 from lapse.kernel.ledger import TERMINAL, expiry_event
 from lapse.kernel.logs import get_logger
 from lapse.kernel.models import artifacts, cleanup_ledger, ledger_transitions, outbox, reservations
+from lapse.kernel.provisioning import apply, plan
 from lapse.kernel.settings import Settings
-from lapse.kernel.topology import apply, load_topics, plan
+from lapse.kernel.topology import load_topology
 from lapse.processors import FilesystemObjectStore
 from lapse.producers import emit_events, sweep_once
 from lapse.readers import Span, manual_consumer, partitions_of, read_spans
@@ -80,11 +81,11 @@ class DemoSummary:
 
 
 def prepare(settings: Settings) -> None:
-    """Migrate the database and create the topics (replication 1: one broker)."""
+    """Migrate the database and create the topology's topics (replication 1: one broker)."""
     upgrade(settings)
     admin = make_admin(settings)
-    actions = plan(admin, load_topics(settings.topics.file, replication_factor=1))
-    apply(admin, actions)
+    topology = load_topology(settings.topics.file, settings.topics.prefix, replication_factor=1)
+    apply(admin, plan(admin, list(topology.specs)))
 
 
 def seed_and_emit(settings: Settings, engine: Engine, reservations_n: int, rng: random.Random) -> DemoSummary:
@@ -127,7 +128,7 @@ def settled(engine: Engine) -> bool:
 
 
 def published_outcomes(settings: Settings, codec: Codec) -> dict[str, set[int]]:
-    """op key → outcome ids read back from lapse.outcomes (to partition EOF)."""
+    """op key → outcome ids read back from the outcomes topic (to partition EOF)."""
     consumer = manual_consumer(settings)
     try:
         topic = settings.topology.outcomes

@@ -2,7 +2,7 @@
 
 A kind is plain data plus functions over a database connection, so the sweep, the processors and
 the reconciler all use the same definition. Register more kinds with `register()` or by dotted path
-(`module:attribute`) in `LAPSE_EXTRA_KINDS`.
+(`module:attribute`) in `LAPSE_PROCESSOR__EXTRA_KINDS`.
 """
 
 from __future__ import annotations

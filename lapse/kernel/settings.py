@@ -198,10 +198,13 @@ class Settings(BaseSettings):
         return load_topology(Path(self.topics.file), self.topics.prefix)
 
     def with_(self, **sections: dict[str, Any]) -> Settings:
-        """A copy with some fields of some sections changed: `with_(processor={"batch_size": 10})`."""
-        return type(self).model_validate(
-            {**self.model_dump(), **{name: {**getattr(self, name).model_dump(), **values}
-                                     for name, values in sections.items()}})
+        """A copy with some fields of some sections changed and validated:
+        `with_(processor={"batch_size": 10})`. Fields not named keep whether they were set."""
+        changed: dict[str, BaseModel] = {}
+        for name, values in sections.items():
+            section: BaseModel = getattr(self, name)
+            changed[name] = type(section).model_validate({**section.model_dump(exclude_unset=True), **values})
+        return self.model_copy(update=changed)
 
 
 def env_var(path: str) -> str:

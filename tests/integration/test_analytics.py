@@ -15,7 +15,7 @@ import pytest
 
 from lapse.devtools.brokers import free_port
 from lapse.readers.analytics import VIEW_PATH
-from tests.fixtures.pipeline import make_pipeline_settings
+from tests.fixtures.pipeline import connection_env, make_pipeline_settings
 from tests.fixtures.polling import eventually
 from tests.fixtures.readers import READER_TOPICS, outcome_record, produce_outcomes
 
@@ -42,9 +42,8 @@ def test_faust_worker_serves_outcome_figures(kafka_bootstrap, pg_url, unique, tm
         outcome_record(6, "y", "dead_letter", failure_class="invalid", occurred_at=now),
     ])
     port = free_port()
-    env = {**os.environ, "LAPSE_BOOTSTRAP_SERVERS": kafka_bootstrap,
-           "LAPSE_OUTCOMES_TOPIC": settings.outcomes_topic, "LAPSE_SESSION_TIMEOUT_MS": "6000",
-           "LAPSE_LOG_LEVEL": "WARNING"}
+    env = {**os.environ, **connection_env(settings), "LAPSE_PROCESSOR__SESSION_TIMEOUT_MS": "6000",
+           "LAPSE_RUNTIME__LOG_LEVEL": "WARNING"}
     proc = subprocess.Popen(
         [sys.executable, "-m", "lapse", "analytics", "--app-id", unique("analytics"),
          "--web-port", str(port), "--data-dir", str(tmp_path / "faust")],

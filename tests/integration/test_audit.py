@@ -19,7 +19,7 @@ from lapse.kernel.models import cleanup_ledger, outbox, reservations
 from lapse.processors import replay
 from lapse.shell.app import main
 from tests.fixtures.kafka import admin
-from tests.fixtures.pipeline import make_pipeline_settings
+from tests.fixtures.pipeline import connection_env, make_pipeline_settings
 from tests.fixtures.readers import READER_TOPICS, outcome_record, produce_events, produce_outcomes, relay, sweep
 from tests.fixtures.workers import process_until_done
 
@@ -33,11 +33,8 @@ def _event(subject: str, **kw) -> ExpiryEvent:
 
 def _audit(settings, since: datetime | None = None) -> tuple[int, dict]:
     window = ["--since", since.isoformat()] if since else ["--from-beginning"]
-    env = {"LAPSE_BOOTSTRAP_SERVERS": settings.bootstrap_servers,
-           "LAPSE_EXPIRY_TOPIC": settings.expiry_topic, "LAPSE_OUTCOMES_TOPIC": settings.outcomes_topic,
-           "LAPSE_DLQ_TOPIC": settings.dlq_topic, "LAPSE_LOG_LEVEL": "WARNING"}
-    result = CliRunner().invoke(main, ["audit", *window, "--grace", "0s", "--json"],
-                                env=env)
+    env = {**connection_env(settings), "LAPSE_RUNTIME__LOG_LEVEL": "WARNING"}
+    result = CliRunner().invoke(main, ["audit", *window, "--grace", "0s", "--json"], env=env)
     assert result.exit_code in (0, 1), result.output
     return result.exit_code, json.loads(result.stdout.splitlines()[-1])
 
@@ -66,7 +63,7 @@ def test_audit_matches_the_ledger_and_fails_on_a_second_applied(kafka_bootstrap,
     with engine.begin() as conn:
         replay_id, released = replay(conn, Selection(op_keys=(DEAD_KEY,)), limit=10, reason="test",
                                      actor="auditor", now=datetime.now(UTC),
-                                     expiry_topic=settings.expiry_topic)
+                                     expiry_topic=settings.topology.expiry)
     assert [r["op_key"] for r in released] == [DEAD_KEY]
     relay(settings)
     process_until_done(settings, terminal=9, replayed=1)
@@ -101,11 +98,11 @@ def test_audit_matches_the_ledger_and_fails_on_a_second_applied(kafka_bootstrap,
 
     # Retention deleting the head of a partition is reported, never skipped silently.
     client = admin(kafka_bootstrap)  # kept referenced until its futures are done
-    futures = client.delete_records([TopicPartition(settings.dlq_topic, 0, 1)])
+    futures = client.delete_records([TopicPartition(settings.topology.dlq, 0, 1)])
     for future in futures.values():
         future.result(15)
     code, report = _audit(settings)
     assert [(g["topic"], g["partition"], g["first_retained"]) for g in report["gaps"]] == [
-        (settings.dlq_topic, 0, 1)]
+        (settings.topology.dlq, 0, 1)]
     assert report["dead_letters"] == 1
     engine.dispose()

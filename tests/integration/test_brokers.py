@@ -10,7 +10,7 @@ import pytest
 from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
 
 from lapse.devtools.brokers import ApacheKafkaServer, BrokerUnavailable, find_kafka_jars
-from tests.fixtures.kafka import admin, create_topics
+from tests.fixtures.kafka import admin, broker_tools, create_topics
 from tests.fixtures.polling import eventually
 
 
@@ -65,14 +65,14 @@ def test_missing_jars_is_a_one_line_how_to(tmp_path):
     assert str(missing) in str(err.value) and "make kafka-jars" in str(err.value)
     assert "\n" not in str(err.value)
 
-    server = ApacheKafkaServer(tmp_path / "data", jars_dir=missing)
+    server = ApacheKafkaServer(tmp_path / "data", jars_dir=missing, java_home=broker_tools()["java_home"])
     with pytest.raises(BrokerUnavailable, match="make kafka-jars"):
         server.start()
     assert server.proc is None
 
 
 def test_a_broker_that_cannot_start_says_why(tmp_path):
-    server = ApacheKafkaServer(tmp_path / "data", overrides={"num.partitions": "many"})
+    server = ApacheKafkaServer(tmp_path / "data", overrides={"num.partitions": "many"}, **broker_tools())
     with pytest.raises(BrokerUnavailable) as err:
         server.start()
     assert "num.partitions" in str(err.value) and "\n" not in str(err.value)

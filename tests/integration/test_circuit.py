@@ -12,6 +12,7 @@ from lapse.kernel.models import cleanup_ledger
 from lapse.processors.circuit import CircuitPolicy, DeadLetterCircuit
 from tests.fixtures.kafka import committed
 from tests.fixtures.pipeline import seed
+from tests.fixtures.topology import repo_topology
 from tests.fixtures.workers import process_until_done
 
 
@@ -26,7 +27,7 @@ class FakeClock:
 def test_circuit_trips_on_a_failing_window_and_closes_after_cooldown():
     clock = FakeClock()
     circuit = DeadLetterCircuit(CircuitPolicy(threshold=0.5, min_events=10, window=20, cooldown_s=30), clock)
-    tp = ("lapse.expiry", 0)
+    tp = (repo_topology().expiry, 0)
     assert not circuit.record(tp, good=5, bad=4)       # too few to judge
     assert not circuit.record(tp, good=6, bad=0)       # 4 of 15 failed
     assert circuit.record(tp, good=0, bad=10)          # 14 of 20 failed
@@ -37,20 +38,20 @@ def test_circuit_trips_on_a_failing_window_and_closes_after_cooldown():
 
 
 def test_a_bad_deploy_pauses_the_partition_instead_of_dead_lettering_everything(pipeline):
-    settings = pipeline.with_(batch_size=10, circuit_min_events=10, circuit_threshold=0.5,
-                              circuit_cooldown_s=3600)
+    settings = pipeline.settings.with_(processor={"batch_size": 10, "circuit_min_events": 10,
+                                                  "circuit_threshold": 0.5, "circuit_cooldown_s": 3600})
     now = datetime.now(UTC)
     producer = make_producer(settings)
     for i in range(60):  # every one of these is invalid: the subject is not a reservation id
         bad = expiry_event("release-reservation", f"bad{i}", "t", now - timedelta(minutes=1), source="sweep",
                            correlation_id=f"c{i}")
-        producer.produce(settings.expiry_topic, partition=0, key=bad.op_key.encode(),
+        producer.produce(settings.topology.expiry, partition=0, key=bad.op_key.encode(),
                          value=pipeline.codec.encode("expiry_event", expiry_record(bad, now)))
     ids = seed(pipeline, 5)
     for rid in ids:
         good = expiry_event("release-reservation", rid, "t", now - timedelta(minutes=1), source="sweep",
                             correlation_id=f"g{rid}")
-        producer.produce(settings.expiry_topic, partition=1, key=good.op_key.encode(),
+        producer.produce(settings.topology.expiry, partition=1, key=good.op_key.encode(),
                          value=pipeline.codec.encode("expiry_event", expiry_record(good, now)))
     producer.flush(10)
 
@@ -61,6 +62,7 @@ def test_a_bad_deploy_pauses_the_partition_instead_of_dead_lettering_everything(
         applied = conn.execute(select(func.count()).where(cleanup_ledger.c.state == "applied")).scalar()
     assert applied == 5                      # the healthy partition kept moving
     assert 10 <= dead < 60                   # the circuit stopped the drain
-    offsets = committed(settings.bootstrap_servers, settings.cleanup_group, settings.expiry_topic, 2)
+    topology = settings.topology
+    offsets = committed(settings.kafka.bootstrap_servers, topology.groups.cleanup, topology.expiry, 2)
     assert offsets == {0: dead, 1: 5}        # the rest of partition 0 waits in Kafka, uncommitted
     assert stats.dead_lettered == dead

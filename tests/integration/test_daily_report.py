@@ -45,7 +45,7 @@ def _transition(op_key: str, from_state: str | None, to_state: str, attempt: int
 
 
 def run_report(db_url: str, folder, *args: str):
-    env = {"LAPSE_DATABASE_URL": db_url, "LAPSE_REPORT_DIR": str(folder), "LAPSE_LOG_FORMAT": "text"}
+    env = {"LAPSE_DATABASE__URL": db_url, "LAPSE_REPORT__DIR": str(folder), "LAPSE_RUNTIME__LOG_FORMAT": "text"}
     return CliRunner().invoke(main, ["report", *args], env=env)
 
 

@@ -15,10 +15,10 @@ from tests.fixtures.polling import eventually
 
 def test_delay_tier_forwards_when_due_and_a_held_partition_holds_only_itself(pipeline):
     s = pipeline.settings
-    tier = s.delay_topic("30s")
+    tier = s.topology.tiers[0].topic
     now = datetime.now(UTC)
-    target = [(TARGET_HEADER, s.expiry_topic.encode())]
-    producer = Producer({"bootstrap.servers": s.bootstrap_servers})
+    target = [(TARGET_HEADER, s.topology.expiry.encode())]
+    producer = Producer({"bootstrap.servers": s.kafka.bootstrap_servers})
     plan = [  # (partition, key, due)
         (0, b"far", now + timedelta(hours=1)),       # head of partition 0: holds it
         (0, b"behind-far", now - timedelta(seconds=1)),  # due, but waits behind its head
@@ -39,10 +39,10 @@ def test_delay_tier_forwards_when_due_and_a_held_partition_holds_only_itself(pip
         worker.stop.set()
         thread.join(30)
 
-    out = read_topic(s.bootstrap_servers, s.expiry_topic)
+    out = read_topic(s.kafka.bootstrap_servers, s.topology.expiry)
     assert sorted(m.key() for m in out) == [b"already", b"soon"]
     for msg in out:  # forwarded no earlier than its due time (producer CreateTime)
         assert msg.timestamp()[1] >= int(parse_due(msg.headers()).timestamp() * 1000)
         assert msg.value() == b"v-" + msg.key()
-    offsets = committed(s.bootstrap_servers, s.delay_group, tier, 2)
+    offsets = committed(s.kafka.bootstrap_servers, s.topology.groups.delay, tier, 2)
     assert offsets[1] == 2 and offsets[0] < 0  # partition 0 committed nothing past its held head

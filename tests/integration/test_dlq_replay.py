@@ -12,11 +12,12 @@ from lapse.kernel.database import make_engine
 from lapse.kernel.kinds import registry
 from lapse.kernel.ledger import ExpiryEvent, Selection, expiry_event
 from lapse.kernel.models import cleanup_ledger, ledger_transitions, outbox
-from lapse.processors import BatchScope, Topics, apply_batch, replay
+from lapse.processors import BatchScope, apply_batch, replay
 from lapse.shell.app import main
+from tests.fixtures.topology import repo_topology
 
 NOW = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
-TOPICS = Topics(outcomes="lapse.outcomes", dlq="lapse.dlq")
+TOPOLOGY = repo_topology()  # what the `lapse dlq` commands use with no prefix set
 
 
 def bad_event(i: int, tenant: str) -> ExpiryEvent:
@@ -27,14 +28,14 @@ def bad_event(i: int, tenant: str) -> ExpiryEvent:
 
 def process(engine, events, now=NOW):
     with engine.begin() as conn:
-        return apply_batch(BatchScope(conn, kinds=registry(), topics=TOPICS, worker="w", now=now,
+        return apply_batch(BatchScope(conn, kinds=registry(), topics=TOPOLOGY, worker="w", now=now,
                                       lease=timedelta(seconds=30)), events)
 
 
 def replayed_events(engine, replay_id) -> list[ExpiryEvent]:
     with engine.connect() as conn:
         payloads = conn.execute(select(outbox.c.payload).where(
-            outbox.c.topic == "lapse.expiry", outbox.c.headers["replay_id"].as_string() == replay_id)).scalars()
+            outbox.c.topic == TOPOLOGY.expiry, outbox.c.headers["replay_id"].as_string() == replay_id)).scalars()
         return [expiry_event(p["kind"], p["subject_id"], p["tenant"], datetime.fromtimestamp(p["due_at"] / 1000, UTC),
                              source=p["source"], correlation_id=p["correlation_id"], attempt=p["attempt"],
                              replay_id=p["replay_id"]) for p in payloads]
@@ -45,7 +46,7 @@ def test_replay_releases_exactly_the_selection_once_and_failures_return_for_good
     process(engine, [bad_event(i, "t-bad" if i % 10 == 0 else "t-ok") for i in range(100)])
     with engine.begin() as conn:
         replay_id, released = replay(conn, Selection(tenant="t-bad"), limit=50, reason="fixed parser",
-                                     actor="alice", now=NOW + timedelta(hours=1), expiry_topic="lapse.expiry")
+                                     actor="alice", now=NOW + timedelta(hours=1), expiry_topic=TOPOLOGY.expiry)
     assert sorted(r["op_key"] for r in released) == sorted(f"release-reservation:x{i}" for i in range(0, 100, 10))
     with engine.connect() as conn:
         rows = conn.execute(select(cleanup_ledger.c.state, cleanup_ledger.c.replay_id, func.count())
@@ -57,7 +58,7 @@ def test_replay_releases_exactly_the_selection_once_and_failures_return_for_good
 
     with engine.begin() as conn:  # the same selection again: nothing left to release
         assert replay(conn, Selection(tenant="t-bad"), limit=50, reason="again", actor="alice",
-                      now=NOW + timedelta(hours=1), expiry_topic="lapse.expiry")[1] == []
+                      now=NOW + timedelta(hours=1), expiry_topic=TOPOLOGY.expiry)[1] == []
 
     events = replayed_events(engine, replay_id)
     assert len(events) == 10 and {e.source for e in events} == {"replay"}
@@ -67,13 +68,13 @@ def test_replay_releases_exactly_the_selection_once_and_failures_return_for_good
         states = conn.execute(select(cleanup_ledger.c.state).where(
             cleanup_ledger.c.replay_id == replay_id).distinct()).scalars().all()
         dlq = conn.execute(select(outbox.c.payload).where(
-            outbox.c.topic == "lapse.dlq", outbox.c.key == "release-reservation:x10")
+            outbox.c.topic == TOPOLOGY.dlq, outbox.c.key == "release-reservation:x10")
             .order_by(outbox.c.id)).scalars().all()
     assert states == ["dead_letter"]
     assert dlq[-1]["replay_id"] == replay_id and len(dlq[-1]["history"]) == 2  # both failures
     with engine.begin() as conn:  # failed replays stay dead: no loop without an explicit opt-in
         assert replay(conn, Selection(tenant="t-bad"), limit=50, reason="again", actor="alice",
-                      now=NOW + timedelta(hours=3), expiry_topic="lapse.expiry")[1] == []
+                      now=NOW + timedelta(hours=3), expiry_topic=TOPOLOGY.expiry)[1] == []
     engine.dispose()
 
 

@@ -20,11 +20,12 @@ from lapse.processors.failures import RATE_LIMITED, TEMPORARY, EffectFailure
 from lapse.processors.leased import EffectRunner, run_leased
 from lapse.processors.object_store import FaultyObjectStore, FilesystemObjectStore
 from lapse.processors.rules import apply_batch
-from lapse.processors.scope import BatchScope, Topics
+from lapse.processors.scope import BatchScope
+from tests.fixtures.topology import repo_topology, tier_covering
 
 T0 = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
 LEASE = timedelta(seconds=30)
-TOPICS = Topics(outcomes="lapse.outcomes", dlq="lapse.dlq")
+TOPOLOGY = repo_topology()
 KINDS = registry()
 
 
@@ -73,7 +74,7 @@ def add_artifact(engine, store, key="exports/a.csv", put=True) -> ExpiryEvent:
 
 
 def scope(conn, worker, now) -> BatchScope:
-    return BatchScope(conn, kinds=KINDS, topics=TOPICS, worker=worker, now=now, lease=LEASE,
+    return BatchScope(conn, kinds=KINDS, topics=TOPOLOGY, worker=worker, now=now, lease=LEASE,
                       rng=random.Random(1))
 
 
@@ -110,10 +111,10 @@ def history(engine, op_key):
             .where(ledger_transitions.c.op_key == op_key).order_by(ledger_transitions.c.id))]
 
 
-def outbox_rows(engine, topic_prefix):
+def outbox_rows(engine, *topics):
     with engine.connect() as conn:
         return [r for r in conn.execute(select(outbox).order_by(outbox.c.id)).mappings()
-                if r["topic"].startswith(topic_prefix)]
+                if r["topic"] in topics]
 
 
 def test_artifact_delete_runs_under_a_lease_and_completes(engine, store):
@@ -166,10 +167,10 @@ def test_rate_limited_schedules_exactly_retry_after_and_keeps_the_attempt(engine
     r = row(engine, ev.op_key)
     assert (r["state"], r["attempt"], r["last_failure_class"]) == ("retry_scheduled", 0, "rate_limited")
     assert r["due_at"] == T0 + timedelta(seconds=42)
-    (wake,) = outbox_rows(engine, "lapse.delay.")
-    assert wake["topic"] == "lapse.delay.2m"  # the smallest tier covering 42 s
+    (wake,) = outbox_rows(engine, *TOPOLOGY.delay_topics)
+    assert wake["topic"] == tier_covering(TOPOLOGY, 42)  # the smallest tier covering 42 s
     assert wake["headers"]["lapse-due-at"] == str(int((T0 + timedelta(seconds=42)).timestamp() * 1000))
-    assert wake["headers"]["lapse-target"] == "lapse.expiry"
+    assert wake["headers"]["lapse-target"] == TOPOLOGY.expiry
 
 
 def test_restart_mid_backoff_hands_early_wakeup_back_then_applies_when_due(engine, store):
@@ -192,7 +193,7 @@ def test_restart_mid_backoff_hands_early_wakeup_back_then_applies_when_due(engin
 
 def _wakeup(engine, ev) -> ExpiryEvent:
     """The wake-up record the retry put in the outbox, decoded back into an event."""
-    (wake,) = outbox_rows(engine, "lapse.delay.")
+    (wake,) = outbox_rows(engine, *TOPOLOGY.delay_topics)
     p = wake["payload"]
     return expiry_event(p["kind"], p["subject_id"], p["tenant"], datetime.fromtimestamp(p["due_at"] / 1000, UTC),
                         source=p["source"], correlation_id=p["correlation_id"], attempt=p["attempt"])
@@ -211,7 +212,7 @@ def test_final_attempt_failure_is_dead_lettered_with_its_history(engine, store):
     r = row(engine, ev.op_key)
     assert (r["state"], r["attempt"], r["last_failure_class"]) == ("dead_letter", cap, "exhausted")
     assert f"{cap} attempts failed" in r["last_failure"]
-    (dlq,) = outbox_rows(engine, "lapse.dlq")
+    (dlq,) = outbox_rows(engine, TOPOLOGY.dlq)
     assert [h["attempt"] for h in dlq["payload"]["history"]] == list(range(1, cap + 1))
     assert dlq["payload"]["history"][-1]["reason"] == f"503 try {cap - 1}"
     assert store.exists("exports/a.csv") and flaky.calls == cap

@@ -28,7 +28,8 @@ def scrape(port: int) -> dict[tuple, float]:
 
 
 def test_metrics_after_a_real_batch(kafka_bootstrap, pg_url, unique):
-    settings = make_pipeline_settings(kafka_bootstrap, pg_url, unique, **READER_TOPICS, metrics_port=free_port())
+    settings = make_pipeline_settings(kafka_bootstrap, pg_url, unique, **READER_TOPICS,
+                                      runtime={"metrics_port": free_port()})
     port = metrics.serve(settings)
     before = scrape(port)
     engine = make_engine(pg_url)
@@ -63,6 +64,6 @@ def test_metrics_after_a_real_batch(kafka_bootstrap, pg_url, unique):
     gauges = scrape(port)
     assert gauges[("lapse_oldest_eligible_age_seconds", ())] == 600
     assert gauges[("lapse_ledger_rows", (("state", "applied"),))] == 3
-    lag = (("group", settings.cleanup_group), ("topic", settings.expiry_topic))
+    lag = (("group", settings.topology.groups.cleanup), ("topic", settings.topology.expiry))
     assert gauges[("lapse_consumer_lag_records", lag)] == 0
     engine.dispose()

@@ -14,7 +14,7 @@ from lapse.kernel.codec import Codec
 from lapse.kernel.kafka_clients import make_consumer
 from lapse.readers.offsets import committed
 from lapse.shell.app import main
-from tests.fixtures.pipeline import make_pipeline_settings
+from tests.fixtures.pipeline import connection_env, make_pipeline_settings
 from tests.fixtures.polling import eventually
 from tests.fixtures.readers import READER_TOPICS, outcome_record, produce_outcomes
 
@@ -25,7 +25,7 @@ def _read_all(settings, group: str, seen: set, timeout_s: float = 60.0) -> None:
     """Consume the outcomes topic in `group` until every outcome is seen, committing as it goes."""
     codec = Codec.from_settings(settings)
     consumer = make_consumer(settings, group)
-    consumer.subscribe([settings.outcomes_topic])
+    consumer.subscribe([settings.topology.outcomes])
 
     def read_and_commit() -> bool:
         batch = [m for m in consumer.consume(100, 0.5) if m.error() is None]
@@ -35,7 +35,7 @@ def _read_all(settings, group: str, seen: set, timeout_s: float = 60.0) -> None:
             nxt = {}
             for msg in batch:
                 nxt[msg.partition()] = max(nxt.get(msg.partition(), 0), msg.offset() + 1)
-            consumer.commit(offsets=[TopicPartition(settings.outcomes_topic, p, o)
+            consumer.commit(offsets=[TopicPartition(settings.topology.outcomes, p, o)
                                      for p, o in nxt.items()], asynchronous=False)
         return len(seen) >= OUTCOMES
 
@@ -46,13 +46,13 @@ def _read_all(settings, group: str, seen: set, timeout_s: float = 60.0) -> None:
 
 
 def _positions(settings, group: str) -> dict[int, int | None]:
-    found = committed(settings, group, settings.outcomes_topic, [0, 1, 2])
+    found = committed(settings, group, settings.topology.outcomes, [0, 1, 2])
     return {p: o for (_, p), o in found.items()}
 
 
 def _reset(settings, *args) -> tuple[int, str]:
-    env = {"LAPSE_BOOTSTRAP_SERVERS": settings.bootstrap_servers, "LAPSE_LOG_LEVEL": "WARNING"}
-    result = CliRunner().invoke(main, ["offsets", "reset", "--topic", settings.outcomes_topic, *args],
+    env = {**connection_env(settings), "LAPSE_RUNTIME__LOG_LEVEL": "WARNING"}
+    result = CliRunner().invoke(main, ["offsets", "reset", "--topic", settings.topology.outcomes, *args],
                                 env=env)
     return result.exit_code, result.output
 
@@ -93,7 +93,7 @@ def test_groups_read_independently_and_a_reset_moves_only_one(kafka_bootstrap, p
 
     # While a member of the second group is running, the reset refuses and moves nothing.
     member = make_consumer(settings, groups[1])
-    member.subscribe([settings.outcomes_topic])
+    member.subscribe([settings.topology.outcomes])
 
     def joined() -> bool:
         if member.assignment():

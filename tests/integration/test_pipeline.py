@@ -18,14 +18,14 @@ from lapse.kernel.models import cleanup_ledger, ledger_transitions, reservations
 from lapse.producers.relay import relay_until_empty
 from lapse.producers.sweep import sweep_once
 from tests.fixtures.kafka import committed, read_topic
-from tests.fixtures.pipeline import EXPIRY_PARTITIONS, all_committed, expiry_event, produce, seed
+from tests.fixtures.pipeline import EXPIRY_PARTITIONS, all_committed, connection_env, expiry_event, produce, seed
 from tests.fixtures.workers import process_until_done, process_with_workers
 
 
 def outcomes(p) -> list[dict]:
     relay_until_empty(p.engine, make_producer(p.settings), p.codec, 500)
     return [p.codec.decode_expected("cleanup_outcome", m.value())
-            for m in read_topic(p.settings.bootstrap_servers, p.settings.outcomes_topic)]
+            for m in read_topic(p.settings.kafka.bootstrap_servers, p.settings.topology.outcomes)]
 
 
 def ledger_row(p, rid):
@@ -51,14 +51,8 @@ def test_crash_after_db_commit_before_offset_commit(pipeline):
     """The worker dies between the DB commit and the offset commit; the next one skips the effect."""
     (rid,) = seed(pipeline, 1)
     produce(pipeline, [expiry_event(rid)])
-    env = {**os.environ, "LAPSE_BOOTSTRAP_SERVERS": pipeline.settings.bootstrap_servers,
-           "LAPSE_DATABASE_URL": pipeline.settings.database_url_plain(),
-           "LAPSE_EXPIRY_TOPIC": pipeline.settings.expiry_topic,
-           "LAPSE_OUTCOMES_TOPIC": pipeline.settings.outcomes_topic,
-           "LAPSE_DLQ_TOPIC": pipeline.settings.dlq_topic,
-           "LAPSE_DELAY_TOPIC_PREFIX": pipeline.settings.delay_topic_prefix,
-           "LAPSE_CLEANUP_GROUP": pipeline.settings.cleanup_group,
-           "LAPSE_SESSION_TIMEOUT_MS": "6000", "LAPSE_CRASH_POINT": "after_db_commit"}
+    env = {**os.environ, **connection_env(pipeline.settings), "LAPSE_PROCESSOR__SESSION_TIMEOUT_MS": "6000",
+           "LAPSE_DEV__CRASH_POINT": "after_db_commit"}
     crashed = subprocess.run([sys.executable, "-m", "lapse", "process", "--exit-when-idle", "20"],
                              env=env, capture_output=True, timeout=120)
     assert crashed.returncode == 17, crashed.stderr.decode()[-2000:]
@@ -67,7 +61,8 @@ def test_crash_after_db_commit_before_offset_commit(pipeline):
     with pipeline.engine.connect() as conn:
         released_at = conn.execute(select(reservations.c.released_at)).scalar()
     s = pipeline.settings
-    assert set(committed(s.bootstrap_servers, s.cleanup_group, s.expiry_topic, EXPIRY_PARTITIONS).values()) == {-1001}
+    assert set(committed(s.kafka.bootstrap_servers, s.topology.groups.cleanup, s.topology.expiry,
+                         EXPIRY_PARTITIONS).values()) == {-1001}
 
     stats = process_until_done(pipeline.settings)
     assert (stats.applied, stats.duplicates) == (0, 1)
@@ -107,14 +102,14 @@ def test_two_workers_over_six_partitions_apply_every_event_once(pipeline):
 def test_sweep_pages_through_due_rows_and_emits_each_once(pipeline):
     seed(pipeline, 10_000)
     seed(pipeline, 50, expires_at=datetime.now(UTC) + timedelta(hours=1))  # not due
-    settings = pipeline.with_(sweep_page_size=500)
+    settings = pipeline.settings.with_(producer={"sweep_page_size": 500})
     producer = make_producer(settings)
     kinds = registry()
     first = sweep_once(pipeline.engine, producer, pipeline.codec, settings, kinds)
     second = sweep_once(pipeline.engine, producer, pipeline.codec, settings, kinds)
     assert (first.pages, first.emitted) == (20, 10_000)
     assert second.emitted == 0
-    keys = [m.key() for m in read_topic(settings.bootstrap_servers, settings.expiry_topic)]
+    keys = [m.key() for m in read_topic(settings.kafka.bootstrap_servers, settings.topology.expiry)]
     assert len(keys) == len(set(keys)) == 10_000
     with pipeline.engine.connect() as conn:
         assert conn.execute(select(func.count()).select_from(cleanup_ledger)).scalar() == 10_000
@@ -124,12 +119,12 @@ def test_undecodable_bytes_are_dead_lettered_and_the_partition_moves_on(pipeline
     (rid,) = seed(pipeline, 1)
     event = expiry_event(rid)
     producer = make_producer(pipeline.settings)
-    producer.produce(pipeline.settings.expiry_topic, key=event.op_key.encode(), value=b"\x00garbage")
+    producer.produce(pipeline.settings.topology.expiry, key=event.op_key.encode(), value=b"\x00garbage")
     producer.flush(10)
     produce(pipeline, [event])  # same key, same partition, after the poison record
     stats = process_until_done(pipeline.settings)
     assert (stats.poison, stats.applied) == (1, 1)
-    dead = read_topic(pipeline.settings.bootstrap_servers, pipeline.settings.dlq_topic)
+    dead = read_topic(pipeline.settings.kafka.bootstrap_servers, pipeline.settings.topology.dlq)
     assert len(dead) == 1
     letter = pipeline.codec.decode_expected("dead_letter", dead[0].value())
     assert letter["failure_class"] == "poison"
@@ -153,7 +148,7 @@ def test_two_relays_at_once_publish_each_outbox_row_once_in_order(pipeline):
     [t.start() for t in threads]
     [t.join(120) for t in threads]
     assert sum(relayed) == 600
-    records = read_topic(pipeline.settings.bootstrap_servers, pipeline.settings.outcomes_topic)
+    records = read_topic(pipeline.settings.kafka.bootstrap_servers, pipeline.settings.topology.outcomes)
     ids_seen = [pipeline.codec.decode_expected("cleanup_outcome", m.value())["outcome_id"] for m in records]
     assert sorted(ids_seen) == sorted(set(ids_seen)) and len(ids_seen) == 600
     by_partition: dict[int, list[int]] = {}

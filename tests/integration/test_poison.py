@@ -36,17 +36,18 @@ def test_unknown_fingerprint_wrong_schema_bad_key_unknown_kind_and_oversized_fie
         record(codec, "no-such-kind", 1),                                    # unknown kind
         record(codec, "release-reservation", 9, tenant="t" * 65),            # no ledger row fits
     ]
-    producer = Producer({"bootstrap.servers": s.bootstrap_servers})
+    producer = Producer({"bootstrap.servers": s.kafka.bootstrap_servers})
     for value in [*bad, good]:
-        producer.produce(s.expiry_topic, key=b"k", value=value, partition=0)
+        producer.produce(s.topology.expiry, key=b"k", value=value, partition=0)
     assert producer.flush(10) == 0
 
     stats = process_until_done(s)
     assert (stats.poison, stats.applied) == (5, 1)
-    letters = [codec.decode_expected("dead_letter", m.value()) for m in read_topic(s.bootstrap_servers, s.dlq_topic)]
+    letters = [codec.decode_expected("dead_letter", m.value())
+               for m in read_topic(s.kafka.bootstrap_servers, s.topology.dlq)]
     assert [lt["reason"].split(":")[0] for lt in letters] == [
         "unknown_fingerprint", "unexpected_schema", "malformed_op_key", "unknown_kind",
         "invalid_field"]
     assert all(lt["failure_class"] == "poison" and lt["source_partition"] == 0 for lt in letters)
     assert [lt["source_offset"] for lt in letters] == [0, 1, 2, 3, 4]
-    assert committed(s.bootstrap_servers, s.cleanup_group, s.expiry_topic, 1)[0] == 6
+    assert committed(s.kafka.bootstrap_servers, s.topology.groups.cleanup, s.topology.expiry, 1)[0] == 6

@@ -16,6 +16,7 @@ from lapse.kernel.models import cleanup_ledger, outbox, reservations
 from lapse.producers.publish import schedule_cleanup
 from lapse.producers.relay import relay_until_empty
 from tests.fixtures.kafka import read_topic
+from tests.fixtures.topology import tier_covering
 
 KIND = "release-reservation"
 
@@ -54,7 +55,7 @@ def test_event_exists_iff_the_business_change_commits(pipeline):
     assert counts(p.engine) == (1, 1)
 
     relay_until_empty(p.engine, make_producer(p.settings), p.codec, 10)
-    (msg,) = read_topic(p.settings.bootstrap_servers, p.settings.expiry_topic)
+    (msg,) = read_topic(p.settings.kafka.bootstrap_servers, p.settings.topology.expiry)
     record = p.codec.decode_expected("expiry_event", msg.value())
     assert msg.key() == f"{KIND}:{rid}".encode()
     assert (record["op_key"], record["source"], record["correlation_id"], record["attributes"]) == (
@@ -74,11 +75,11 @@ def test_work_not_yet_due_waits_in_the_delay_tier(pipeline):
         schedule_cleanup(conn, KIND, rid, "t1", due, settings=p.settings, now=now)
     relay_until_empty(p.engine, make_producer(p.settings), p.codec, 10)
 
-    assert read_topic(p.settings.bootstrap_servers, p.settings.expiry_topic) == []
-    (msg,) = read_topic(p.settings.bootstrap_servers, p.settings.delay_topic("30s"))
+    assert read_topic(p.settings.kafka.bootstrap_servers, p.settings.topology.expiry) == []
+    (msg,) = read_topic(p.settings.kafka.bootstrap_servers, tier_covering(p.settings.topology, 20))
     headers = dict(msg.headers())
     assert headers[DUE_AT_HEADER] == str(millis(due)).encode()
-    assert headers[TARGET_HEADER] == p.settings.expiry_topic.encode()
+    assert headers[TARGET_HEADER] == p.settings.topology.expiry.encode()
     assert p.codec.decode_expected("expiry_event", msg.value())["op_key"] == f"{KIND}:{rid}"
 
 

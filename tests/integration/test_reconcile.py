@@ -27,7 +27,7 @@ KIND = "release-reservation"
 
 
 def keys_on_topic(p, topic=None) -> list[str]:
-    records = read_topic(p.settings.bootstrap_servers, topic or p.settings.expiry_topic)
+    records = read_topic(p.settings.kafka.bootstrap_servers, topic or p.settings.topology.expiry)
     return [p.codec.decode_expected("expiry_event", m.value())["op_key"] for m in records]
 
 
@@ -40,7 +40,7 @@ def reconciler(p, settings=None, clock=None) -> Reconciler:
     settings = settings or p.settings
     kwargs = {"clock": clock} if clock else {}
     return Reconciler(p.engine, make_producer(settings), p.codec, settings,
-                      registry(settings.extra_kinds), **kwargs)
+                      registry(settings.processor.extra_kinds), **kwargs)
 
 
 def test_gaps_behind_the_pipelines_back_are_found_cleaned_and_then_gone(pipeline):
@@ -83,7 +83,7 @@ def test_sweep_whose_produce_failed_is_recovered_after_the_grace_period_only(pip
     t0 = datetime.now(UTC).replace(microsecond=0)
     with p.engine.begin() as conn:
         ids = add_reservations(conn, 3, expires_at=t0 - timedelta(minutes=1))
-    dead = p.with_(bootstrap_servers="127.0.0.1:1")
+    dead = p.settings.with_(kafka={"bootstrap_servers": "127.0.0.1:1"})
     producer = make_producer(dead, **{"message.timeout.ms": 1000})
     with pytest.raises(DeliveryFailed):
         sweep_once(p.engine, producer, p.codec, dead, registry(), clock=lambda: t0)
@@ -91,7 +91,7 @@ def test_sweep_whose_produce_failed_is_recovered_after_the_grace_period_only(pip
         assert conn.execute(select(func.count()).select_from(cleanup_ledger)
                             .where(cleanup_ledger.c.state == "pending")).scalar() == 3
 
-    grace = p.settings.reconcile_grace_s
+    grace = p.settings.reconciler.grace_s
     early = reconciler(p, clock=lambda: t0 + timedelta(seconds=grace - 1)).run_once()
     assert (early.gaps, early.reemitted) == ({}, 0)
     assert keys_on_topic(p) == []
@@ -112,7 +112,7 @@ def test_reconciler_racing_the_sweep_still_gives_one_effect_per_op_key(pipeline)
     now = datetime.now(UTC)
     with p.engine.begin() as conn:
         ids = add_reservations(conn, 300, expires_at=now - timedelta(hours=1))
-    settings = p.with_(reconcile_grace_s=0.0, reconcile_page_size=50, sweep_page_size=50)
+    settings = p.settings.with_(reconciler={"grace_s": 0.0, "page_size": 50}, producer={"sweep_page_size": 50})
     start = threading.Barrier(2)
     out = {}
 
@@ -174,7 +174,7 @@ def test_codec_reads_what_the_reconciler_writes(pipeline):
         (rid,) = add_reservations(conn, 1, expires_at=now - timedelta(hours=1))
     reconcile_once(p.engine, make_producer(p.settings), Codec.from_settings(p.settings), p.settings,
                    registry())
-    (msg,) = read_topic(p.settings.bootstrap_servers, p.settings.expiry_topic)
+    (msg,) = read_topic(p.settings.kafka.bootstrap_servers, p.settings.topology.expiry)
     record = p.codec.decode_expected("expiry_event", msg.value())
     with p.engine.connect() as conn:
         corr = conn.execute(select(cleanup_ledger.c.correlation_id)).scalar()
@@ -185,7 +185,7 @@ def test_codec_reads_what_the_reconciler_writes(pipeline):
 def test_one_pass_on_sqlite_finds_gaps_stuck_rows_and_anomalies(kafka_bootstrap, sqlite_url, unique):
     """The embedded default database runs the same statements (row values, UPDATE … RETURNING)."""
     from lapse.kernel.database import make_engine
-    from tests.fixtures.pipeline import Pipeline, make_pipeline_settings
+    from tests.fixtures.pipeline import Pipeline, connection_env, make_pipeline_settings
 
     settings = make_pipeline_settings(kafka_bootstrap, sqlite_url, unique)
     p = Pipeline(settings, make_engine(sqlite_url), Codec.from_settings(settings))
@@ -204,8 +204,7 @@ def test_one_pass_on_sqlite_finds_gaps_stuck_rows_and_anomalies(kafka_bootstrap,
     assert first.anomaly_keys == [f"{KIND}:{odd}"]
     assert rate > 0
     assert sorted(keys_on_topic(p)) == sorted(f"{KIND}:{i}" for i in [*gaps, stuck])
-    env = {"LAPSE_BOOTSTRAP_SERVERS": kafka_bootstrap, "LAPSE_DATABASE_URL": sqlite_url,
-           "LAPSE_EXPIRY_TOPIC": settings.expiry_topic, "LAPSE_LOG_FORMAT": "text"}
+    env = {**connection_env(settings), "LAPSE_RUNTIME__LOG_FORMAT": "text"}
     second = CliRunner().invoke(main, ["reconcile", "--once", "--grace", "5m", "--json"], env=env)
     assert second.exit_code == 0, second.output
     summary = json.loads(second.stdout)

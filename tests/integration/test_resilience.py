@@ -22,7 +22,7 @@ def test_worker_rewinds_and_retries_through_a_database_outage(pipeline):
         (worker,) = running.workers
         eventually(lambda: applied(pipeline) == 50, timeout_s=90, what="the first 50 applied")
 
-        database = make_url(pipeline.settings.database_url_plain()).database
+        database = make_url(pipeline.settings.database.url_plain()).database
         admin = create_engine(admin_url(), isolation_level="AUTOCOMMIT")
         try:
             with admin.connect() as conn:

@@ -15,11 +15,12 @@ from lapse.kernel.ledger import ExpiryEvent, expiry_event
 from lapse.kernel.models import cleanup_ledger, ledger_transitions, outbox, reservations
 from lapse.processors.commit import isolate_failures
 from lapse.processors.rules import apply_batch
-from lapse.processors.scope import BatchScope, Topics
+from lapse.processors.scope import BatchScope
+from tests.fixtures.topology import repo_topology, tier_covering
 
 NOW = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
 LEASE = timedelta(seconds=30)
-TOPICS = Topics(outcomes="lapse.outcomes", dlq="lapse.dlq")
+TOPOLOGY = repo_topology()
 
 
 def event(rid: int | str, due_at: datetime = NOW - timedelta(minutes=5)) -> ExpiryEvent:
@@ -28,7 +29,7 @@ def event(rid: int | str, due_at: datetime = NOW - timedelta(minutes=5)) -> Expi
 
 def run(engine, events, worker="w1", now=NOW):
     with engine.begin() as conn:
-        return apply_batch(BatchScope(conn, kinds=registry(), topics=TOPICS, worker=worker, now=now,
+        return apply_batch(BatchScope(conn, kinds=registry(), topics=TOPOLOGY, worker=worker, now=now,
                                       lease=LEASE), events)
 
 
@@ -77,7 +78,7 @@ def test_malformed_subject_is_dead_lettered_with_reason(db_url):
     assert "not a numeric id" in row["last_failure"]
     with engine.connect() as conn:
         topics = sorted(conn.execute(select(outbox.c.topic)).scalars())
-    assert topics == ["lapse.dlq", "lapse.outcomes"]
+    assert topics == sorted([TOPOLOGY.dlq, TOPOLOGY.outcomes])
 
 
 def test_future_wakeup_is_handed_back_not_applied(db_url):
@@ -125,7 +126,7 @@ def test_hold_extended_after_its_event_is_rescheduled_not_skipped(db_url):
     assert (row["state"], row["due_at"], row["attempt"]) == ("pending", extended, 0)
     with engine.connect() as conn:
         wakeup = conn.execute(select(outbox.c.topic, outbox.c.payload)).one()
-    assert wakeup.topic == "lapse.delay.1h"  # the smallest tier covering 20 minutes
+    assert wakeup.topic == tier_covering(TOPOLOGY, 20 * 60)  # the smallest tier covering 20 minutes
     assert wakeup.payload["source"] == "reschedule"
     # When the new due time comes, the wake-up releases it.
     later = run(engine, [event(rid, due_at=extended)], now=extended + timedelta(seconds=1))
@@ -149,7 +150,7 @@ def test_an_event_that_breaks_the_batch_transaction_is_dead_lettered_alone(pg_ur
         ids = add_reservations(conn, 15, expires_at=NOW - timedelta(minutes=10))
     kinds = {"release-reservation": replace(RELEASE_RESERVATION, apply_in_db=release_unless_thirteen)}
     with engine.connect() as conn:
-        result = isolate_failures(BatchScope(conn, kinds=kinds, topics=TOPICS, worker="w1", now=NOW,
+        result = isolate_failures(BatchScope(conn, kinds=kinds, topics=TOPOLOGY, worker="w1", now=NOW,
                                              lease=LEASE), [event(i) for i in ids])
     assert sorted(result.applied) == sorted(f"release-reservation:{i}" for i in ids if i != 13)
     assert result.dead_lettered == ["release-reservation:13"]

@@ -15,7 +15,7 @@ from lapse.kernel.ledger import expiry_event, pending_row
 from lapse.kernel.models import cleanup_ledger
 from lapse.readers.status import status_report
 from lapse.shell.app import main
-from tests.fixtures.pipeline import make_pipeline_settings
+from tests.fixtures.pipeline import connection_env, make_pipeline_settings
 from tests.fixtures.readers import READER_TOPICS, produce_events
 
 
@@ -49,14 +49,12 @@ def test_status_shows_a_stuck_claim_and_ages_rising_with_the_clock(kafka_bootstr
     assert first["expired_claims"] == {"count": 1, "oldest_expired_for_s": 120}
     assert later["expired_claims"] == {"count": 1, "oldest_expired_for_s": 420}
     assert first["dead_letters"] == 1
-    key = (settings.cleanup_group, settings.expiry_topic)
+    key = (settings.topology.groups.cleanup, settings.topology.expiry)
     lag_now, lag_later = ({(r["group"], r["topic"]): r for r in s["lag"]}[key] for s in (first, later))
     assert (lag_now["records"], lag_later["records"]) == (4, 4)  # nothing consumed by the group
     assert lag_later["seconds"] - lag_now["seconds"] == pytest.approx(300, abs=0.01)
 
-    env = {"LAPSE_BOOTSTRAP_SERVERS": kafka_bootstrap, "LAPSE_DATABASE_URL": pg_url,
-           "LAPSE_EXPIRY_TOPIC": settings.expiry_topic, "LAPSE_CLEANUP_GROUP": settings.cleanup_group,
-           "LAPSE_LOG_LEVEL": "WARNING"}
+    env = {**connection_env(settings), "LAPSE_RUNTIME__LOG_LEVEL": "WARNING"}
     result = CliRunner().invoke(main, ["status", "--json"], env=env)
     assert result.exit_code == 0, result.output
     shown = json.loads(result.stdout)

@@ -7,9 +7,11 @@ import pytest
 from click.testing import CliRunner
 from confluent_kafka.admin import ConfigResource, ResourceType
 
-from lapse.kernel.topology import apply, load_topics, plan
+from lapse.kernel.provisioning import apply, plan
+from lapse.kernel.topology import Topology, load_topology
 from lapse.shell.app import main
 from tests.fixtures.kafka import admin, create_topics
+from tests.fixtures.topology import TOPICS_FILE
 
 DAY_MS = 86_400_000
 
@@ -23,9 +25,14 @@ def _partitions(client, name):
     return len(client.list_topics(name, timeout=10).topics[name].partitions)
 
 
+def _topology(unique) -> Topology:
+    """The repository's topics.yaml under a fresh prefix, replication factor 1 (one test broker)."""
+    return load_topology(TOPICS_FILE, unique("t") + ".", replication_factor=1)
+
+
 def test_apply_twice_creates_everything_then_reports_no_change(kafka_bootstrap, unique):
-    prefix = unique("t") + "."
-    declared = load_topics(name_prefix=prefix, replication_factor=1)
+    topology = _topology(unique)
+    declared = list(topology.specs)
     client = admin(kafka_bootstrap)
 
     first = apply(client, plan(client, declared))
@@ -38,38 +45,38 @@ def test_apply_twice_creates_everything_then_reports_no_change(kafka_bootstrap, 
     for spec in declared:
         assert _partitions(client, spec.name) == spec.partitions
         assert {k: configs[spec.name][k] for k in spec.config} == spec.config
-    assert configs[prefix + "lapse.expiry"]["retention.ms"] == str(14 * DAY_MS)
-    assert configs[prefix + "lapse.outcomes"]["retention.ms"] == str(30 * DAY_MS)
-    assert configs[prefix + "lapse.dlq"]["retention.ms"] == str(90 * DAY_MS)
-    assert configs[prefix + "lapse.dlq"]["cleanup.policy"] == "delete"
-    assert configs[prefix + "lapse.dlq"]["min.insync.replicas"] == "1"  # lowered to the RF of 1
+    assert configs[topology.expiry]["retention.ms"] == str(14 * DAY_MS)
+    assert configs[topology.outcomes]["retention.ms"] == str(30 * DAY_MS)
+    assert configs[topology.dlq]["retention.ms"] == str(90 * DAY_MS)
+    assert configs[topology.dlq]["cleanup.policy"] == "delete"
+    assert configs[topology.dlq]["min.insync.replicas"] == "1"  # lowered to the RF of 1
 
 
 def test_drift_is_reported_and_left_alone_while_configs_are_fixed(kafka_bootstrap, unique):
-    prefix = unique("t") + "."
+    topology = _topology(unique)
+    dlq, tier, outcomes = topology.dlq, topology.tiers[0].topic, topology.outcomes
     client = admin(kafka_bootstrap)
-    create_topics(kafka_bootstrap, {prefix + "lapse.dlq": 1, prefix + "lapse.delay.30s": 8})
-    create_topics(kafka_bootstrap, {prefix + "lapse.outcomes": 6}, config={"retention.ms": "1000"})
-    declared = load_topics(name_prefix=prefix, replication_factor=1)
+    create_topics(kafka_bootstrap, {dlq: 1, tier: 8})
+    create_topics(kafka_bootstrap, {outcomes: 6}, config={"retention.ms": "1000"})
+    declared = list(topology.specs)
 
     results = apply(client, plan(client, declared))
     drift = {(a.topic, a.status) for a in results if a.kind == "drift"}
-    assert drift == {(prefix + "lapse.dlq", "not fixed"), (prefix + "lapse.delay.30s", "not fixed")}
-    altered = [a for a in results if a.kind == "alter_config" and a.topic == prefix + "lapse.outcomes"]
+    assert drift == {(dlq, "not fixed"), (tier, "not fixed")}
+    altered = [a for a in results if a.kind == "alter_config" and a.topic == outcomes]
     assert altered[0].status == "done"
     assert altered[0].changes["retention.ms"] == ["1000", str(30 * DAY_MS)]
 
-    assert _partitions(client, prefix + "lapse.dlq") == 1
-    assert _partitions(client, prefix + "lapse.delay.30s") == 8
-    assert _configs(client, [prefix + "lapse.outcomes"])[prefix + "lapse.outcomes"]["retention.ms"] == str(30 * DAY_MS)
+    assert _partitions(client, dlq) == 1
+    assert _partitions(client, tier) == 8
+    assert _configs(client, [outcomes])[outcomes]["retention.ms"] == str(30 * DAY_MS)
     again = plan(client, declared)
-    assert {(a.kind, a.topic) for a in again} == {("drift", prefix + "lapse.dlq"),
-                                                  ("drift", prefix + "lapse.delay.30s")}
+    assert {(a.kind, a.topic) for a in again} == {("drift", dlq), ("drift", tier)}
 
 
 def test_cli_apply_is_idempotent(kafka_bootstrap, unique):
     args = ["topics", "apply", "--bootstrap-servers", kafka_bootstrap, "--replication-factor", "1",
-            "--name-prefix", unique("t") + "."]
+            "--topic-prefix", unique("t") + "."]
     first = CliRunner().invoke(main, [*args, "--json"])
     assert first.exit_code == 0, first.output
     second = CliRunner().invoke(main, args)
@@ -79,7 +86,7 @@ def test_cli_apply_is_idempotent(kafka_bootstrap, unique):
 
 @pytest.mark.embedded
 def test_apply_twice_on_the_embedded_broker(embedded_bootstrap, unique):
-    declared = load_topics(name_prefix=unique("t") + ".", replication_factor=1)
+    declared = list(_topology(unique).specs)
     client = admin(embedded_bootstrap)
     assert {a.status for a in apply(client, plan(client, declared))} == {"done"}
     assert plan(client, declared) == []

@@ -12,6 +12,7 @@ from lapse.devtools.brokers import ApacheKafkaCluster
 from lapse.kernel.codec import Codec
 from lapse.kernel.database import make_engine
 from lapse.kernel.models import ledger_transitions
+from tests.fixtures.kafka import broker_tools
 from tests.fixtures.pipeline import (
     Pipeline,
     all_committed,
@@ -35,7 +36,8 @@ REPLICATED = {
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
-    with ApacheKafkaCluster(3, base_dir=tmp_path_factory.mktemp("cluster"), overrides=REPLICATED) as c:
+    with ApacheKafkaCluster(3, base_dir=tmp_path_factory.mktemp("cluster"), overrides=REPLICATED,
+                            **broker_tools()) as c:
         yield c
 
 

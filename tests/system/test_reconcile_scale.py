@@ -70,7 +70,7 @@ def plan(conn, stmt) -> str:
 def test_million_row_table_is_scanned_in_bounded_memory_with_indexes_only(pipeline):
     p = pipeline
     load(p.engine)
-    cutoff = NOW - timedelta(seconds=p.settings.reconcile_grace_s)
+    cutoff = NOW - timedelta(seconds=p.settings.reconciler.grace_s)
 
     with p.engine.connect() as conn:
         statements = {
@@ -85,7 +85,7 @@ def test_million_row_table_is_scanned_in_bounded_memory_with_indexes_only(pipeli
     for name, text_plan in plans.items():
         assert "Seq Scan" not in text_plan, f"{name} scans a table:\n{text_plan[:2000]}"
 
-    settings = p.with_(reconcile_page_size=PAGE, reconcile_rate=10_000.0)
+    settings = p.settings.with_(reconciler={"page_size": PAGE, "rate": 10_000.0})
     rec = Reconciler(p.engine, make_producer(settings), p.codec, settings,
                      {RELEASE_RESERVATION.name: registry()[RELEASE_RESERVATION.name]},
                      clock=lambda: NOW)
@@ -100,4 +100,4 @@ def test_million_row_table_is_scanned_in_bounded_memory_with_indexes_only(pipeli
     assert report.gaps == {"no_ledger": 20, "stuck_claimed": 20}
     assert report.anomalies == {}
     assert peak < PEAK_BOUND, f"peak {peak / 2**20:.1f} MiB"
-    assert len(read_topic(p.settings.bootstrap_servers, p.settings.expiry_topic)) == 40
+    assert len(read_topic(p.settings.kafka.bootstrap_servers, p.settings.topology.expiry)) == 40

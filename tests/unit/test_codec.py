@@ -17,7 +17,8 @@ import fastavro
 import pytest
 
 from lapse.kernel.codec import Codec, DecodeError, EncodeError, SchemaRegistryError, SchemaStore
-from lapse.kernel.settings import REPO_ROOT, Settings
+from lapse.kernel.settings import REPO_ROOT, Settings, load_settings
+from tests.fixtures.topology import repo_topology
 
 SCHEMAS_DIR = REPO_ROOT / "schemas"
 DUE = datetime(2025, 3, 1, 12, 0, 0, 250000, tzinfo=UTC)
@@ -39,15 +40,16 @@ RECORDS = {
         "op_key": None, "kind": None, "tenant": None, "subject_id": None, "failure_class": "invalid",
         "reason": "bad_magic: not an Avro record", "attempt": 0,
         "history": [{"attempt": 1, "failure_class": "transient", "reason": "timeout", "at": NOW}],
-        "source_topic": "lapse.expiry", "source_partition": 3, "source_offset": 12345678901,
+        "source_topic": repo_topology().expiry, "source_partition": 3, "source_offset": 12345678901,
         "original_key": b"k", "original_value": b"\x17garbage", "original_headers": {"h": b"v"},
         "dead_lettered_at": NOW, "correlation_id": None, "replay_id": "replay-7",
     },
 }
 
 
-def settings(**overrides) -> Settings:
-    return Settings(schemas_dir=SCHEMAS_DIR, **{"schema_registry_url": None, **overrides})
+def settings(**schemas) -> Settings:
+    """Settings reading the repository's schemas, with no registry unless `schemas` names one."""
+    return load_settings(schemas={"dir": SCHEMAS_DIR, "registry_url": None, **schemas})
 
 
 @pytest.fixture(scope="module")
@@ -245,7 +247,7 @@ def registry() -> Iterator[FakeRegistry]:
 
 def registry_codec(registry: FakeRegistry) -> Codec:
     return Codec.from_settings(
-        settings(schema_registry_url=registry.url, schema_registry_auth="lapse:s3cret")
+        settings(registry_url=registry.url, registry_auth="lapse:s3cret")
     )
 
 
@@ -290,7 +292,7 @@ def test_registry_unreachable() -> None:
     with socket.socket() as sock:  # a port nothing listens on
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-    codec = Codec.from_settings(settings(schema_registry_url=f"http://127.0.0.1:{port}"))
+    codec = Codec.from_settings(settings(registry_url=f"http://127.0.0.1:{port}"))
     error = decode_error(codec, b"\x00\x00\x00\x00\x01" + b"\x02ab")
     assert error.reason == "registry_unavailable" and error.transient
     with pytest.raises(SchemaRegistryError, match="unreachable") as info:

@@ -20,8 +20,8 @@ def test_file_notifier_keeps_the_first_report_for_a_key(tmp_path):
 
 
 def test_bad_date_is_a_one_line_error(tmp_path):
-    env = {"LAPSE_DATABASE_URL": "sqlite:///" + str(tmp_path / "x.db"), "LAPSE_REPORT_DIR": str(tmp_path),
-           "LAPSE_LOG_FORMAT": "text"}
+    env = {"LAPSE_DATABASE__URL": "sqlite:///" + str(tmp_path / "x.db"), "LAPSE_REPORT__DIR": str(tmp_path),
+           "LAPSE_RUNTIME__LOG_FORMAT": "text"}
     result = CliRunner().invoke(main, ["report", "--date", "28/11/2026"], env=env)
     assert result.exit_code == 2
     assert "Invalid value for '--date'" in result.output

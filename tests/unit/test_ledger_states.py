@@ -24,10 +24,12 @@ from lapse.kernel.ledger import (
     check,
     expiry_event,
 )
+from tests.fixtures.topology import repo_topology
 
 NOW = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
 FROM_STATES = (None, *STATES)
 PAIRS = list(product(FROM_STATES, STATES))
+OUTCOMES = repo_topology().outcomes
 EVENT = expiry_event("release-reservation", 1, "t1", NOW - timedelta(minutes=5), source="test")
 
 # The table, written out once more by hand: a change to the state machine must change both.
@@ -77,7 +79,7 @@ def test_check_passes_exactly_the_allowed_pairs(from_state, to_state):
 @pytest.mark.parametrize(("from_state", "to_state"), PAIRS)
 def test_the_writes_record_exactly_the_allowed_pairs(from_state, to_state):
     """Whatever a room decides, a transition it records goes through this check."""
-    writes = LedgerWrites("w1", NOW, "lapse.outcomes")
+    writes = LedgerWrites("w1", NOW, OUTCOMES)
     if (from_state, to_state) in EXPECTED:
         writes.transition(EVENT.op_key, from_state, to_state, 0)
         assert [(t["from_state"], t["to_state"]) for t in writes.transitions] == [(from_state, to_state)]
@@ -89,7 +91,7 @@ def test_the_writes_record_exactly_the_allowed_pairs(from_state, to_state):
 
 @pytest.mark.parametrize("from_state", FROM_STATES)
 def test_finish_fail_and_reschedule_are_checked_too(from_state):
-    writes = LedgerWrites("w1", NOW, "lapse.outcomes")
+    writes = LedgerWrites("w1", NOW, OUTCOMES)
     for state in (APPLIED, SKIPPED):
         if (from_state, state) in EXPECTED:
             writes.finish(EVENT, from_state, state, 1)
@@ -111,4 +113,4 @@ def test_finish_fail_and_reschedule_are_checked_too(from_state):
 
 def test_finish_is_only_for_a_finished_state():
     with pytest.raises(ValueError, match="applied or skipped"):
-        LedgerWrites("w1", NOW, "lapse.outcomes").finish(EVENT, CLAIMED, DEAD_LETTER, 1)
+        LedgerWrites("w1", NOW, OUTCOMES).finish(EVENT, CLAIMED, DEAD_LETTER, 1)

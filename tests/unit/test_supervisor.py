@@ -9,11 +9,11 @@ from lapse.shell.supervisor import Role, Supervisor
 
 
 def write_worker_id(settings, kwargs) -> None:
-    Path(kwargs["out"]).write_text(settings.worker_id)
+    Path(kwargs["out"]).write_text(settings.runtime.worker_id)
 
 
 def test_each_role_process_is_its_own_claim_owner(tmp_path):
-    settings = load_settings(worker_id="host-1")
+    settings = load_settings(runtime={"worker_id": "host-1"})
     roles = [Role(f"process-{i}", write_worker_id, {"out": str(tmp_path / f"{i}.txt")}) for i in range(2)]
     sup = Supervisor(settings, roles)
     sup.start()

@@ -1,28 +1,43 @@
-"""topics.yaml read without a broker: a malformed file is a one-line error (also through
-`lapse topics apply --dry-run`), and the delay tiers and groups come from the file."""
+"""topics.yaml read without a broker: a malformed file is a one-line error naming the file and the
+key (also through `lapse topics apply --dry-run`), and the roles, delay tiers and groups come from
+the file, all renamed by one prefix."""
 
 from __future__ import annotations
 
 import pytest
 from click.testing import CliRunner
 
-from lapse.kernel.topology import TopicsFileError, declared_groups, delay_tiers, load_topics
+from lapse.kernel.topology import DelayTier, TopicsFileError, load_topology
 from lapse.shell.app import main
+from tests.fixtures.topology import TOPICS_FILE
+
+GROUPS = "groups: {cleanup: g-cleanup, delay: g-delay, analytics: g-analytics, reports: g-reports}\n"
+TIER = "  t.delay.30s: {partitions: 1, delay_seconds: 30, groups: [g-delay]}\n"
+ROLES = ("  t.expiry: {role: expiry, partitions: 1, groups: [g-cleanup]}\n"
+         "  t.outcomes: {role: outcomes, partitions: 1}\n")
 
 
 @pytest.mark.parametrize("text, expected", [
     ("topics: [lapse.expiry", "not valid YAML"),
-    ("topics:\n  lapse.expiry:\n    partitions: 0\n", "topics.lapse.expiry.partitions"),
-    ("topics:\n  lapse.expiry:\n    partitions: 3\n    retention: two weeks\n", "retention"),
-    ("topics:\n  lapse.expiry:\n    partitions: 3\n    partitons: 4\n", "partitons: unknown key"),
-    ("topics:\n  'bad name!':\n    partitions: 3\n", "topic names use only"),
+    (GROUPS + "topics:\n  lapse.expiry:\n    partitions: 0\n", "topics.lapse.expiry.partitions"),
+    (GROUPS + "topics:\n  lapse.expiry:\n    partitions: 3\n    retention: two weeks\n", "retention"),
+    (GROUPS + "topics:\n  lapse.expiry:\n    partitions: 3\n    partitons: 4\n", "partitons: unknown key"),
+    (GROUPS + "topics:\n  'bad name!':\n    partitions: 3\n", "topic names use only"),
     ("tpoics: {}\n", "unknown key"),
+    # Roles and groups: every role's topic and group declared, every group a topic names declared.
+    (GROUPS + "topics:\n" + ROLES + TIER, "topics: exactly one topic must have role: dlq (found 0)"),
+    (GROUPS + "topics:\n" + ROLES + TIER + "  t.dlq: {role: dlq, partitions: 1, groups: [g-audit]}\n",
+     "topics.t.dlq.groups: 'g-audit' is not declared under groups"),
+    (GROUPS + "topics:\n" + ROLES + TIER + "  t.dlq: {role: dead-letters, partitions: 1}\n",
+     "topics.t.dlq.role: must be one of expiry, outcomes, dlq, got 'dead-letters'"),
+    ("groups: {cleanup: g-cleanup}\ntopics:\n" + ROLES + TIER + "  t.dlq: {role: dlq, partitions: 1}\n",
+     "groups: must name the group of each role"),
 ])
 def test_malformed_topics_file_is_a_one_line_error(tmp_path, text, expected):
     bad = tmp_path / "topics.yaml"
     bad.write_text(text)
     with pytest.raises(TopicsFileError) as err:
-        load_topics(bad)
+        load_topology(bad)
     assert expected in str(err.value) and str(bad) in str(err.value)
     assert "\n" not in str(err.value)
 
@@ -31,10 +46,25 @@ def test_malformed_topics_file_is_a_one_line_error(tmp_path, text, expected):
     assert result.output.strip().splitlines() == [f"Error: {err.value}"]
 
 
-def test_delay_tiers_and_groups_come_from_the_file():
-    assert delay_tiers() == [("30s", 30), ("2m", 120), ("10m", 600), ("1h", 3600)]
-    assert declared_groups() == ["lapse-analytics", "lapse-cleanup", "lapse-delay", "lapse-reports"]
-    by_name = {spec.name: spec for spec in load_topics()}
-    assert by_name["lapse.expiry"].manual_readers == ("audit",)
-    assert by_name["lapse.expiry"].replication_factor == 3
-    assert by_name["lapse.expiry"].config["min.insync.replicas"] == "2"
+def test_roles_delay_tiers_and_groups_come_from_the_file():
+    topology = load_topology(TOPICS_FILE)
+    assert [(tier.topic, tier.delay_s) for tier in topology.tiers] == [
+        ("lapse.delay.30s", 30), ("lapse.delay.2m", 120), ("lapse.delay.10m", 600), ("lapse.delay.1h", 3600)]
+    assert (topology.expiry, topology.outcomes, topology.dlq) == ("lapse.expiry", "lapse.outcomes", "lapse.dlq")
+    assert topology.declared_groups() == ["lapse-analytics", "lapse-cleanup", "lapse-delay", "lapse-reports"]
+    assert set(vars(topology.groups).values()) == set(topology.declared_groups())
+    by_name = {spec.name: spec for spec in topology.specs}
+    assert by_name[topology.expiry].manual_readers == ("audit",)
+    assert by_name[topology.expiry].replication_factor == 3
+    assert by_name[topology.expiry].config["min.insync.replicas"] == "2"
+
+
+def test_one_prefix_renames_every_topic_and_group():
+    plain, prefixed = load_topology(TOPICS_FILE), load_topology(TOPICS_FILE, "env-a.")
+    assert [spec.name for spec in prefixed.specs] == ["env-a." + spec.name for spec in plain.specs]
+    assert [spec.declared_name for spec in prefixed.specs] == [spec.name for spec in plain.specs]
+    assert prefixed.tiers == tuple(DelayTier("env-a." + t.topic, t.delay_s) for t in plain.tiers)
+    assert (prefixed.expiry, prefixed.outcomes, prefixed.dlq) == tuple(
+        "env-a." + name for name in (plain.expiry, plain.outcomes, plain.dlq))
+    assert vars(prefixed.groups) == {role: "env-a." + name for role, name in vars(plain.groups).items()}
+    assert prefixed.reads() == [("env-a." + group, "env-a." + topic) for group, topic in plain.reads()]

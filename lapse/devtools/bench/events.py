@@ -1,26 +1,26 @@
-"""The bench's input: expiry events for held reservations, produced once to a fresh topic, and
-the checks that a consumer group committed all of it."""
+"""The bench's input: expiry events for held reservations, produced to a stage's own expiry topic,
+and the checks that a consumer group committed all of it."""
 
 from __future__ import annotations
 
-import time
-import uuid
 from collections.abc import Iterable
+from dataclasses import replace
 from datetime import datetime
 
 from confluent_kafka import TopicPartition
-from confluent_kafka.admin import NewTopic
 
 from lapse.kernel.codec import Codec
 from lapse.kernel.kafka_clients import DeliveryTracker, make_admin, make_consumer, make_producer
 from lapse.kernel.kinds import RELEASE_RESERVATION
 from lapse.kernel.ledger import ExpiryEvent, expiry_event
+from lapse.kernel.logs import get_logger
+from lapse.kernel.provisioning import apply, plan
 from lapse.kernel.settings import Settings
-from lapse.producers.emit import emit_events
+from lapse.kernel.topology import load_topology
+from lapse.producers import emit_events
+from lapse.readers import manual_consumer
 
-
-def unique_name(prefix: str) -> str:
-    return f"{prefix}-{uuid.uuid4().hex[:8]}"
+log = get_logger("bench")
 
 
 def reservation_event(rid: int, due_at: datetime) -> ExpiryEvent:
@@ -28,20 +28,30 @@ def reservation_event(rid: int, due_at: datetime) -> ExpiryEvent:
     return expiry_event(RELEASE_RESERVATION.name, rid, f"tenant-{rid % 7}", due_at, source="sweep")
 
 
-def create_topic(settings: Settings, name: str, partitions: int, timeout: float = 30.0) -> None:
-    """Create `name` and return once every partition has a leader."""
+def create_expiry_topic(settings: Settings, partitions: int, timeout: float = 30.0) -> str:
+    """Create the expiry topic of `settings`' topology as declared, but with the bench's partition
+    count and replication 1; returns its name once every partition has a leader."""
+    topology = load_topology(settings.topics.file, settings.topics.prefix, replication_factor=1)
+    spec = next(spec for spec in topology.specs if spec.name == topology.expiry)
     admin = make_admin(settings)
-    admin.create_topics([NewTopic(name, num_partitions=partitions, replication_factor=1)],
-                        operation_timeout=timeout)[name].result(timeout)
-    deadline = time.monotonic() + timeout
-    while True:
-        topic = admin.list_topics(name, timeout=timeout).topics.get(name)
-        if topic and topic.error is None and len(topic.partitions) == partitions and all(
-                p.leader >= 0 for p in topic.partitions.values()):
-            return
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"topic {name} has no leaders after {timeout:.0f}s")
-        time.sleep(0.1)
+    failed = [a.detail for a in apply(admin, plan(admin, [replace(spec, partitions=partitions)]), timeout)
+              if a.status != "done"]
+    if failed:
+        raise RuntimeError(f"cannot create the bench topic {spec.name}: {failed[0]}")
+    return spec.name
+
+
+def delete_topics(settings: Settings, names: list[str], timeout: float = 30.0) -> None:
+    """Delete the bench's topics; a topic that will not go is logged, not raised (the run is done)."""
+    if not names:
+        return
+    admin = make_admin(settings)  # kept until the futures resolve: a dropped client cancels them
+    futures = admin.delete_topics(names, operation_timeout=timeout, request_timeout=timeout)
+    for name, future in futures.items():
+        try:
+            future.result(timeout)
+        except Exception as exc:  # KafkaException: deletion disabled, or the broker is gone
+            log.warning("bench topic not deleted", extra={"topic": name, "error": str(exc)})
 
 
 def produce_events(settings: Settings, topic: str, events: Iterable[ExpiryEvent], now: datetime) -> int:
@@ -58,7 +68,7 @@ def partitions_of(settings: Settings, topic: str) -> list[int]:
 
 def end_offsets(settings: Settings, topic: str) -> dict[int, int]:
     """partition → high watermark (Apache Kafka reports the true end of the log)."""
-    consumer = make_consumer(settings, unique_name("bench-watermarks"))
+    consumer = manual_consumer(settings)
     try:
         return {p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1]
                 for p in partitions_of(settings, topic)}

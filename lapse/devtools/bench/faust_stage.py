@@ -16,27 +16,28 @@ import time
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
-from lapse.devtools.bench.events import unique_name
 from lapse.devtools.bench.ledger_watch import StageFailed, ledger_span, wait_terminal
 from lapse.devtools.brokers import terminate_process
 from lapse.kernel.codec import Codec
-from lapse.kernel.database import make_engine
+from lapse.kernel.database import engine_from_settings
 from lapse.kernel.kinds import registry
 from lapse.kernel.ledger import ExpiryEvent
 from lapse.kernel.settings import Settings, load_settings
-from lapse.processors import BatchScope, Topics, apply_batch
+from lapse.processors import BatchScope, apply_batch
 
 if TYPE_CHECKING:
     import faust
 
 
-def run_faust(settings: Settings, database_url: str, topic: str, events: int) -> dict[str, Any]:
-    """Start the Faust worker on `topic` with a fresh app id; stop it once `events` rows are done."""
+def run_faust(settings: Settings, events: int) -> dict[str, Any]:
+    """Start the Faust worker on the stage's expiry topic (its app id is the stage's cleanup group);
+    stop it once `events` rows are done."""
     datadir = tempfile.mkdtemp(prefix="lapse-bench-faust-")
-    args = {"bootstrap": settings.kafka.bootstrap_servers, "topic": topic, "app_id": unique_name("bench-faust"),
-            "database_url": database_url, "schemas_dir": str(settings.schemas.dir),
-            "outcomes": settings.topology.outcomes, "dlq": settings.topology.dlq, "datadir": datadir}
-    engine = make_engine(database_url)
+    args = {"bootstrap": settings.kafka.bootstrap_servers, "database_url": settings.database.url_plain(),
+            "schemas_dir": str(settings.schemas.dir), "registry_url": settings.schemas.registry_url,
+            "topics_file": str(settings.topics.file), "topic_prefix": settings.topics.prefix,
+            "datadir": datadir}
+    engine = engine_from_settings(settings)
     proc = subprocess.Popen([sys.executable, "-m", "lapse.devtools.bench.faust_stage", json.dumps(args)],
                             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                             cwd=datadir)
@@ -68,23 +69,25 @@ def _worker(args: dict[str, Any]) -> None:
     """The Faust app: one agent over the expiry topic, one transaction per event."""
     import faust  # function-local: faust is slow to import and only this subprocess needs it
 
-    settings = load_settings(bootstrap_servers=args["bootstrap"], database_url=args["database_url"],
-                             schemas_dir=args["schemas_dir"])
+    settings = load_settings(
+        kafka={"bootstrap_servers": args["bootstrap"]}, database={"url": args["database_url"]},
+        schemas={"dir": args["schemas_dir"], "registry_url": args["registry_url"]},
+        topics={"file": args["topics_file"], "prefix": args["topic_prefix"]})
     codec = Codec.from_settings(settings)
-    engine = make_engine(args["database_url"])
-    kinds, topics = registry(), Topics(outcomes=args["outcomes"], dlq=args["dlq"])
-    app = faust.App(args["app_id"], broker=f"kafka://{args['bootstrap']}", store="memory://",
+    engine = engine_from_settings(settings)
+    kinds, topology = registry(), settings.topology
+    app = faust.App(topology.groups.cleanup, broker=f"kafka://{args['bootstrap']}", store="memory://",
                     datadir=args["datadir"],
                     web_enabled=False, topic_disable_leader=True, consumer_auto_offset_reset="earliest",
                     broker_session_timeout=6.0, broker_heartbeat_interval=1.0)
-    source = app.topic(args["topic"], value_type=bytes, value_serializer="raw")
+    source = app.topic(topology.expiry, value_type=bytes, value_serializer="raw")
 
     @app.agent(source)
     async def cleanup(stream: faust.StreamT[bytes]) -> None:
         async for value in stream:
             event = ExpiryEvent.from_record(codec.decode_expected("expiry_event", value))
             with engine.begin() as conn:
-                apply_batch(BatchScope(conn, kinds=kinds, topics=topics, worker="bench-faust",
+                apply_batch(BatchScope(conn, kinds=kinds, topics=topology, worker="bench-faust",
                                        now=datetime.now(UTC), lease=timedelta(seconds=30)), [event])
 
     logging.getLogger("faust").setLevel(logging.WARNING)

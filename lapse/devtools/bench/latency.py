@@ -16,11 +16,11 @@ from typing import Any
 from confluent_kafka import KafkaError, Message
 from sqlalchemy import Engine, select
 
-from lapse.devtools.bench.events import produce_events, reservation_event, unique_name
-from lapse.devtools.bench.lapse_stage import start_workers, worker_settings
+from lapse.devtools.bench.events import produce_events, reservation_event
+from lapse.devtools.bench.lapse_stage import start_workers
 from lapse.devtools.bench.ledger_watch import StageFailed, wait_terminal
 from lapse.kernel.codec import Codec
-from lapse.kernel.database import make_engine
+from lapse.kernel.database import engine_from_settings
 from lapse.kernel.kafka_clients import make_producer
 from lapse.kernel.ledger import TERMINAL, expiry_record
 from lapse.kernel.models import cleanup_ledger as L
@@ -34,11 +34,11 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, max(0, round(q / 100 * len(ordered)) - 1))]
 
 
-def run_latency(base: Settings, database_url: str, topic: str, rate: float, events: int,
-                batch_size: int) -> dict[str, Any]:
-    """Offer `rate` events/s (ids 2..events+1 of the seeded holds) to one worker; percentiles in ms."""
-    settings = worker_settings(base, database_url, topic, unique_name("bench-latency"), batch_size)
-    engine = make_engine(database_url)
+def run_latency(settings: Settings, rate: float, events: int) -> dict[str, Any]:
+    """Offer `rate` events/s (ids 2..events+1 of the seeded holds) on the stage's empty expiry topic
+    to one worker; percentiles in ms."""
+    topic = settings.topology.expiry
+    engine = engine_from_settings(settings)
     sup = start_workers(settings, 1)
     alive = lambda: all(p.is_alive() for p in sup.procs.values())
     watcher = TerminalWatcher(engine)
@@ -60,7 +60,8 @@ def run_latency(base: Settings, database_url: str, topic: str, rate: float, even
     to_finished = [(seen[k][0].timestamp() - ts) * 1000 for k, ts in produced.items()]
     to_seen = [(seen[k][1] - ts) * 1000 for k, ts in produced.items()]
     return {
-        "offered_events_per_s": round(rate, 1), "events": events, "batch_size": batch_size,
+        "offered_events_per_s": round(rate, 1), "events": events,
+        "batch_size": settings.processor.batch_size,
         **{f"p{q}_ms": round(percentile(to_finished, q), 1) for q in (50, 95, 99)},
         **{f"observed_p{q}_ms": round(percentile(to_seen, q), 1) for q in (50, 95, 99)},
         "max_ms": round(max(to_finished), 1), "latencies_ms": [round(x, 1) for x in to_finished],

@@ -9,26 +9,29 @@ from typing import Any
 
 import psycopg
 
-from lapse.kernel.database import make_engine
+from lapse.kernel.database import engine_from_settings, make_engine
 from lapse.kernel.kinds import registry
 from lapse.kernel.ledger import APPLIED, ExpiryEvent
-from lapse.processors import BatchScope, Topics, apply_batch
+from lapse.kernel.settings import Settings
+from lapse.processors import BatchScope, apply_batch
 
 COPY_COLUMNS = ("op_key", "kind", "tenant", "subject_id", "state", "attempt", "due_at",
                 "correlation_id", "source", "duplicates", "created_at", "updated_at", "finished_at")
 
 
-def batch_transaction_limit(database_url: str, events: list[ExpiryEvent], batch_size: int,
-                            topics: Topics, worker: str = "bench-limit") -> dict[str, Any]:
-    """Run apply_batch over pre-decoded events, one transaction per batch, as the processor does."""
+def batch_transaction_limit(settings: Settings, events: list[ExpiryEvent],
+                            worker: str = "bench-limit") -> dict[str, Any]:
+    """Run apply_batch over pre-decoded events, one transaction per batch of the stage's batch size,
+    as the processor does (on the stage's database and topology)."""
     kinds = registry()
     lease = timedelta(seconds=30)
-    engine = make_engine(database_url)
+    batch_size = settings.processor.batch_size
+    engine = engine_from_settings(settings)
     try:
         started = time.perf_counter()
         for start in range(0, len(events), batch_size):
             with engine.begin() as conn:
-                apply_batch(BatchScope(conn, kinds=kinds, topics=topics, worker=worker,
+                apply_batch(BatchScope(conn, kinds=kinds, topics=settings.topology, worker=worker,
                                        now=datetime.now(UTC), lease=lease), events[start:start + batch_size])
         seconds = time.perf_counter() - started
     finally:

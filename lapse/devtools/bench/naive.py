@@ -8,25 +8,25 @@ from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException
 
-from lapse.devtools.bench.events import unique_name
 from lapse.devtools.bench.ledger_watch import ledger_span, wait_terminal
 from lapse.kernel.codec import Codec
-from lapse.kernel.database import make_engine
+from lapse.kernel.database import engine_from_settings
 from lapse.kernel.kafka_clients import make_consumer
 from lapse.kernel.kinds import registry
 from lapse.kernel.ledger import ExpiryEvent
 from lapse.kernel.settings import Settings
-from lapse.processors import BatchScope, Topics, apply_batch
+from lapse.processors import BatchScope, apply_batch
 
 
-def run_naive(settings: Settings, database_url: str, topic: str, events: int) -> dict[str, Any]:
-    """Process the first `events` records of `topic` the way most teams first write it."""
-    engine = make_engine(database_url)
+def run_naive(settings: Settings, events: int) -> dict[str, Any]:
+    """Process the first `events` records of the stage's expiry topic the way most teams first
+    write it (in the stage's cleanup group)."""
+    engine = engine_from_settings(settings)
     codec = Codec.from_settings(settings)
     kinds = registry()
-    topics = Topics(outcomes=settings.topology.outcomes, dlq=settings.topology.dlq)
-    consumer = make_consumer(settings, unique_name("bench-naive"))
-    consumer.subscribe([topic])
+    topology = settings.topology
+    consumer = make_consumer(settings, topology.groups.cleanup)
+    consumer.subscribe([topology.expiry])
     done = 0
     try:
         while done < events:
@@ -40,7 +40,7 @@ def run_naive(settings: Settings, database_url: str, topic: str, events: int) ->
                 raise KafkaException(err)
             event = ExpiryEvent.from_record(codec.decode_expected("expiry_event", msg.value() or b""))
             with engine.begin() as conn:
-                apply_batch(BatchScope(conn, kinds=kinds, topics=topics, worker="bench-naive",
+                apply_batch(BatchScope(conn, kinds=kinds, topics=topology, worker="bench-naive",
                                        now=datetime.now(UTC), lease=timedelta(seconds=30)), [event])
             consumer.commit(message=msg, asynchronous=False)
             done += 1

@@ -1,5 +1,5 @@
-"""One bench run: a broker (ours or given), a seeded template database, the events produced once,
-then every stage in order on its own fresh database and consumer group."""
+"""One bench run: a broker (ours or given), a seeded template database, then every stage in order
+in its own environment (topic prefix, database clone, expiry topic with its events)."""
 
 from __future__ import annotations
 
@@ -8,16 +8,17 @@ import platform
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from functools import partial
 from typing import Any, TypeVar
 
 from lapse.devtools.bench import faust_stage, lapse_stage, latency, limits, naive, scans
 from lapse.devtools.bench.databases import BenchDatabases, admin_url_for
-from lapse.devtools.bench.events import create_topic, produce_events, reservation_event, unique_name
+from lapse.devtools.bench.environments import StageEnvironments
+from lapse.devtools.bench.events import reservation_event
 from lapse.devtools.bench.report import summarize
 from lapse.devtools.brokers import ApacheKafkaServer
 from lapse.kernel.logs import configure_logging
 from lapse.kernel.settings import Settings
-from lapse.processors import Topics
 
 PARTITIONS = 4
 BASELINE_CAP = 3000
@@ -46,90 +47,88 @@ class BenchPlan:
         return 500 if 500 in self.batch_sizes else self.batch_sizes[len(self.batch_sizes) // 2]
 
 
-def own_broker() -> ApacheKafkaServer:
+def own_broker(settings: Settings) -> ApacheKafkaServer:
     """An Apache Kafka node from the cached jars in its own temporary folder, which close() deletes."""
-    return ApacheKafkaServer(heap="768m").start()
+    return ApacheKafkaServer(heap="768m", jars_dir=settings.dev.kafka_jars,
+                             java_home=settings.dev.java_home).start()
 
 
 def run_bench(settings: Settings, plan: BenchPlan, progress: Callable[[str], None] = lambda _: None
               ) -> dict[str, Any]:
     """Every stage of the bench; returns one dict with every figure and the ratios."""
+    # What the flags and the environment set, asked before with_(), which marks every field set.
+    given_broker = "bootstrap_servers" in settings.kafka.model_fields_set
+    quiet = {} if "log_level" in settings.runtime.model_fields_set else {"log_level": "WARNING"}
+    settings = settings.with_(processor={"session_timeout_ms": 6000}, runtime=quiet)
     broker = None
-    if "bootstrap_servers" not in settings.model_fields_set:
+    if not given_broker:
         progress("starting Apache Kafka from the cached jars")
-        broker = own_broker()
-        settings = settings.model_copy(update={"bootstrap_servers": broker.bootstrap})
-    quiet = {} if "log_level" in settings.model_fields_set else {"log_level": "WARNING"}
-    settings = settings.model_copy(update={"session_timeout_ms": 6000, **quiet})
+        broker = own_broker(settings)
+        settings = settings.with_(kafka={"bootstrap_servers": broker.bootstrap})
     configure_logging(settings)
     try:
         dbs = BenchDatabases(admin_url_for(settings.database.url_plain()))
+        envs = StageEnvironments(settings, dbs, PARTITIONS)
         try:
-            return _stages(settings, plan, dbs, progress)
+            return _stages(envs, plan, progress)
         finally:
+            envs.close()
             dbs.close()
     finally:
         if broker is not None:
             broker.close()
 
 
-def _stages(settings: Settings, plan: BenchPlan, dbs: BenchDatabases, progress: Callable[[str], None]
-            ) -> dict[str, Any]:
+def _stages(envs: StageEnvironments, plan: BenchPlan, progress: Callable[[str], None]) -> dict[str, Any]:
     n, due = plan.events, datetime.now(UTC) - timedelta(minutes=5)
-    progress(f"seeding {n} held reservations and producing {n} expiry events")
-    dbs.make_template(n, due)
+    progress(f"seeding {n} held reservations; each stage gets its own expiry topic and events")
+    envs.dbs.make_template(n, due)
     events = [reservation_event(rid, due) for rid in range(1, n + 1)]
-    topic = unique_name("bench-expiry")
-    create_topic(settings, topic, PARTITIONS)
-    produce_events(settings, topic, events, datetime.now(UTC))
-    topics = Topics(outcomes=settings.topology.outcomes, dlq=settings.topology.dlq)
-    out: dict[str, Any] = {"machine": machine(), "run_id": dbs.run_id, "events": n, "partitions": PARTITIONS}
+    out: dict[str, Any] = {"machine": machine(), "run_id": envs.dbs.run_id, "events": n,
+                           "partitions": PARTITIONS}
 
     progress("limit: batch transaction alone, then COPY")
-    out["limit"] = [_on_clone(dbs, f"limit{b}", lambda url, b=b: limits.batch_transaction_limit(
-        url, events, b, topics)) for b in plan.batch_sizes]
-    out["copy"] = _on_clone(dbs, "copy", lambda url: limits.copy_limit(url, events))
+    out["limit"] = [_in(envs, f"limit{b}", lambda s: limits.batch_transaction_limit(s, events),
+                        expiry_topic=False, batch_size=b) for b in plan.batch_sizes]
+    out["copy"] = _in(envs, "copy", lambda s: limits.copy_limit(s.database.url_plain(), events),
+                      expiry_topic=False)
 
     runs = []
     for workers in sorted({1, plan.workers}):
         progress(f"lapse: {workers} worker(s), batch {plan.default_batch}")
-        runs.append(_on_clone(dbs, f"lapse{workers}w", lambda url, w=workers: lapse_stage.run_lapse(
-            settings, url, topic, n, w, plan.default_batch)))
+        runs.append(_in(envs, f"lapse{workers}w", partial(lapse_stage.run_lapse, events=n, workers=workers),
+                        events=events, batch_size=plan.default_batch))
     for b in plan.batch_sizes:
         if b != plan.default_batch:
             progress(f"lapse: 1 worker, batch {b}")
-            runs.append(_on_clone(dbs, f"lapse_b{b}", lambda url, b=b: lapse_stage.run_lapse(
-                settings, url, topic, n, 1, b)))
+            runs.append(_in(envs, f"lapse_b{b}", lambda s: lapse_stage.run_lapse(s, n, 1),
+                            events=events, batch_size=b))
     out["lapse"] = runs
 
     m = min(n, plan.baseline_cap)
     progress(f"naive consumer on {m} events")
-    out["naive"] = _on_clone(dbs, "naive", lambda url: naive.run_naive(settings, url, topic, m))
+    out["naive"] = _in(envs, "naive", lambda s: naive.run_naive(s, m), events=events[:m])
     if plan.faust:
         progress(f"faust agent on {m} events")
-        out["faust"] = _on_clone(dbs, "faust", lambda url: faust_stage.run_faust(settings, url, topic, m))
+        out["faust"] = _in(envs, "faust", lambda s: faust_stage.run_faust(s, m), events=events[:m])
 
     one = _lapse_one_worker(out["lapse"], plan.default_batch)
     rate = one["events_per_s"] / 2
     count = max(20, min(n - 1, int(rate * plan.latency_seconds)))
     progress(f"latency at {rate:.0f} events/s offered, {count} events")
-    latency_topic = unique_name("bench-latency")
-    create_topic(settings, latency_topic, PARTITIONS)
-    out["latency"] = _on_clone(dbs, "latency", lambda url: latency.run_latency(
-        settings, url, latency_topic, rate, count, plan.default_batch))
+    out["latency"] = _in(envs, "latency", lambda s: latency.run_latency(s, rate, count),
+                         batch_size=plan.default_batch)
 
     progress(f"reconciler scan over {plan.scan_rows} rows, audit replay of {n} records")
-    out["reconciler_scan"] = _on_clone(dbs, "scan", lambda url: scans.reconciler_scan(settings, url, plan.scan_rows))
-    out["audit_replay"] = scans.audit_replay(settings, topic)
+    out["reconciler_scan"] = _in(envs, "scan", lambda s: scans.reconciler_scan(s, plan.scan_rows))
+    out["audit_replay"] = scans.audit_replay(envs.settings("lapse1w"))  # its topic holds all n
     return summarize(out, plan.default_batch)
 
 
-def _on_clone(dbs: BenchDatabases, stage: str, fn: Callable[..., T]) -> T:
-    url = dbs.clone(stage)
-    try:
-        return fn(url)
-    finally:
-        dbs.drop(url)
+def _in(envs: StageEnvironments, stage: str, fn: Callable[[Settings], T], **environment: Any) -> T:
+    """Run one stage in its own environment (see StageEnvironments.stage for `environment`)."""
+    with envs.stage(stage, **environment) as settings:
+        return fn(settings)
 
 
 def _lapse_one_worker(runs: list[dict[str, Any]], batch: int) -> dict[str, Any]:

@@ -1,5 +1,5 @@
 """Read-side rates: a reconciler pass over a large business table, and an audit replay
-of the expiry topic (manual assignment, read to EOF, every record decoded)."""
+of a stage's expiry topic (manual assignment, read to EOF, every record decoded)."""
 
 from __future__ import annotations
 
@@ -8,18 +8,16 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from confluent_kafka import OFFSET_BEGINNING, KafkaError, KafkaException, TopicPartition
-from pydantic import SecretStr
 from sqlalchemy import text
 
 from lapse.devtools.bench.databases import seed_held
 from lapse.devtools.bench.events import partitions_of
 from lapse.kernel.codec import Codec
-from lapse.kernel.database import make_engine
+from lapse.kernel.database import engine_from_settings
 from lapse.kernel.kafka_clients import make_producer
 from lapse.kernel.kinds import registry
 from lapse.kernel.settings import Settings
-from lapse.readers.audit import EVENT_FIELDS
-from lapse.readers.offsets import manual_consumer
+from lapse.readers import EVENT_FIELDS, manual_consumer
 from lapse.reconciler import scan_rate
 
 IN_FLIGHT_LEDGER = text(
@@ -30,11 +28,12 @@ IN_FLIGHT_LEDGER = text(
     " ON CONFLICT DO NOTHING")
 
 
-def reconciler_scan(settings: Settings, database_url: str, rows: int) -> dict[str, Any]:
+def reconciler_scan(settings: Settings, rows: int) -> dict[str, Any]:
     """One reconciler pass (lapse.reconciler.scan.scan_rate) after adding `rows` due holds, with every
     hold's work in flight: each has a fresh `pending` ledger row, so the pass reads every business
-    row and its ledger state and has nothing to re-emit or report."""
-    engine = make_engine(database_url)
+    row and its ledger state and has nothing to re-emit or report (on the stage's database; a
+    re-emitted event would go to the stage's expiry topic)."""
+    engine = engine_from_settings(settings)
     try:
         with engine.connect() as conn:
             existing = conn.exec_driver_sql("SELECT coalesce(max(id), 0) FROM reservations").scalar_one()
@@ -43,9 +42,7 @@ def reconciler_scan(settings: Settings, database_url: str, rows: int) -> dict[st
             conn.execute(IN_FLIGHT_LEDGER)
             conn.execute(text("ANALYZE cleanup_ledger"))
         producer = make_producer(settings)
-        report, rate = scan_rate(engine, producer, Codec.from_settings(settings),
-                                 settings.model_copy(update={"database_url": SecretStr(database_url)}),
-                                 registry())
+        report, rate = scan_rate(engine, producer, Codec.from_settings(settings), settings, registry())
     finally:
         engine.dispose()
     scanned = report.scanned + report.ledger_scanned
@@ -54,10 +51,11 @@ def reconciler_scan(settings: Settings, database_url: str, rows: int) -> dict[st
             "reemitted": report.reemitted, "method": "lapse.reconciler.scan.scan_rate, work in flight"}
 
 
-def audit_replay(settings: Settings, topic: str) -> dict[str, Any]:
-    """Read `topic` from the beginning to EOF by manual assignment, decoding every record as the
-    audit does (only the fields it uses); timed
-    from the first record (connecting and the first fetch are not reading)."""
+def audit_replay(settings: Settings) -> dict[str, Any]:
+    """Read the expiry topic of `settings` from the beginning to EOF by manual assignment, decoding
+    every record as the audit does (only the fields it uses); timed from the first record
+    (connecting and the first fetch are not reading)."""
+    topic = settings.topology.expiry
     codec = Codec.from_settings(settings)
     consumer = manual_consumer(settings)
     parts = partitions_of(settings, topic)

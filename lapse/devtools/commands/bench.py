@@ -9,7 +9,7 @@ import click
 
 from lapse.kernel.settings import Settings
 from lapse.shell.cli import main
-from lapse.shell.cli_options import connection_options, emit, pass_settings
+from lapse.shell.cli_options import connection_options, emit, pass_settings, setting_option
 
 
 def _batch_sizes(ctx: click.Context, param: click.Parameter, value: str) -> tuple[int, ...]:
@@ -37,13 +37,18 @@ def _batch_sizes(ctx: click.Context, param: click.Parameter, value: str) -> tupl
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Also draw throughput per stage and the latency histogram to this PNG.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object with every figure.")
+@setting_option("dev.kafka_jars", type=click.Path(file_okay=False, path_type=Path),
+                help="Apache Kafka server jars for the bench's own broker.")
+@setting_option("dev.java_home", type=click.Path(file_okay=False, path_type=Path),
+                help="The JDK for the bench's own broker (else java on PATH).")
 @pass_settings
 def bench(settings: Settings, events: int, workers: int, batch_sizes: tuple[int, ...], scan_rows: int,
           no_faust: bool, quick: bool, plot_path: Path | None, as_json: bool) -> None:
     """Benchmark Lapse on Apache Kafka and PostgreSQL against a naive consumer, Faust and the limits.
 
     Starts its own Apache Kafka from the cached jars unless --bootstrap-servers (or
-    LAPSE_BOOTSTRAP_SERVERS) is given; every stage runs in a fresh PostgreSQL database on the
+    LAPSE_KAFKA__BOOTSTRAP_SERVERS) is given. Every stage runs in its own environment: a topic
+    prefix of its own (its topics and groups, deleted after) and a fresh PostgreSQL database on the
     server of --database-url (default postgresql+psycopg://lapse@127.0.0.1:5432/lapse), dropped after.
     """
     # function-local: keeps `lapse --help` fast

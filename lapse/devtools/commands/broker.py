@@ -13,7 +13,9 @@ from pathlib import Path
 
 import click
 
+from lapse.kernel.settings import Settings
 from lapse.shell.cli import main
+from lapse.shell.cli_options import pass_settings, setting_option
 
 
 @main.command("broker")
@@ -24,7 +26,12 @@ from lapse.shell.cli import main
                    "apache: Apache Kafka from the server jars (make kafka-jars, Java 17).")
 @click.option("--data-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="apache only: keep the broker's data here across runs (default: a temp dir).")
-def broker(port: int | None, kind: str, data_dir: Path | None) -> None:
+@setting_option("dev.kafka_jars", type=click.Path(file_okay=False, path_type=Path),
+                help="apache only: folder of the Apache Kafka server jars.")
+@setting_option("dev.java_home", type=click.Path(file_okay=False, path_type=Path),
+                help="apache only: the JDK to run Apache Kafka with (else java on PATH).")
+@pass_settings
+def broker(settings: Settings, port: int | None, kind: str, data_dir: Path | None) -> None:
     """Run a Kafka broker on loopback until Ctrl-C; prints its bootstrap address first."""
     # function-local: keeps `lapse --help` fast
     from lapse.devtools.brokers import ApacheKafkaServer, BrokerUnavailable, EmbeddedBroker
@@ -32,7 +39,8 @@ def broker(port: int | None, kind: str, data_dir: Path | None) -> None:
     if data_dir is not None and kind != "apache":
         raise click.UsageError("--data-dir applies to --kind apache only (the embedded broker keeps "
                                "everything in memory)")
-    server = EmbeddedBroker(port=port) if kind == "embedded" else ApacheKafkaServer(data_dir, port=port)
+    server = (EmbeddedBroker(port=port) if kind == "embedded" else ApacheKafkaServer(
+        data_dir, port=port, jars_dir=settings.dev.kafka_jars, java_home=settings.dev.java_home))
     stop = threading.Event()
     previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:

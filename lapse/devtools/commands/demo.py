@@ -25,12 +25,12 @@ from lapse.shell.cli_options import emit, pass_settings, setting_option
               show_default=True, help="Where the embedded database and broker logs go.")
 @click.option("--timeout", "timeout_s", type=float, default=300.0, show_default=True,
               help="Give up when the pipeline has not settled after this many seconds.")
-@click.option("--fault-rate", type=click.FloatRange(0, 0.9), default=0.0, show_default=True,
-              help="Share of object-store deletes that fail (429 with Retry-After, 503, invalid key).")
+@setting_option("dev.object_store_fault_rate", "--fault-rate", type=click.FloatRange(0, 0.9),
+                help="Share of object-store deletes that fail (429 with Retry-After, 503, invalid key).")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as one JSON object.")
 @pass_settings
 def demo(settings: Settings, reservations: int, workers: int, state_dir: Path, timeout_s: float,
-         fault_rate: float, as_json: bool) -> None:
+         as_json: bool) -> None:
     """Seed reservations, run sweep, processors and relay until every due hold is terminal, and
     check one effect per op key. Exit status 0 only when every check passes."""
     # function-local: keeps `lapse --help` fast
@@ -38,17 +38,17 @@ def demo(settings: Settings, reservations: int, workers: int, state_dir: Path, t
     from lapse.devtools.demo import run_demo
 
     ctx = click.get_current_context()
-    own_broker = ctx.params.get("bootstrap_servers") is None
-    own_db = ctx.params.get("database_url") is None
+    own_broker = ctx.params.get("kafka__bootstrap_servers") is None
+    own_db = ctx.params.get("database__url") is None
     state_dir.mkdir(parents=True, exist_ok=True)
     shutil.rmtree(state_dir / "objects", ignore_errors=True)
-    updates: dict[str, Any] = {"session_timeout_ms": 6000, "object_store_dir": state_dir / "objects",
-                     "object_store_fault_rate": fault_rate}
+    changes: dict[str, dict[str, Any]] = {
+        "processor": {"session_timeout_ms": 6000, "object_store_dir": state_dir / "objects"}}
     if own_db:
         db_path = state_dir / "demo.db"
         for suffix in ("", "-wal", "-shm"):
             Path(f"{db_path}{suffix}").unlink(missing_ok=True)
-        updates["database_url"] = f"sqlite:///{db_path}"
+        changes["database"] = {"url": f"sqlite:///{db_path}"}
     broker = None
     try:
         if own_broker:
@@ -56,9 +56,9 @@ def demo(settings: Settings, reservations: int, workers: int, state_dir: Path, t
                 broker = EmbeddedBroker(log_dir=state_dir).start()
             except BrokerUnavailable as exc:
                 raise click.ClickException(str(exc)) from None
-            updates["bootstrap_servers"] = broker.bootstrap
+            changes["kafka"] = {"bootstrap_servers": broker.bootstrap}
             click.echo(f"embedded broker on {broker.bootstrap}", err=True)
-        settings = settings.model_validate({**settings.model_dump(), **updates})
+        settings = settings.with_(**changes)
         summary = run_demo(settings, reservations_n=reservations, workers=workers, timeout_s=timeout_s)
     finally:
         if broker is not None:

@@ -52,7 +52,7 @@ def status(settings: Settings, watch: float | None, no_lag: bool, as_json: bool)
         from lapse.shell.metrics import monitor, serve
 
         if settings.runtime.metrics_port is None:
-            raise click.UsageError("--watch needs --metrics-port (or LAPSE_METRICS_PORT)")
+            raise click.UsageError("--watch needs --metrics-port (or LAPSE_RUNTIME__METRICS_PORT)")
         stop = stop_on_signals()
         serve(settings)
         monitor(settings, stop, watch)
