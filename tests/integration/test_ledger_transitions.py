@@ -15,19 +15,11 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from sqlalchemy import Connection, insert, select
 
+from lapse.kernel import ledger
 from lapse.kernel.database import make_engine
 from lapse.kernel.ledger import (
-    APPLIED,
-    CLAIMED,
-    DEAD_LETTER,
-    PENDING,
-    RETRY_SCHEDULED,
-    SKIPPED,
-    STATES,
     ClaimedMove,
-    IllegalTransition,
     Selection,
-    allowed,
     claim,
     expiry_event,
     insert_pending,
@@ -47,13 +39,13 @@ CUTOFF = NOW - timedelta(minutes=1)
 # Starting rows: a label, its state, and (for a claim) when its lease ends.
 LIVE_CLAIM = "claimed, lease live"
 STARTS = {
-    PENDING: (PENDING, None),
-    RETRY_SCHEDULED: (RETRY_SCHEDULED, None),
-    CLAIMED: (CLAIMED, NOW - timedelta(minutes=10)),
-    LIVE_CLAIM: (CLAIMED, NOW + timedelta(minutes=5)),
-    APPLIED: (APPLIED, None),
-    SKIPPED: (SKIPPED, None),
-    DEAD_LETTER: (DEAD_LETTER, None),
+    ledger.PENDING: (ledger.PENDING, None),
+    ledger.RETRY_SCHEDULED: (ledger.RETRY_SCHEDULED, None),
+    ledger.CLAIMED: (ledger.CLAIMED, NOW - timedelta(minutes=10)),
+    LIVE_CLAIM: (ledger.CLAIMED, NOW + timedelta(minutes=5)),
+    ledger.APPLIED: (ledger.APPLIED, None),
+    ledger.SKIPPED: (ledger.SKIPPED, None),
+    ledger.DEAD_LETTER: (ledger.DEAD_LETTER, None),
 }
 KEYS = {label: f"release-reservation:{i}" for i, label in enumerate(STARTS, start=1)}
 
@@ -68,7 +60,7 @@ class Statement:
 def _move(state: str) -> Statement:
     return Statement(f"move_claimed → {state}", lambda conn, keys: move_claimed(
         conn, [ClaimedMove(k, state, 1, NOW, None, None, None) for k in keys], OWNER, NOW),
-        {CLAIMED: state, LIVE_CLAIM: state})
+        {ledger.CLAIMED: state, LIVE_CLAIM: state})
 
 
 def _stuck(state: str) -> Statement:
@@ -80,21 +72,21 @@ def _stuck(state: str) -> Statement:
 
 STATEMENTS = [
     Statement("claim (another worker)", lambda conn, keys: claim(conn, keys, "w2", NOW, NOW + timedelta(seconds=30)),
-              {PENDING: CLAIMED, RETRY_SCHEDULED: CLAIMED, CLAIMED: CLAIMED}),
+              {ledger.PENDING: ledger.CLAIMED, ledger.RETRY_SCHEDULED: ledger.CLAIMED, ledger.CLAIMED: ledger.CLAIMED}),
     Statement("renew_leases", lambda conn, keys: renew_leases(conn, keys, OWNER, NOW + timedelta(minutes=9)),
-              {CLAIMED: CLAIMED, LIVE_CLAIM: CLAIMED}),
-    Statement("finish → applied", lambda conn, keys: finish(conn, keys, OWNER, APPLIED, NOW),
-              {CLAIMED: APPLIED, LIVE_CLAIM: APPLIED}),
-    Statement("finish → skipped", lambda conn, keys: finish(conn, keys, OWNER, SKIPPED, NOW),
-              {CLAIMED: SKIPPED, LIVE_CLAIM: SKIPPED}),
-    _move(PENDING),
-    _move(RETRY_SCHEDULED),
-    _move(DEAD_LETTER),
+              {ledger.CLAIMED: ledger.CLAIMED, LIVE_CLAIM: ledger.CLAIMED}),
+    Statement("finish → applied", lambda conn, keys: finish(conn, keys, OWNER, ledger.APPLIED, NOW),
+              {ledger.CLAIMED: ledger.APPLIED, LIVE_CLAIM: ledger.APPLIED}),
+    Statement("finish → skipped", lambda conn, keys: finish(conn, keys, OWNER, ledger.SKIPPED, NOW),
+              {ledger.CLAIMED: ledger.SKIPPED, LIVE_CLAIM: ledger.SKIPPED}),
+    _move(ledger.PENDING),
+    _move(ledger.RETRY_SCHEDULED),
+    _move(ledger.DEAD_LETTER),
     Statement("release_dead_letters", lambda conn, keys: release_dead_letters(
-        conn, Selection(op_keys=tuple(keys)), 100, "replay-1", NOW), {DEAD_LETTER: PENDING}),
-    _stuck(PENDING),
-    _stuck(CLAIMED),
-    _stuck(RETRY_SCHEDULED),
+        conn, Selection(op_keys=tuple(keys)), 100, "replay-1", NOW), {ledger.DEAD_LETTER: ledger.PENDING}),
+    _stuck(ledger.PENDING),
+    _stuck(ledger.CLAIMED),
+    _stuck(ledger.RETRY_SCHEDULED),
     Statement("add_duplicates", lambda conn, keys: add_duplicates(conn, dict.fromkeys(keys, 1)), {}),
 ]
 
@@ -106,7 +98,7 @@ def seed(conn: Connection) -> None:
                              NOW - timedelta(minutes=5), source="test")
         rows.append({**pending_row(event, EARLIER), "state": state,
                      "claim_owner": OWNER if until else None, "claim_until": until,
-                     "finished_at": EARLIER if state in (APPLIED, SKIPPED, DEAD_LETTER) else None})
+                     "finished_at": EARLIER if state in (ledger.APPLIED, ledger.SKIPPED, ledger.DEAD_LETTER) else None})
     conn.execute(insert(L), rows)
 
 
@@ -142,7 +134,7 @@ def test_a_statement_moves_rows_only_from_the_states_it_is_meant_for(engine, sta
         if label in statement.moves:
             assert after[key] != before[key], f"{statement.name} left {label} alone"
             assert end == statement.moves[label], f"{statement.name}: {label} → {end}"
-            assert allowed(start, end), f"{statement.name}: {start} → {end} is not in the table"
+            assert ledger.allowed(start, end), f"{statement.name}: {start} → {end} is not in the table"
         else:
             assert after[key] == before[key], f"{statement.name} touched {label}"
 
@@ -160,23 +152,23 @@ def test_insert_creates_pending_rows_and_leaves_every_existing_row_alone(engine)
             after = snapshot(conn)
         finally:
             tx.rollback()
-    assert created == [fresh.op_key] and allowed(None, after[fresh.op_key][0])
-    assert after[fresh.op_key][0] == PENDING
+    assert created == [fresh.op_key] and ledger.allowed(None, after[fresh.op_key][0])
+    assert after[fresh.op_key][0] == ledger.PENDING
     assert {k: after[k] for k in before} == before
 
 
-@pytest.mark.parametrize("state", STATES)
+@pytest.mark.parametrize("state", ledger.STATES)
 def test_statements_refuse_a_target_they_are_not_for(engine, state):
     """The statements that end a claim, and the one that marks stuck rows, check their target
     state before they send anything: a finished row is never marked stuck."""
-    claimed = [KEYS[CLAIMED]]
+    claimed = [KEYS[ledger.CLAIMED]]
     with engine.connect() as conn, conn.begin():
-        if state not in (APPLIED, SKIPPED):
+        if state not in (ledger.APPLIED, ledger.SKIPPED):
             with pytest.raises(ValueError, match="finish moves a claim"):
                 finish(conn, claimed, OWNER, state, NOW)
-        if state not in (PENDING, RETRY_SCHEDULED, DEAD_LETTER):
+        if state not in (ledger.PENDING, ledger.RETRY_SCHEDULED, ledger.DEAD_LETTER):
             with pytest.raises(ValueError, match="move_claimed moves a claim"):
                 move_claimed(conn, [ClaimedMove(claimed[0], state, 1, NOW, None, None, None)], OWNER, NOW)
-        if not allowed(state, state):
-            with pytest.raises(IllegalTransition):
+        if not ledger.allowed(state, state):
+            with pytest.raises(ledger.IllegalTransition):
                 mark_stuck(conn, state, CUTOFF, None, 100, NOW)

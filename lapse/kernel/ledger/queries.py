@@ -25,18 +25,9 @@ from sqlalchemy import (
 )
 
 from lapse.kernel.batch_sql import any_of, bulk_insert
+from lapse.kernel.ledger import states
 from lapse.kernel.ledger.records import ExpiryEvent, FailureEntry
 from lapse.kernel.ledger.rows import ClaimedMove, DeadLetterRow, LedgerRow, Selection
-from lapse.kernel.ledger.states import (
-    APPLIED,
-    CLAIMED,
-    DEAD_LETTER,
-    PENDING,
-    RETRY_SCHEDULED,
-    SKIPPED,
-    WAITING,
-    check,
-)
 from lapse.kernel.models import cleanup_ledger as L
 from lapse.kernel.models import ledger_transitions as T
 from lapse.kernel.models import outbox
@@ -48,8 +39,8 @@ DEAD_LETTER_COLUMNS = (L.c.op_key, L.c.kind, L.c.tenant, L.c.subject_id, L.c.att
                        L.c.last_failure_class, L.c.last_failure, L.c.replay_id, L.c.finished_at)
 
 # Where the two statements that end a claim may take it (each a move `states.ALLOWED` allows).
-FINISHED = (APPLIED, SKIPPED)
-SET_BACK = (PENDING, RETRY_SCHEDULED, DEAD_LETTER)
+FINISHED = (states.APPLIED, states.SKIPPED)
+SET_BACK = (states.PENDING, states.RETRY_SCHEDULED, states.DEAD_LETTER)
 
 
 # Create ------------------------------------------------------------------------------------------
@@ -61,7 +52,7 @@ def pending_row(event: ExpiryEvent, now: datetime) -> dict[str, Any]:
         "kind": event.kind,
         "tenant": event.tenant,
         "subject_id": event.subject_id,
-        "state": PENDING,
+        "state": states.PENDING,
         "attempt": event.attempt,
         "due_at": event.due_at,
         "correlation_id": event.correlation_id,
@@ -91,7 +82,7 @@ def read_rows(conn: Connection, op_keys: Iterable[str]) -> dict[str, LedgerRow]:
 
 def lock_claims(conn: Connection, op_keys: Sequence[str], owner: str) -> dict[str, LedgerRow]:
     """Lock the rows among `op_keys` still claimed by `owner` (FOR UPDATE on PostgreSQL)."""
-    stmt = select(*ROW_COLUMNS).where(L.c.op_key.in_(op_keys), L.c.state == CLAIMED,
+    stmt = select(*ROW_COLUMNS).where(L.c.op_key.in_(op_keys), L.c.state == states.CLAIMED,
                                       L.c.claim_owner == owner)
     if conn.dialect.name == "postgresql":
         stmt = stmt.with_for_update()
@@ -115,7 +106,7 @@ def failure_history(conn: Connection, op_keys: Sequence[str]) -> dict[str, list[
 
 
 def _dead_letter_filter(selection: Selection) -> list[ColumnElement[bool]]:
-    conds = [L.c.state == DEAD_LETTER]
+    conds = [L.c.state == states.DEAD_LETTER]
     if selection.kind:
         conds.append(L.c.kind == selection.kind)
     if selection.tenant:
@@ -139,8 +130,8 @@ def dead_letters(conn: Connection, selection: Selection, limit: int) -> list[Dea
 def claimable(now: datetime) -> ColumnElement[bool]:
     """Waiting and due, or claimed under a lease that has expired."""
     return or_(
-        and_(L.c.state.in_(WAITING), L.c.due_at <= now),
-        and_(L.c.state == CLAIMED, L.c.claim_until < now),
+        and_(L.c.state.in_(states.WAITING), L.c.due_at <= now),
+        and_(L.c.state == states.CLAIMED, L.c.claim_until < now),
     )
 
 
@@ -153,7 +144,7 @@ def claim(conn: Connection, op_keys: Sequence[str], owner: str, now: datetime, u
     stmt = (
         update(L)
         .where(any_of(conn, L.c.op_key, op_keys), claimable(now))
-        .values(state=CLAIMED, claim_owner=owner, claim_until=until, updated_at=now)
+        .values(state=states.CLAIMED, claim_owner=owner, claim_until=until, updated_at=now)
         .returning(L.c.op_key)
     )
     return set(conn.execute(stmt).scalars())
@@ -161,7 +152,7 @@ def claim(conn: Connection, op_keys: Sequence[str], owner: str, now: datetime, u
 
 def renew_leases(conn: Connection, op_keys: Sequence[str], owner: str, until: datetime) -> None:
     """claimed → claimed: extend this owner's live claims on `op_keys` to `until`."""
-    conn.execute(update(L).where(L.c.op_key.in_(op_keys), L.c.state == CLAIMED,
+    conn.execute(update(L).where(L.c.op_key.in_(op_keys), L.c.state == states.CLAIMED,
                                  L.c.claim_owner == owner).values(claim_until=until))
 
 
@@ -195,7 +186,7 @@ def move_claimed(conn: Connection, moves: Sequence[ClaimedMove], owner: str, now
             raise ValueError(f"move_claimed moves a claim to {', '.join(SET_BACK)}, not {move.state}")
     stmt = (
         update(L)
-        .where(L.c.op_key == bindparam("k"), L.c.state == CLAIMED, L.c.claim_owner == owner)
+        .where(L.c.op_key == bindparam("k"), L.c.state == states.CLAIMED, L.c.claim_owner == owner)
         .values(
             state=bindparam("new_state"),
             attempt=bindparam("new_attempt"),
@@ -228,8 +219,8 @@ def release_dead_letters(conn: Connection, selection: Selection, limit: int, rep
         return []
     stmt = (
         update(L)
-        .where(L.c.op_key.in_(keys), L.c.state == DEAD_LETTER)
-        .values(state=PENDING, attempt=0, due_at=now, replay_id=replay_id, finished_at=None,
+        .where(L.c.op_key.in_(keys), L.c.state == states.DEAD_LETTER)
+        .values(state=states.PENDING, attempt=0, due_at=now, replay_id=replay_id, finished_at=None,
                 claim_owner=None, claim_until=None, updated_at=now)
         .returning(*ROW_COLUMNS)
     )
@@ -240,7 +231,7 @@ def release_dead_letters(conn: Connection, selection: Selection, limit: int, rep
 def stuck_order(state: str) -> tuple[ColumnElement[Any], ColumnElement[Any]]:
     """The keyset of a stuck scan: claims by lease end (ix_cleanup_ledger_claimed_until), the
     waiting states by due time (ix_cleanup_ledger_state_due_key); op key breaks ties."""
-    return (L.c.claim_until if state == CLAIMED else L.c.due_at, L.c.op_key)
+    return (L.c.claim_until if state == states.CLAIMED else L.c.due_at, L.c.op_key)
 
 
 def stuck_statement(state: str, cutoff: datetime, after: tuple[Any, ...] | None, limit: int
@@ -258,7 +249,7 @@ def mark_stuck_statement(state: str, cutoff: datetime, after: tuple[Any, ...] | 
                          now: datetime) -> Any:
     """`state` → `state`: mark one page of stuck rows as re-emitted (updated_at = now) in one
     statement, re-checking the state so a processor that claimed a row meanwhile wins."""
-    check(state, state)
+    states.check(state, state)
     page = stuck_statement(state, cutoff, after, limit).scalar_subquery()
     return (
         update(L)
@@ -276,7 +267,7 @@ def mark_stuck(conn: Connection, state: str, cutoff: datetime, after: tuple[Any,
 
 
 def stuck_cursor(state: str, row: LedgerRow) -> tuple[Any, str]:
-    return (row.claim_until if state == CLAIMED else row.due_at, row.op_key)
+    return (row.claim_until if state == states.CLAIMED else row.due_at, row.op_key)
 
 
 def add_duplicates(conn: Connection, counts: Mapping[str, int]) -> None:
