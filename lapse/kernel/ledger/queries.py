@@ -48,10 +48,7 @@ SET_BACK = (states.PENDING, states.RETRY_SCHEDULED, states.DEAD_LETTER)
 def pending_row(event: ExpiryEvent, now: datetime) -> dict[str, Any]:
     """The `pending` ledger row of `event`, as `insert_pending` writes it."""
     return {
-        "op_key": event.op_key,
-        "kind": event.kind,
-        "tenant": event.tenant,
-        "subject_id": event.subject_id,
+        **event.identity(),
         "state": states.PENDING,
         "attempt": event.attempt,
         "due_at": event.due_at,

@@ -28,6 +28,10 @@ def millis(ts: datetime) -> int:
     return int(ts.timestamp() * 1000)
 
 
+# The fields every record and ledger row about one operation starts with.
+IDENTITY = ("op_key", "kind", "tenant", "subject_id")
+
+
 @dataclass(frozen=True, slots=True)
 class ExpiryEvent:
     """One unit of cleanup work as carried on `lapse.expiry` (the Avro ExpiryEvent, decoded).
@@ -46,6 +50,10 @@ class ExpiryEvent:
     replay_id: str | None
     produced_at: datetime | None = None
     attributes: Mapping[str, str] = field(default_factory=dict)
+
+    def identity(self) -> dict[str, str]:
+        """The fields every record and ledger row about this work starts with (`IDENTITY`)."""
+        return {"op_key": self.op_key, "kind": self.kind, "tenant": self.tenant, "subject_id": self.subject_id}
 
     @classmethod
     def from_record(cls, record: Mapping[str, Any]) -> ExpiryEvent:
@@ -96,10 +104,7 @@ def event_for_row(row: LedgerRow, *, source: str) -> ExpiryEvent:
 def expiry_record(event: ExpiryEvent, produced_at: datetime) -> dict[str, Any]:
     """The expiry_event record of `event`, produced at `produced_at`."""
     return {
-        "op_key": event.op_key,
-        "kind": event.kind,
-        "tenant": event.tenant,
-        "subject_id": event.subject_id,
+        **event.identity(),
         "due_at": millis(event.due_at),
         "produced_at": millis(produced_at),
         "source": event.source,
@@ -114,10 +119,7 @@ def outcome_record(event: ExpiryEvent, status: str, attempt: int, worker: str, a
                    failure_class: str | None = None, reason: str | None = None) -> dict[str, Any]:
     """The cleanup_outcome record of a transition to `status` (the relay adds its `outcome_id`)."""
     return {
-        "op_key": event.op_key,
-        "kind": event.kind,
-        "tenant": event.tenant,
-        "subject_id": event.subject_id,
+        **event.identity(),
         "status": status,
         "attempt": attempt,
         "failure_class": failure_class,
@@ -157,10 +159,7 @@ def dead_letter_record(failure_class: str, reason: str, attempt: int, at: dateti
     or of a record no event could be decoded from (`original`)."""
     topic, partition, offset = position or ("", -1, -1)
     return {
-        "op_key": event.op_key if event else None,
-        "kind": event.kind if event else None,
-        "tenant": event.tenant if event else None,
-        "subject_id": event.subject_id if event else None,
+        **(event.identity() if event else dict.fromkeys(IDENTITY)),
         "failure_class": failure_class,
         "reason": reason,
         "attempt": attempt,
