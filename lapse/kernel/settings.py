@@ -9,8 +9,10 @@ into a librdkafka key in `KafkaSettings.client_config()`, so the clients are con
 
 from __future__ import annotations
 
+import difflib
 import os
 import socket
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
@@ -21,6 +23,7 @@ from lapse.kernel.topology import Topology, load_topology
 
 ENV_PREFIX = "LAPSE_"
 ENV_NESTED_DELIMITER = "__"
+TEST_ENV_PREFIX = "LAPSE_TEST_"
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_STATE_DIR = Path(".lapse")
 
@@ -229,7 +232,31 @@ def nest(flat: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return nested
 
 
+class UnknownSetting(ValueError):
+    """A `LAPSE_*` environment variable that names no setting (a typo, or a name from before the
+    settings were nested): refused, so a deployment never runs on a default it meant to change."""
+
+
+def known_env_vars() -> set[str]:
+    """Every `LAPSE_<SECTION>__<FIELD>` variable that sets a field."""
+    return {env_var(f"{section}.{name}")
+            for section, info in Settings.model_fields.items()
+            for name in info.annotation.model_fields}  # type: ignore[union-attr]
+
+
+def check_environment(environ: Mapping[str, str]) -> None:
+    """Raise UnknownSetting for the first `LAPSE_*` variable that sets nothing, naming the closest
+    known one. `LAPSE_TEST_*` belongs to the test suite, not to Settings."""
+    known = known_env_vars()
+    for var in sorted(environ):
+        if var.startswith(ENV_PREFIX) and not var.startswith(TEST_ENV_PREFIX) and var not in known:
+            close = difflib.get_close_matches(var, known, n=1, cutoff=0.6)
+            hint = f"; did you mean {close[0]}?" if close else ""
+            raise UnknownSetting(f"unknown setting {var}{hint}")
+
+
 def load_settings(**sections: dict[str, Any]) -> Settings:
     """Read the environment once; explicit values (CLI flags, tests) win field by field:
     `load_settings(kafka={"bootstrap_servers": "…"}, processor={"batch_size": 10})`."""
+    check_environment(os.environ)
     return Settings(**sections)  # type: ignore[arg-type]

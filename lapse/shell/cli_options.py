@@ -17,7 +17,7 @@ import click
 from pydantic import ValidationError
 
 from lapse.kernel.logs import configure_logging
-from lapse.kernel.settings import Settings, env_var, field_info, load_settings, nest
+from lapse.kernel.settings import Settings, UnknownSetting, env_var, field_info, load_settings, nest
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -77,6 +77,8 @@ def build_settings(flags: dict[str, Any]) -> Settings:
     """Settings from env + flags (dotted paths), or a one-line error and exit status 2 on a wrong value."""
     try:
         return load_settings(**nest(flags))
+    except UnknownSetting as exc:
+        raise click.UsageError(str(exc)) from None
     except ValidationError as exc:
         first = exc.errors()[0]
         where = ".".join(str(p) for p in first["loc"]) or "settings"

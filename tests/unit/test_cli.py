@@ -28,3 +28,20 @@ def test_wrong_env_value_is_reported_too(monkeypatch):
     assert result.exit_code == 2
     assert "LAPSE_KAFKA__SECURITY_PROTOCOL" in result.output
     assert "Traceback" not in result.output
+
+
+def test_a_flat_name_from_before_the_sections_is_refused_with_the_new_one(monkeypatch):
+    monkeypatch.setenv("LAPSE_BOOTSTRAP_SERVERS", "kafka-1:9092")
+    result = CliRunner().invoke(main, ["sweep", "--once"])
+    assert result.exit_code == 2
+    last = result.output.strip().splitlines()[-1]
+    assert "unknown setting LAPSE_BOOTSTRAP_SERVERS" in last and "LAPSE_KAFKA__BOOTSTRAP_SERVERS" in last
+    assert "Traceback" not in result.output
+
+
+def test_a_misspelt_setting_is_refused_and_test_plumbing_is_not(monkeypatch):
+    monkeypatch.setenv("LAPSE_TEST_ANYTHING", "fine")
+    monkeypatch.setenv("LAPSE_KAFKA__SECURITY_PROTOCAL", "SASL_SSL")
+    result = CliRunner().invoke(main, ["sweep", "--once"])
+    assert result.exit_code == 2
+    assert "LAPSE_KAFKA__SECURITY_PROTOCAL" in result.output and "LAPSE_KAFKA__SECURITY_PROTOCOL" in result.output
