@@ -7,14 +7,11 @@ from dataclasses import asdict
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Connection, Engine, func, select
+from sqlalchemy import Connection, Engine
 
-from lapse.kernel.ledger import CLAIMED, DEAD_LETTER, PENDING, RETRY_SCHEDULED
-from lapse.kernel.models import cleanup_ledger as L
+from lapse.kernel.ledger import DEAD_LETTER, counts_by_state_and_kind, expired_claims, oldest_unfinished_due
 from lapse.kernel.settings import Settings
 from lapse.readers.offsets import OffsetsError, group_lag
-
-UNFINISHED = (PENDING, CLAIMED, RETRY_SCHEDULED)
 
 
 def _age_s(now: datetime, since: datetime | None) -> float | None:
@@ -24,18 +21,16 @@ def _age_s(now: datetime, since: datetime | None) -> float | None:
 def ledger_status(conn: Connection, now: datetime) -> dict[str, Any]:
     """Counts by state and kind, the oldest eligible-but-unfinished age, expired claims."""
     by_state: dict[str, dict[str, int]] = {}
-    for state, kind, n in conn.execute(
-            select(L.c.state, L.c.kind, func.count()).group_by(L.c.state, L.c.kind)):
-        by_state.setdefault(state, {})[kind] = n
-    oldest_due = conn.execute(select(func.min(L.c.due_at)).where(
-        L.c.state.in_(UNFINISHED), L.c.due_at <= now)).scalar()
-    expired, oldest_lease = conn.execute(select(func.count(), func.min(L.c.claim_until)).where(
-        L.c.state == CLAIMED, L.c.claim_until < now)).one()
+    for count in counts_by_state_and_kind(conn):
+        by_state.setdefault(count.state, {})[count.kind] = count.rows
+    oldest_due = oldest_unfinished_due(conn, now)
+    expired = expired_claims(conn, now)
     return {
         "ledger": {s: dict(sorted(k.items())) for s, k in sorted(by_state.items())},
         "oldest_eligible_age_s": _age_s(now, oldest_due),
         "dead_letters": sum(by_state.get(DEAD_LETTER, {}).values()),
-        "expired_claims": {"count": expired, "oldest_expired_for_s": _age_s(now, oldest_lease)},
+        "expired_claims": {"count": expired.count,
+                           "oldest_expired_for_s": _age_s(now, expired.oldest_claim_until)},
     }
 
 

@@ -11,11 +11,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, time, timedelta
 
-from sqlalchemy import Connection, Engine, func, select, update
+from sqlalchemy import Connection, Engine, select, update
 
 from lapse.kernel.batch_sql import bulk_insert
+from lapse.kernel.ledger import op_keys_moved_between, transitions_between
 from lapse.kernel.logs import get_logger
-from lapse.kernel.models import cleanup_ledger, daily_reports, ledger_transitions
+from lapse.kernel.models import daily_reports
 from lapse.reconciler.notifiers import Notifier
 
 log = get_logger("report")
@@ -34,24 +35,15 @@ def day_bounds(day: date) -> tuple[datetime, datetime]:
 
 
 def build_report(conn: Connection, day: date, now: datetime) -> dict:
-    """Counts of op keys by kind and state they reached during `day` (UTC), from ledger_transitions
-    (ix_ledger_transitions_at) joined to the ledger by op key for the kind."""
+    """Counts of op keys by kind and state they reached during `day` (UTC), from the ledger
+    transitions recorded that day."""
     start, end = day_bounds(day)
-    T, L = ledger_transitions, cleanup_ledger
-    stmt = (
-        select(L.c.kind, T.c.to_state, func.count(), func.count(T.c.op_key.distinct()))
-        .select_from(T.join(L, L.c.op_key == T.c.op_key))
-        .where(T.c.at >= start, T.c.at < end)
-        .group_by(L.c.kind, T.c.to_state)
-        .order_by(L.c.kind, T.c.to_state)
-    )
     by_kind: dict[str, dict[str, int]] = {}
     transitions = 0
-    for kind, state, n, keys in conn.execute(stmt):
-        by_kind.setdefault(kind, {})[state] = keys
-        transitions += n
-    op_keys = conn.execute(select(func.count(T.c.op_key.distinct()))
-                           .where(T.c.at >= start, T.c.at < end)).scalar()
+    for count in transitions_between(conn, start, end):
+        by_kind.setdefault(count.kind, {})[count.to_state] = count.op_keys
+        transitions += count.transitions
+    op_keys = op_keys_moved_between(conn, start, end)
     return {
         "report_key": report_key(day),
         "date": day.isoformat(),

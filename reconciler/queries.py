@@ -1,8 +1,9 @@
 """SQL of the reconciler's business-table scan: pages of eligible business rows with their ledger
-states. (Its ledger statements, such as marking stuck rows, live in `lapse.kernel.ledger`.)
+states. (Its ledger statements, such as marking stuck rows and the per-row state probe, live in
+`lapse.kernel.ledger`.)
 
 Every page is bounded and walked by a keyset cursor, and served by indexes: the kind's due index
-(e.g. ix_reservations_held_due) and ix_cleanup_ledger_kind_subject.
+(e.g. ix_reservations_held_due) and, through `ledger_state_of`, ix_cleanup_ledger_kind_subject.
 tests/system/test_reconcile_scale.py checks that with EXPLAIN.
 """
 
@@ -24,8 +25,7 @@ from sqlalchemy import (
 )
 
 from lapse.kernel.kinds import CleanupKind, EligibleRow
-from lapse.kernel.ledger import APPLIED, SKIPPED
-from lapse.kernel.models import cleanup_ledger as L
+from lapse.kernel.ledger import APPLIED, SKIPPED, ledger_state_of
 
 # Ledger states of an eligible business row that the reconciler acts on: none (a gap), or a
 # terminal state while the business row still looks eligible (an anomaly).
@@ -43,10 +43,7 @@ def eligible_statement(kind: CleanupKind, cutoff: datetime, after: tuple[Any, ..
             page.c[kind.due_column.name]]
     # A correlated lookup, not a join: one probe of ix_cleanup_ledger_kind_subject per page row,
     # whatever the planner believes about the page's size.
-    state = (select(L.c.state)
-             .where(L.c.kind == kind.name,
-                    L.c.subject_id == page.c[kind.id_column.name].cast(L.c.subject_id.type))
-             .scalar_subquery())
+    state = ledger_state_of(kind.name, page.c[kind.id_column.name])
     probed = select(*cols, state.label("state")).subquery("probed")
     attention = (
         select(*probed.c[:3], probed.c.state, literal(False).label("last"), literal(0).label("n"))

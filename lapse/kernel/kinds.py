@@ -20,16 +20,14 @@ from sqlalchemy import (
     Connection,
     Select,
     Table,
-    and_,
-    exists,
     select,
     tuple_,
     update,
 )
 
 from lapse.kernel.batch_sql import any_of
-from lapse.kernel.ledger import op_key
-from lapse.kernel.models import artifacts, cleanup_ledger, reservations
+from lapse.kernel.ledger import has_ledger_row, op_key
+from lapse.kernel.models import artifacts, reservations
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,16 +88,8 @@ class CleanupKind:
         if after is not None:
             stmt = stmt.where(tuple_(*cols) > tuple_(*after))
         if without_ledger:
-            stmt = stmt.where(~self._has_ledger_row())
+            stmt = stmt.where(~has_ledger_row(self.name, self.id_column))
         return stmt.order_by(*cols).limit(limit)
-
-    def _has_ledger_row(self) -> ColumnElement[bool]:
-        return exists().where(
-            and_(
-                cleanup_ledger.c.kind == self.name,
-                cleanup_ledger.c.subject_id == self.id_column.cast(cleanup_ledger.c.subject_id.type),
-            )
-        )
 
     def not_yet_due(self, conn: Connection, subjects: list[Any], now: datetime) -> dict[str, datetime]:
         """Subjects still eligible whose due time is now in the future (a hold was extended after

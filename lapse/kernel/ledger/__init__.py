@@ -7,7 +7,8 @@ This module is the package's face: every other module imports the ledger from he
 - `keys`    — op keys and correlation ids;
 - `records` — the expiry event, its factory, and the serializer of each record type;
 - `rows`    — the typed rows the statements return and take;
-- `queries` — every ledger statement (the SQL);
+- `queries` — every statement of the state machine (the SQL);
+- `reads`   — the probes business-table selects embed, and the aggregates status and reports show;
 - `writes`  — the accumulator a transaction fills and flushes once.
 """
 
@@ -26,6 +27,15 @@ from lapse.kernel.ledger.queries import (
     renew_leases,
     stuck_cursor,
 )
+from lapse.kernel.ledger.reads import (
+    counts_by_state_and_kind,
+    expired_claims,
+    has_ledger_row,
+    ledger_state_of,
+    oldest_unfinished_due,
+    op_keys_moved_between,
+    transitions_between,
+)
 from lapse.kernel.ledger.records import (
     ExpiryEvent,
     FailureEntry,
@@ -38,7 +48,15 @@ from lapse.kernel.ledger.records import (
     millis,
     outcome_record,
 )
-from lapse.kernel.ledger.rows import ClaimedMove, DeadLetterRow, LedgerRow, Selection
+from lapse.kernel.ledger.rows import (
+    ClaimedMove,
+    DeadLetterRow,
+    ExpiredClaims,
+    LedgerRow,
+    Selection,
+    StateKindCount,
+    TransitionCount,
+)
 from lapse.kernel.ledger.states import (
     ALLOWED,
     APPLIED,
@@ -49,6 +67,7 @@ from lapse.kernel.ledger.states import (
     SKIPPED,
     STATES,
     TERMINAL,
+    UNFINISHED,
     WAITING,
     IllegalTransition,
     allowed,
@@ -66,9 +85,11 @@ __all__ = [
     "SKIPPED",
     "STATES",
     "TERMINAL",
+    "UNFINISHED",
     "WAITING",
     "ClaimedMove",
     "DeadLetterRow",
+    "ExpiredClaims",
     "ExpiryEvent",
     "FailureEntry",
     "IllegalTransition",
@@ -79,22 +100,30 @@ __all__ = [
     "Original",
     "Position",
     "Selection",
+    "StateKindCount",
+    "TransitionCount",
     "allowed",
     "check",
     "claim",
+    "counts_by_state_and_kind",
     "dead_letter_record",
     "dead_letters",
     "event_for_row",
+    "expired_claims",
     "expiry_event",
     "expiry_record",
     "failure_history",
+    "has_ledger_row",
     "insert_pending",
+    "ledger_state_of",
     "lock_claims",
     "mark_stuck",
     "mark_stuck_statement",
     "millis",
     "new_correlation_id",
+    "oldest_unfinished_due",
     "op_key",
+    "op_keys_moved_between",
     "outcome_record",
     "parse_op_key",
     "pending_row",
@@ -102,4 +131,5 @@ __all__ = [
     "release_dead_letters",
     "renew_leases",
     "stuck_cursor",
+    "transitions_between",
 ]

@@ -1,4 +1,5 @@
-"""Every ledger statement: create, read, move and append, each one round trip for a whole batch.
+"""Every statement of the state machine: create, read, move and append, each one round trip for a
+whole batch. (The probes and aggregates other code reads the ledger with are in `reads`.)
 
 A move is a conditional UPDATE: the row must still be in the state it is moved from (and, for a
 claim, still held by its owner), so two workers racing on one op key cannot both win. The target

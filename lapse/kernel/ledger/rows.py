@@ -62,3 +62,32 @@ class Selection:
     tenant: str | None = None
     op_keys: tuple[str, ...] = ()
     include_replayed: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class StateKindCount:
+    """How many ledger rows of `kind` are in `state` (`reads.counts_by_state_and_kind`)."""
+
+    state: str
+    kind: str
+    rows: int
+
+
+@dataclass(frozen=True, slots=True)
+class ExpiredClaims:
+    """Claims whose lease has ended unfinished, and the earliest lease end among them (None: no
+    such claim); an alarm signal of `lapse status`."""
+
+    count: int
+    oldest_claim_until: datetime | None
+
+
+@dataclass(frozen=True, slots=True)
+class TransitionCount:
+    """Transitions into `to_state` recorded in a time window for rows of `kind`, and how many op
+    keys made them (`reads.transitions_between`)."""
+
+    kind: str
+    to_state: str
+    transitions: int
+    op_keys: int

@@ -19,6 +19,8 @@ DEAD_LETTER = "dead_letter"
 STATES = (PENDING, CLAIMED, APPLIED, SKIPPED, RETRY_SCHEDULED, DEAD_LETTER)
 TERMINAL = frozenset({APPLIED, SKIPPED, DEAD_LETTER})
 WAITING = (PENDING, RETRY_SCHEDULED)
+# Due work not yet finished: waiting, or claimed and not yet applied, skipped or dead-lettered.
+UNFINISHED = (PENDING, CLAIMED, RETRY_SCHEDULED)
 
 # From each state (None: no row yet), the states a committed transaction may leave the row in.
 # An in-database effect claims and finishes in one transaction, so pending → applied is one move;
