@@ -96,6 +96,10 @@ class DatabaseSettings(_Section):
         description="SQLAlchemy URL of the ledger database (postgresql+psycopg://… in production).",
     )
 
+    schema_name: str = Field(
+        "lapse", pattern=r"^[a-z_][a-z0-9_]{0,62}$",
+        description="PostgreSQL schema of Lapse's own tables (SQLite uses the lapse_ table prefix instead).")
+
     def url_plain(self) -> str:
         return self.url.get_secret_value()
 
@@ -105,6 +109,12 @@ class TopicsSettings(_Section):
 
     file: Path = Field(REPO_ROOT / "topics.yaml", description="Declared topics and groups.")
     prefix: str = Field("", description="Prefix of every topic and group name (side-by-side environments).")
+
+
+class KindsSettings(_Section):
+    """The declared cleanup kinds."""
+
+    file: Path | None = Field(None, description="Kinds file (YAML) declaring the cleanup kinds.")
 
 
 class ProcessorSettings(_Section):
@@ -188,6 +198,7 @@ class Settings(BaseSettings):
     schemas: SchemaSettings = Field(default_factory=SchemaSettings)
     database: DatabaseSettings = Field(default_factory=DatabaseSettings)
     topics: TopicsSettings = Field(default_factory=TopicsSettings)
+    kinds: KindsSettings = Field(default_factory=KindsSettings)
     processor: ProcessorSettings = Field(default_factory=ProcessorSettings)
     producer: ProducerSettings = Field(default_factory=ProducerSettings)
     reconciler: ReconcilerSettings = Field(default_factory=ReconcilerSettings)
