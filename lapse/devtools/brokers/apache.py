@@ -30,9 +30,19 @@ logger.state.level = WARN
 """
 
 
+def cluster_id_from(raw: bytes) -> str | None:
+    """16 random bytes as a KRaft cluster id (Kafka's Uuid format: 22 url-safe base64 characters),
+    or None when the id would start with `-`: the storage tool would read it as an option (about
+    one id in 64), so, like Kafka's own `Uuid.randomUuid()`, such a draw is discarded."""
+    cluster_id = base64.urlsafe_b64encode(raw).decode().rstrip("=")
+    return None if cluster_id.startswith("-") else cluster_id
+
+
 def random_cluster_id() -> str:
-    """A KRaft cluster id in Kafka's Uuid format (22 url-safe base64 characters)."""
-    return base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+    """A fresh, valid cluster id for a broker started here."""
+    while (cluster_id := cluster_id_from(uuid.uuid4().bytes)) is None:
+        pass
+    return cluster_id
 
 
 class ApacheKafkaServer(BrokerProcess):
