@@ -1,10 +1,12 @@
-"""The one settings object: read once from `LAPSE_*` variables (and CLI flags), then frozen.
+"""The one settings object: read once from CLI flags, `LAPSE_*` variables and the config file, then frozen.
 
-Settings are nested by concern — Kafka connection, schemas, database, topics, processor, producer,
-reconciler, report, runtime, and dev (test hooks and demo fault injection) — and set by
+Settings are nested by concern — Kafka connection, schemas, database, topics, kinds, processor,
+producer, reconciler, report, runtime, and dev (test hooks and demo fault injection) — and set by
 environment variables with a double underscore between section and field
-(`LAPSE_KAFKA__BOOTSTRAP_SERVERS`, `LAPSE_PROCESSOR__BATCH_SIZE`). Every Kafka-facing setting turns
-into a librdkafka key in `KafkaSettings.client_config()`, so the clients are configured in one place.
+(`LAPSE_KAFKA__BOOTSTRAP_SERVERS`, `LAPSE_PROCESSOR__BATCH_SIZE`) or by the same names as tables and
+keys of the TOML config file (`lapse.kernel.config_file`). Precedence: flags > environment > file >
+defaults. Every Kafka-facing setting turns into a librdkafka key in `KafkaSettings.client_config()`,
+so the clients are configured in one place.
 """
 
 from __future__ import annotations
@@ -13,17 +15,22 @@ import difflib
 import os
 import socket
 from collections.abc import Mapping
+from contextvars import ContextVar
 from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
+from lapse.kernel import package_files
+from lapse.kernel.config_file import CONFIG_ENV_VAR, ConfigFileSource, choose_config_file, file_keys
 from lapse.kernel.topology import Topology, load_topology
 
 ENV_PREFIX = "LAPSE_"
 ENV_NESTED_DELIMITER = "__"
 TEST_ENV_PREFIX = "LAPSE_TEST_"
+# Only for dev-tool defaults (the Kafka server jars fetched into the checkout); the schemas and
+# topics.yaml come from the installed package (lapse.kernel.package_files).
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_STATE_DIR = Path(".lapse")
 
@@ -31,6 +38,10 @@ DEFAULT_STATE_DIR = Path(".lapse")
 def default_worker_id() -> str:
     """A stable-enough identity for claim ownership and logs: host and pid."""
     return f"{socket.gethostname()}-{os.getpid()}"
+
+
+def _path_text(path: Path | None) -> str | None:
+    return None if path is None else str(path)
 
 
 class _Section(BaseModel):
@@ -46,9 +57,10 @@ class KafkaSettings(_Section):
     sasl_mechanism: str | None = Field(None, description="Kafka sasl.mechanism (PLAIN, SCRAM-SHA-512…).")
     sasl_username: str | None = Field(None, description="Kafka sasl.username.")
     sasl_password: SecretStr | None = Field(None, description="Kafka sasl.password.")
-    ssl_ca_location: str | None = Field(None, description="Kafka ssl.ca.location.")
-    ssl_certificate_location: str | None = Field(None, description="Kafka ssl.certificate.location.")
-    ssl_key_location: str | None = Field(None, description="Kafka ssl.key.location.")
+    # Paths (not plain strings), so a relative path in the config file means one next to the file.
+    ssl_ca_location: Path | None = Field(None, description="Kafka ssl.ca.location.")
+    ssl_certificate_location: Path | None = Field(None, description="Kafka ssl.certificate.location.")
+    ssl_key_location: Path | None = Field(None, description="Kafka ssl.key.location.")
     ssl_key_password: SecretStr | None = Field(None, description="Kafka ssl.key.password.")
     extra: dict[str, str] = Field(default_factory=dict, description="Extra librdkafka settings as a JSON object.")
 
@@ -69,9 +81,9 @@ class KafkaSettings(_Section):
             "sasl.mechanism": self.sasl_mechanism,
             "sasl.username": self.sasl_username,
             "sasl.password": self.sasl_password.get_secret_value() if self.sasl_password else None,
-            "ssl.ca.location": self.ssl_ca_location,
-            "ssl.certificate.location": self.ssl_certificate_location,
-            "ssl.key.location": self.ssl_key_location,
+            "ssl.ca.location": _path_text(self.ssl_ca_location),
+            "ssl.certificate.location": _path_text(self.ssl_certificate_location),
+            "ssl.key.location": _path_text(self.ssl_key_location),
             "ssl.key.password": self.ssl_key_password.get_secret_value() if self.ssl_key_password else None,
         }
         conf.update({k: v for k, v in optional.items() if v is not None})
@@ -82,7 +94,7 @@ class KafkaSettings(_Section):
 class SchemaSettings(_Section):
     """Where the Avro schemas come from: the local files, and optionally a schema registry."""
 
-    dir: Path = Field(REPO_ROOT / "schemas", description="Folder of the .avsc schemas.")
+    dir: Path = Field(package_files.schemas_dir(), description="Folder of the .avsc schemas (default: packaged).")
     registry_url: str | None = Field(
         None, description="Confluent schema registry URL; unset means Avro single-object encoding.")
     registry_auth: SecretStr | None = Field(None, description="Schema registry basic auth as user:password.")
@@ -107,7 +119,7 @@ class DatabaseSettings(_Section):
 class TopicsSettings(_Section):
     """The declared topology (topics.yaml) and an optional prefix for every topic and group name."""
 
-    file: Path = Field(REPO_ROOT / "topics.yaml", description="Declared topics and groups.")
+    file: Path = Field(package_files.topics_file(), description="Declared topics and groups (default: packaged).")
     prefix: str = Field("", description="Prefix of every topic and group name (side-by-side environments).")
 
 
@@ -206,6 +218,21 @@ class Settings(BaseSettings):
     runtime: RuntimeSettings = Field(default_factory=RuntimeSettings)
     dev: DevSettings = Field(default_factory=DevSettings)
 
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        """Flags (init values) over `LAPSE_*` over the config file `load_settings` chose; defaults last.
+        No .env or secrets folder: one place for each way of setting a value."""
+        config_file = _CONFIG_FILE.get()
+        from_file = (ConfigFileSource(settings_cls, config_file),) if config_file is not None else ()
+        return init_settings, env_settings, *from_file
+
     @property
     def topology(self) -> Topology:
         """The topics and groups of topics.yaml with the prefix applied (read once per process)."""
@@ -257,17 +284,57 @@ def known_env_vars() -> set[str]:
 
 def check_environment(environ: Mapping[str, str]) -> None:
     """Raise UnknownSetting for the first `LAPSE_*` variable that sets nothing, naming the closest
-    known one. `LAPSE_TEST_*` belongs to the test suite, not to Settings."""
+    known one. `LAPSE_TEST_*` belongs to the test suite, not to Settings; `LAPSE_CONFIG` names the
+    config file."""
     known = known_env_vars()
     for var in sorted(environ):
+        if var == CONFIG_ENV_VAR:
+            continue
         if var.startswith(ENV_PREFIX) and not var.startswith(TEST_ENV_PREFIX) and var not in known:
             close = difflib.get_close_matches(var, known, n=1, cutoff=0.6)
             hint = f"; did you mean {close[0]}?" if close else ""
             raise UnknownSetting(f"unknown setting {var}{hint}")
 
 
-def load_settings(**sections: dict[str, Any]) -> Settings:
-    """Read the environment once; explicit values (CLI flags, tests) win field by field:
-    `load_settings(kafka={"bootstrap_servers": "…"}, processor={"batch_size": 10})`."""
+# The config file of the Settings being built: set by load_settings around the constructor and read by
+# Settings.settings_customise_sources (pydantic-settings builds its sources inside the constructor).
+_CONFIG_FILE: ContextVar[Path | None] = ContextVar("lapse_config_file", default=None)
+
+
+def load_settings(config_file: Path | str | None = None, **sections: dict[str, Any]) -> Settings:
+    """Read the environment and the config file once; explicit values (CLI flags, tests) win field by
+    field: `load_settings(kafka={"bootstrap_servers": "…"}, processor={"batch_size": 10})`.
+    `config_file` is `--config`; without it `LAPSE_CONFIG`, then `./lapse.toml` when present.
+    Raises UnknownSetting, ConfigFileError or pydantic's ValidationError."""
     check_environment(os.environ)
-    return Settings(**sections)  # type: ignore[arg-type]
+    token = _CONFIG_FILE.set(choose_config_file(config_file, os.environ))
+    try:
+        return Settings(**sections)  # type: ignore[arg-type]
+    finally:
+        _CONFIG_FILE.reset(token)
+
+
+def config_file_in_use(config_file: Path | str | None = None) -> Path | None:
+    """The config file `load_settings(config_file)` reads (None: none), or ConfigFileError."""
+    return choose_config_file(config_file, os.environ)
+
+
+def setting_origins(config_file: Path | str | None = None, **sections: dict[str, Any]) -> dict[str, str]:
+    """Where each effective setting of `load_settings(config_file, **sections)` comes from, by dotted
+    path: `flag`, `env LAPSE_X__Y`, `file <path>` or `default`."""
+    chosen = config_file_in_use(config_file)
+    in_file = file_keys(ConfigFileSource(Settings, chosen).toml_data) if chosen is not None else set()
+    in_env = {var.upper() for var in os.environ}
+    origins: dict[str, str] = {}
+    for section, info in Settings.model_fields.items():
+        for name in info.annotation.model_fields:  # type: ignore[union-attr]
+            path = f"{section}.{name}"
+            if name in sections.get(section, {}):
+                origins[path] = "flag"
+            elif env_var(path) in in_env:
+                origins[path] = f"env {env_var(path)}"
+            elif path in in_file:
+                origins[path] = f"file {chosen}"
+            else:
+                origins[path] = "default"
+    return origins

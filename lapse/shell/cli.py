@@ -1,11 +1,29 @@
 """The root `lapse` command group. Commands attach themselves to it from `lapse.shell.commands`
-(and from installed `lapse.commands` entry points); `lapse.shell.app` assembles them."""
+(and from installed `lapse.commands` entry points); `lapse.shell.app` assembles them.
+
+Its own options: `--config FILE` (the config file every subcommand's settings read) and `--version`.
+"""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import click
+
+from lapse.kernel.config_file import CONFIG_ENV_VAR
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110})
-def main() -> None:
+@click.option("--config", "config_file", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help=f"Config file (TOML) under the LAPSE_* variables and flags. [env: {CONFIG_ENV_VAR}; "
+                   "else ./lapse.toml when present]")
+@click.version_option(package_name="lapse", message="lapse %(version)s",
+                      help="Print `lapse <version>` and exit.")
+def main(config_file: Path | None) -> None:
     """Lapse: idempotent cleanup of things that lapse, driven by Kafka."""
+
+
+def config_file_option() -> Path | None:
+    """The root group's `--config`, for the command running now (None outside a command)."""
+    ctx = click.get_current_context(silent=True)
+    return ctx.find_root().params.get("config_file") if ctx is not None else None

@@ -1,7 +1,8 @@
 """Click options that map onto `Settings` fields, each showing its `LAPSE_*` variable in `--help`.
 
-A flag left unset falls back to the environment, then to the default: `load_settings` reads the
-environment once and the flags given on the command line win.
+A flag left unset falls back to the environment, then to the config file, then to the default:
+`load_settings` reads the environment and the file (`lapse --config FILE`) once and the flags given on
+the command line win.
 """
 
 from __future__ import annotations
@@ -16,8 +17,18 @@ from typing import Any, TypeVar
 import click
 from pydantic import ValidationError
 
+from lapse.kernel.config_file import ConfigFileError
 from lapse.kernel.logs import configure_logging
-from lapse.kernel.settings import Settings, UnknownSetting, env_var, field_info, load_settings, nest
+from lapse.kernel.settings import (
+    Settings,
+    UnknownSetting,
+    env_var,
+    field_info,
+    load_settings,
+    nest,
+    setting_origins,
+)
+from lapse.shell.cli import config_file_option
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -74,15 +85,19 @@ def connection_options(func: F) -> F:
 
 
 def build_settings(flags: dict[str, Any]) -> Settings:
-    """Settings from env + flags (dotted paths), or a one-line error and exit status 2 on a wrong value."""
+    """Settings from flags (dotted paths) + env + the config file, or a one-line error and exit
+    status 2 on a wrong value, naming where the value came from."""
+    config_file = config_file_option()
     try:
-        return load_settings(**nest(flags))
-    except UnknownSetting as exc:
+        return load_settings(config_file, **nest(flags))
+    except (UnknownSetting, ConfigFileError) as exc:
         raise click.UsageError(str(exc)) from None
     except ValidationError as exc:
         first = exc.errors()[0]
-        where = ".".join(str(p) for p in first["loc"]) or "settings"
-        raise click.UsageError(f"invalid setting {where} ({env_var(where)}): {first['msg']}") from None
+        where = ".".join(str(p) for p in first["loc"][:2]) or "settings"
+        origin = setting_origins(config_file, **nest(flags)).get(where, "default")
+        source = origin if origin.startswith("env ") else f"{origin} (env {env_var(where)})"
+        raise click.UsageError(f"invalid setting {where} from {source}: {first['msg']}") from None
 
 
 def pass_settings(func: Callable[..., Any]) -> Callable[..., Any]:

@@ -1,16 +1,21 @@
 """The wheel installs one top-level package, `lapse`: built from this checkout (offline, with this
 environment's setuptools), installed without dependencies into a fresh virtual environment that
-does not see the system's site-packages, and inspected there.
+does not see the system's site-packages, and inspected there. Its package data (schemas,
+topics.yaml, migrations, the starter kinds file) is found from an empty folder outside the
+repository: `lapse --version`, `lapse init`, `lapse config show` and the topology and schemas load.
 
 The build runs on a copy of the sources, so it leaves nothing (build/, *.egg-info) in the checkout.
 """
 
 from __future__ import annotations
 
+import glob
+import json
 import os
 import shutil
 import subprocess
 import sys
+import sysconfig
 import tomllib
 import venv
 from pathlib import Path
@@ -23,14 +28,22 @@ REPO = Path(__file__).resolve().parents[2]
 PYPROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())
 # Installed package name → its folder in the repository (the rooms live at the top level).
 PACKAGE_DIRS: dict[str, str] = PYPROJECT["tool"]["setuptools"]["package-dir"]
+PACKAGE_DATA: dict[str, list[str]] = PYPROJECT["tool"]["setuptools"]["package-data"]
 MUST_SHIP = ("lapse/py.typed", "lapse/processors/rules.py", "lapse/readers/audit.py",
-             "lapse/kernel/migrations/env.py", "lapse/kernel/migrations/versions/0001_initial.py")
+             "lapse/kernel/migrations/env.py", "lapse/kernel/migrations/script.py.mako",
+             "lapse/topics.yaml", "lapse/schemas/expiry_event.avsc", "lapse/schemas/history/expiry_event.v1.avsc",
+             "lapse/kernel/kinds/starter.yaml")
+# Top-level files that symlinks in the package folders point at (lapse/topics.yaml → topics.yaml).
+LINKED_FILES = ("topics.yaml",)
 REPO_ONLY_NAMES = ("processors", "producers", "reconciler", "readers")
+SECRET = "s3cr3t-never-shown-Zq81"
 
 
-def _run(*cmd: str | Path, cwd: Path) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON")}
-    env["PIP_DISABLE_PIP_VERSION_CHECK"] = "1"
+def _run(*cmd: str | Path, cwd: Path, **extra_env: str) -> subprocess.CompletedProcess[str]:
+    """`cmd` without the caller's PYTHON* and LAPSE_* variables (LAPSE_TEST_* stays), plus `extra_env`."""
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith("PYTHON") and (not k.startswith("LAPSE_") or k.startswith("LAPSE_TEST_"))}
+    env.update(extra_env, PIP_DISABLE_PIP_VERSION_CHECK="1")
     return subprocess.run([str(c) for c in cmd], cwd=cwd, env=env, capture_output=True, text=True,
                           timeout=300)
 
@@ -54,11 +67,34 @@ def _source_packages() -> set[str]:
     return found
 
 
+def _package_source(package: str) -> Path:
+    """The repository folder of an installed package name, through the package-dir mapping."""
+    parts = package.split(".")
+    for n in range(len(parts), 0, -1):
+        if (mapped := PACKAGE_DIRS.get(".".join(parts[:n]))) is not None:
+            return REPO / mapped / Path(*parts[n:])
+    return REPO / Path(*parts)
+
+
+def _declared_data_files() -> set[str]:
+    """Every file in the checkout that `[tool.setuptools.package-data]` declares, by installed path."""
+    found = set()
+    for package, patterns in PACKAGE_DATA.items():
+        root = _package_source(package)
+        for pattern in patterns:
+            for path in glob.glob(str(root / pattern)):
+                found.add(str(Path(*package.split(".")) / Path(path).relative_to(root)))
+    return found
+
+
 def _copy_sources(dest: Path) -> None:
-    """What the build reads: pyproject.toml, the readme and the package folders (symlinks kept)."""
+    """What the build reads: pyproject.toml, the readme, the package folders (symlinks kept) and the
+    top-level files their symlinks point at."""
     dest.mkdir()
     shutil.copy2(REPO / "pyproject.toml", dest)
     shutil.copy2(REPO / PYPROJECT["project"]["readme"], dest)
+    for name in LINKED_FILES:
+        shutil.copy2(REPO / name, dest)
     for folder in sorted({f.split("/")[0] for f in PACKAGE_DIRS.values()}):
         shutil.copytree(REPO / folder, dest / folder, symlinks=True,
                         ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
@@ -101,8 +137,12 @@ def test_one_top_level_package(installed: tuple[Path, Path, set[str]]) -> None:
 
 def test_the_wheel_holds_every_package_and_data_file(installed: tuple[Path, Path, set[str]]) -> None:
     _, site, _ = installed
-    missing = [f for f in MUST_SHIP if not (site / f).is_file()]
+    declared = _declared_data_files()
+    assert set(MUST_SHIP) - {"lapse/processors/rules.py", "lapse/readers/audit.py"} <= declared
+    # Real files, not links back into a checkout.
+    missing = sorted(f for f in {*MUST_SHIP, *declared} if not (site / f).is_file() or (site / f).is_symlink())
     assert missing == []
+    assert (site / "lapse/topics.yaml").read_bytes() == (REPO / "topics.yaml").read_bytes()
     packages = _source_packages()
     assert {"lapse", "lapse.kernel", "lapse.processors", "lapse.readers"} <= packages
     not_shipped = sorted(p for p in packages if not (site / p.replace(".", "/") / "__init__.py").is_file())
@@ -119,3 +159,68 @@ def test_rooms_import_only_under_lapse(installed: tuple[Path, Path, set[str]], t
     origin = _check(_run(python, "-I", "-c", "import importlib.util as u; "
                          "print(u.find_spec('lapse.processors').origin)", cwd=tmp_path))
     assert Path(origin).resolve() == (site / "lapse" / "processors" / "__init__.py").resolve()
+
+
+@pytest.fixture(scope="module")
+def lapse_cli(installed: tuple[Path, Path, set[str]]) -> Path:
+    """The fresh environment's `lapse` script, its dependencies taken from this environment.
+
+    The wheel is installed without dependencies (offline); a .pth line appends this environment's
+    site-packages after the fresh one's, so every import of `lapse` still resolves to the wheel (this
+    environment's editable install needs its own .pth hook, which a path line does not run)."""
+    python, site, _ = installed
+    here = {sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]}
+    (site / "zz_test_dependencies.pth").write_text("\n".join(sorted(here)) + "\n")
+    return python.parent / "lapse"
+
+
+def test_the_installed_command_finds_its_package_data_anywhere(
+        installed: tuple[Path, Path, set[str]], lapse_cli: Path, tmp_path_factory: pytest.TempPathFactory) -> None:
+    python, site, _ = installed
+    work = tmp_path_factory.mktemp("empty-folder")
+    assert REPO not in work.parents and list(work.iterdir()) == []
+
+    dist_version = _check(_run(python, "-I", "-c", "import importlib.metadata as m; print(m.version('lapse'))",
+                               cwd=work))
+    assert _check(_run(lapse_cli, "--version", cwd=work)) == f"lapse {dist_version}"
+
+    # Defaults are the packaged files of this installation, and they load.
+    probe = ("import json, lapse\n"
+             "from lapse.kernel.codec import SchemaStore\n"
+             "from lapse.kernel.package_files import migrations_dir\n"
+             "from lapse.kernel.settings import load_settings\n"
+             "s = load_settings()\n"
+             "print(json.dumps({'lapse': lapse.__file__, 'schemas': str(s.schemas.dir),\n"
+             "  'topics': str(s.topics.file), 'current': sorted(SchemaStore(s.schemas.dir).current),\n"
+             "  'cleanup_group': s.topology.groups.cleanup,\n"
+             "  'mako': (migrations_dir() / 'script.py.mako').is_file()}))\n")
+    found = json.loads(_check(_run(python, "-I", "-c", probe, cwd=work)))
+    assert Path(found["lapse"]).parent == site / "lapse"
+    assert Path(found["schemas"]) == site / "lapse" / "schemas"
+    assert Path(found["topics"]) == site / "lapse" / "topics.yaml"
+    assert found["current"] == sorted(p.stem for p in (REPO / "schemas").glob("*.avsc"))
+    assert found["cleanup_group"] and found["mako"] is True
+
+    # `lapse init` writes the starter; `lapse config show` reads it, secrets masked.
+    init = _check(_run(lapse_cli, "init", cwd=work))
+    assert sorted(p.name for p in work.iterdir()) == ["kinds.yaml", "lapse.toml", "topics.yaml"]
+    assert (work / "topics.yaml").read_bytes() == (site / "lapse" / "topics.yaml").read_bytes()
+    assert "lapse db upgrade" in init
+    shown = json.loads(_check(_run(lapse_cli, "config", "show", "--json", cwd=work,
+                                   LAPSE_KAFKA__SASL_PASSWORD=SECRET)))
+    assert shown["config_file"] == "lapse.toml"
+    settings = shown["settings"]
+    assert settings["topics"]["file"] == {"value": str(work / "topics.yaml"), "origin": "file lapse.toml"}
+    assert settings["kinds"]["file"] == {"value": str(work / "kinds.yaml"), "origin": "file lapse.toml"}
+    assert settings["schemas"]["dir"] == {"value": str(site / "lapse" / "schemas"), "origin": "default"}
+    assert settings["kafka"]["sasl_password"] == {"value": "********", "origin": "env LAPSE_KAFKA__SASL_PASSWORD"}
+    text = _check(_run(lapse_cli, "config", "show", cwd=work, LAPSE_KAFKA__SASL_PASSWORD=SECRET))
+    assert SECRET not in text and "kafka.sasl_password" in text
+
+    # `lapse topics apply --dry-run` reads topics.yaml before it needs a broker: with none listening
+    # it gets as far as Kafka (a missing or broken topics file would stop it first, naming the file).
+    dry_run = _run(lapse_cli, "topics", "apply", "--dry-run", "--bootstrap-servers", "127.0.0.1:9", cwd=work)
+    assert dry_run.returncode == 1 and "cannot reach Kafka at 127.0.0.1:9" in dry_run.stderr, dry_run.stderr
+    (work / "topics.yaml").write_text("topics: {}\n")
+    broken = _run(lapse_cli, "topics", "apply", "--dry-run", "--bootstrap-servers", "127.0.0.1:9", cwd=work)
+    assert broken.returncode == 1 and "topics.yaml" in broken.stderr and "Kafka" not in broken.stderr

@@ -45,3 +45,22 @@ def test_a_misspelt_setting_is_refused_and_test_plumbing_is_not(monkeypatch):
     result = CliRunner().invoke(main, ["sweep", "--once"])
     assert result.exit_code == 2
     assert "LAPSE_KAFKA__SECURITY_PROTOCAL" in result.output and "LAPSE_KAFKA__SECURITY_PROTOCOL" in result.output
+
+
+def test_version_is_the_installed_distributions():
+    from importlib.metadata import version
+
+    result = CliRunner().invoke(main, ["--version"])
+    assert result.exit_code == 0
+    assert result.output == f"lapse {version('lapse')}\n"
+
+
+def test_config_is_a_root_option_that_every_command_sees(tmp_path, monkeypatch):
+    monkeypatch.delenv("LAPSE_KAFKA__BOOTSTRAP_SERVERS", raising=False)
+    config = tmp_path / "site.toml"
+    config.write_text('[kafka]\nbootstrap_servers = "kafka-9:9092"\n')
+    result = CliRunner().invoke(main, ["--config", str(config), "config", "show"])
+    assert result.exit_code == 0, result.output
+    line = next(line for line in result.output.splitlines() if line.startswith("kafka.bootstrap_servers "))
+    assert line.split() == ["kafka.bootstrap_servers", "kafka-9:9092", "(file", f"{config})"]
+    assert "--config FILE" in CliRunner().invoke(main, ["--help"]).output

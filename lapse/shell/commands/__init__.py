@@ -4,9 +4,11 @@
 from lapse.shell.commands import (  # noqa: F401
     analytics,
     audit,
+    config,
     db,
     delay,
     dlq,
+    init,
     offsets,
     pipeline,
     reconcile,
