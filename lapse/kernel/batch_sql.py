@@ -18,6 +18,8 @@ from sqlalchemy import ColumnElement, Connection, Row, Table, Text, bindparam, c
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.types import TypeEngine
 
+from lapse.kernel.database import qualified_name
+
 _TEMPLATES: dict[tuple[str, tuple[str, ...], bool, tuple[str, ...]], str] = {}
 
 
@@ -47,14 +49,16 @@ def _json_default(value: Any) -> str:
     raise TypeError(f"cannot send {type(value).__name__} in a batch")
 
 
-def _recordset_insert_sql(table: Table, cols: tuple[str, ...], ignore_conflicts: bool,
+def _recordset_insert_sql(name: str, cols: tuple[str, ...], ignore_conflicts: bool,
                           returning: tuple[str, ...]) -> str:
-    key = (table.name, cols, ignore_conflicts, returning)
+    """The INSERT … SELECT … FROM json_populate_recordset text for the table called `name` (quoted
+    and schema-qualified as the connection sees it: the table's row type has the same name)."""
+    key = (name, cols, ignore_conflicts, returning)
     sql = _TEMPLATES.get(key)
     if sql is None:
         names = ", ".join(cols)
-        sql = (f"INSERT INTO {table.name} ({names}) SELECT {names} "
-               f"FROM json_populate_recordset(NULL::{table.name}, CAST(:rows AS json))")
+        sql = (f"INSERT INTO {name} ({names}) SELECT {names} "
+               f"FROM json_populate_recordset(NULL::{name}, CAST(:rows AS json))")
         if ignore_conflicts:
             sql += " ON CONFLICT DO NOTHING"
         if returning:
@@ -78,6 +82,7 @@ def bulk_insert(conn: Connection, table: Table, rows: Sequence[dict[str, Any]], 
             return list(conn.execute(stmt.returning(*(table.c[r] for r in returning)), list(rows)).all())
         conn.execute(stmt, list(rows))
         return []
-    sql = _recordset_insert_sql(table, tuple(rows[0]), ignore_conflicts, tuple(returning))
+    sql = _recordset_insert_sql(qualified_name(conn, table), tuple(rows[0]), ignore_conflicts,
+                                tuple(returning))
     result = conn.execute(text(sql), {"rows": json.dumps(rows, default=_json_default)})
     return list(result.all()) if returning else []

@@ -1,5 +1,11 @@
-"""Table definitions (SQLAlchemy Core): the demo business tables, the cleanup ledger, its
-transitions, and the outbox. Alembic migrations create exactly these; a test compares them.
+"""Table definitions (SQLAlchemy Core) of Lapse's own tables: the cleanup ledger, its
+transitions, the outbox and the daily reports. Alembic migrations create exactly these; a test
+compares them.
+
+Lapse's tables live in their own namespace so they never collide with a user's tables: every name
+has the `lapse_` prefix, and on PostgreSQL they sit in a schema of their own. Here that schema is
+the placeholder `SCHEMA`; an engine maps it to the configured schema (or to none on SQLite) with
+SQLAlchemy's `schema_translate_map` (`lapse.kernel.database.make_engine`).
 """
 
 from __future__ import annotations
@@ -22,6 +28,9 @@ from sqlalchemy import (
 )
 from sqlalchemy.engine import Dialect
 from sqlalchemy.types import TypeDecorator
+
+# The placeholder schema of Lapse's tables, translated per engine to the effective one.
+SCHEMA = "lapse"
 
 metadata = MetaData(
     naming_convention={
@@ -56,34 +65,9 @@ class UTCDateTime(TypeDecorator[datetime]):
         return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
 
 
-reservations = Table(
-    "reservations",
-    metadata,
-    Column("id", Id, primary_key=True, autoincrement=True),
-    Column("tenant", String(64), nullable=False),
-    Column("status", String(16), nullable=False),  # held | paid | cancelled | released
-    Column("expires_at", UTCDateTime(), nullable=False),
-    Column("released_at", UTCDateTime()),
-    Index("ix_reservations_held_due", "expires_at", "id", postgresql_where=text("status = 'held'"),
-          sqlite_where=text("status = 'held'")),
-)
-
-artifacts = Table(
-    "artifacts",
-    metadata,
-    Column("id", Id, primary_key=True, autoincrement=True),
-    Column("tenant", String(64), nullable=False),
-    Column("object_key", String(512), nullable=False),
-    Column("status", String(16), nullable=False),  # live | deleted
-    Column("retain_until", UTCDateTime(), nullable=False),
-    Column("deleted_at", UTCDateTime()),
-    Index("ix_artifacts_live_due", "retain_until", "id", postgresql_where=text("status = 'live'"),
-          sqlite_where=text("status = 'live'")),
-)
-
 # One row per business operation; the op key is the idempotency key.
 cleanup_ledger = Table(
-    "cleanup_ledger",
+    "lapse_ledger",
     metadata,
     Column("op_key", String(200), primary_key=True),
     Column("kind", String(64), nullable=False),
@@ -103,17 +87,18 @@ cleanup_ledger = Table(
     Column("created_at", UTCDateTime(), nullable=False),
     Column("updated_at", UTCDateTime(), nullable=False),
     Column("finished_at", UTCDateTime()),
-    Index("ix_cleanup_ledger_kind_subject", "kind", "subject_id", unique=True),
-    Index("ix_cleanup_ledger_state_due", "state", "due_at"),
-    Index("ix_cleanup_ledger_finished", "finished_at"),
-    Index("ix_cleanup_ledger_state_due_key", "state", "due_at", "op_key"),  # reconciler keyset
-    Index("ix_cleanup_ledger_claimed_until", "claim_until", "op_key",  # reconciler: expired leases
+    Index("ix_lapse_ledger_kind_subject", "kind", "subject_id", unique=True),
+    Index("ix_lapse_ledger_state_due", "state", "due_at"),
+    Index("ix_lapse_ledger_finished", "finished_at"),
+    Index("ix_lapse_ledger_state_due_key", "state", "due_at", "op_key"),  # reconciler keyset
+    Index("ix_lapse_ledger_claimed_until", "claim_until", "op_key",  # reconciler: expired leases
           postgresql_where=text("state = 'claimed'"), sqlite_where=text("state = 'claimed'")),
+    schema=SCHEMA,
 )
 
 # Append-only history of every ledger transition, for operators and audits.
 ledger_transitions = Table(
-    "ledger_transitions",
+    "lapse_transitions",
     metadata,
     Column("id", Id, primary_key=True, autoincrement=True),
     Column("op_key", String(200), nullable=False),
@@ -126,13 +111,14 @@ ledger_transitions = Table(
     Column("replay_id", String(64)),
     Column("correlation_id", String(64)),
     Column("at", UTCDateTime(), nullable=False),
-    Index("ix_ledger_transitions_op_key", "op_key", "id"),
-    Index("ix_ledger_transitions_at", "at"),
+    Index("ix_lapse_transitions_op_key", "op_key", "id"),
+    Index("ix_lapse_transitions_at", "at"),
+    schema=SCHEMA,
 )
 
 # Records to publish, written in the same transaction as the change they describe.
 outbox = Table(
-    "outbox",
+    "lapse_outbox",
     metadata,
     Column("id", Id, primary_key=True, autoincrement=True),
     Column("topic", String(249), nullable=False),
@@ -142,13 +128,14 @@ outbox = Table(
     Column("headers", JSON, nullable=False),
     Column("created_at", UTCDateTime(), nullable=False),
     Column("sent_at", UTCDateTime()),
-    Index("ix_outbox_unsent", "id", postgresql_where=text("sent_at IS NULL"),
+    Index("ix_lapse_outbox_unsent", "id", postgresql_where=text("sent_at IS NULL"),
           sqlite_where=text("sent_at IS NULL")),
+    schema=SCHEMA,
 )
 
 # One row per daily report, keyed `daily-report:YYYY-MM-DD`; undelivered rows are its outbox.
 daily_reports = Table(
-    "daily_reports",
+    "lapse_daily_reports",
     metadata,
     Column("report_key", String(64), primary_key=True),
     Column("report_date", Date, nullable=False),
@@ -157,6 +144,18 @@ daily_reports = Table(
     Column("delivered_at", UTCDateTime()),
     Column("attempts", Integer, nullable=False, server_default="0"),
     Column("last_error", Text),
-    Index("ix_daily_reports_undelivered", "report_key", postgresql_where=text("delivered_at IS NULL"),
+    Index("ix_lapse_daily_reports_undelivered", "report_key", postgresql_where=text("delivered_at IS NULL"),
           sqlite_where=text("delivered_at IS NULL")),
+    schema=SCHEMA,
 )
+
+
+def metadata_in(schema: str | None) -> MetaData:
+    """A copy of Lapse's tables in the effective `schema` (None: the default one, as on SQLite),
+    for what cannot go through an engine's translate map: Alembic's comparison of models and
+    database."""
+    copy = MetaData(naming_convention=metadata.naming_convention)
+    for table in metadata.tables.values():
+        # None puts the copy in `copy`'s own schema, the default one; the stubs spell out only str.
+        table.to_metadata(copy, schema=schema)  # type: ignore[arg-type]
+    return copy

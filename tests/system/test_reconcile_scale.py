@@ -9,9 +9,11 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from sqlalchemy import text
 
+from lapse.kernel.database import qualified_name
 from lapse.kernel.kafka_clients import make_producer
-from lapse.kernel.kinds import RELEASE_RESERVATION, registry
+from lapse.kernel.kinds import load_kinds
 from lapse.kernel.ledger import CLAIMED, PENDING, RETRY_SCHEDULED, mark_stuck_statement
+from lapse.kernel.models import cleanup_ledger
 from lapse.reconciler import queries
 from lapse.reconciler.scan import Reconciler
 from tests.fixtures.kafka import read_topic
@@ -36,7 +38,7 @@ SELECT g, 'tenant-' || (g % 7), CASE WHEN g % :held = 0 THEN 'held' ELSE 'releas
 FROM generate_series(1, :rows) g
 """
 LEDGER = """
-INSERT INTO cleanup_ledger (op_key, kind, tenant, subject_id, state, attempt, due_at, claim_owner,
+INSERT INTO {ledger} (op_key, kind, tenant, subject_id, state, attempt, due_at, claim_owner,
                             claim_until, correlation_id, source, duplicates, created_at, updated_at,
                             finished_at)
 SELECT 'release-reservation:' || g, 'release-reservation', 'tenant-' || (g % 7), g::text,
@@ -53,11 +55,11 @@ def load(engine) -> None:
               "due": DUE, "now": NOW}
     with engine.begin() as conn:
         conn.execute(text(RESERVATIONS), params)
-        conn.execute(text(LEDGER), params)
+        conn.execute(text(LEDGER.format(ledger=qualified_name(conn, cleanup_ledger))), params)
         conn.execute(text("SELECT setval('reservations_id_seq', :rows)"), params)
     with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
         conn.execute(text("ANALYZE reservations"))
-        conn.execute(text("ANALYZE cleanup_ledger"))
+        conn.execute(text(f"ANALYZE {qualified_name(conn, cleanup_ledger)}"))
 
 
 def plan(conn, stmt) -> str:
@@ -71,11 +73,12 @@ def test_million_row_table_is_scanned_in_bounded_memory_with_indexes_only(pipeli
     p = pipeline
     load(p.engine)
     cutoff = NOW - timedelta(seconds=p.settings.reconciler.grace_s)
+    release = load_kinds(p.settings, p.engine)["release-reservation"]
 
     with p.engine.connect() as conn:
         statements = {
-            "eligible": queries.eligible_statement(RELEASE_RESERVATION, cutoff, (DUE - timedelta(minutes=30), 5), PAGE),
-            "eligible_first": queries.eligible_statement(RELEASE_RESERVATION, cutoff, None, PAGE),
+            "eligible": queries.eligible_statement(release, cutoff, (DUE - timedelta(minutes=30), 5), PAGE),
+            "eligible_first": queries.eligible_statement(release, cutoff, None, PAGE),
         }
         for state in (PENDING, CLAIMED, RETRY_SCHEDULED):
             statements[f"stuck_{state}"] = mark_stuck_statement(state, cutoff, None, PAGE, NOW)
@@ -87,7 +90,7 @@ def test_million_row_table_is_scanned_in_bounded_memory_with_indexes_only(pipeli
 
     settings = p.settings.with_(reconciler={"page_size": PAGE, "rate": 10_000.0})
     rec = Reconciler(p.engine, make_producer(settings), p.codec, settings,
-                     {RELEASE_RESERVATION.name: registry()[RELEASE_RESERVATION.name]},
+                     {release.name: release},
                      clock=lambda: NOW)
     tracemalloc.start()
     try:

@@ -12,6 +12,7 @@ from datetime import datetime
 from sqlalchemy import Engine, create_engine, text
 from sqlalchemy.engine import make_url
 
+from lapse.devtools.demo_tables import create_demo_tables
 from lapse.kernel.database import make_engine, upgrade_url
 
 DEFAULT_ADMIN_URL = "postgresql+psycopg://lapse@127.0.0.1:5432/lapse"
@@ -45,12 +46,14 @@ class BenchDatabases:
         return self.url(name)
 
     def make_template(self, reservations: int, expires_at: datetime) -> None:
-        """Migrate a template and fill it with `reservations` held holds (ids 1..n) past expiry."""
+        """Create the demo's tables in a template, migrate it, and fill it with `reservations` held
+        holds (ids 1..n) past expiry."""
         url = self.create("tpl")
         self.template = self.created[-1]
-        upgrade_url(url)
         engine = make_engine(url)
         try:
+            create_demo_tables(engine)  # before Lapse's schema exists: see lapse.devtools.demo.prepare
+            upgrade_url(url)
             seed_held(engine, reservations, expires_at)
         finally:
             engine.dispose()

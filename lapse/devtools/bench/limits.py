@@ -9,9 +9,10 @@ from typing import Any
 
 import psycopg
 
-from lapse.kernel.database import engine_from_settings, make_engine
-from lapse.kernel.kinds import registry
+from lapse.devtools.demo_kinds import load_demo_kinds
+from lapse.kernel.database import engine_from_settings, make_engine, qualified_name
 from lapse.kernel.ledger import APPLIED, ExpiryEvent
+from lapse.kernel.models import cleanup_ledger
 from lapse.kernel.settings import Settings
 from lapse.processors import BatchScope, apply_batch
 
@@ -23,10 +24,10 @@ def batch_transaction_limit(settings: Settings, events: list[ExpiryEvent],
                             worker: str = "bench-limit") -> dict[str, Any]:
     """Run apply_batch over pre-decoded events, one transaction per batch of the stage's batch size,
     as the processor does (on the stage's database and topology)."""
-    kinds = registry()
     lease = timedelta(seconds=30)
     batch_size = settings.processor.batch_size
     engine = engine_from_settings(settings)
+    kinds = load_demo_kinds(engine)
     try:
         started = time.perf_counter()
         for start in range(0, len(events), batch_size):
@@ -53,7 +54,8 @@ def copy_limit(database_url: str, events: list[ExpiryEvent]) -> dict[str, Any]:
         if not isinstance(driver, psycopg.Connection):
             raise RuntimeError(f"the COPY limit needs PostgreSQL through psycopg, not {database_url.split(':')[0]}")
         started = time.perf_counter()
-        with driver.cursor() as cur, cur.copy(f"COPY cleanup_ledger ({columns}) FROM STDIN") as copy:
+        ledger = qualified_name(engine, cleanup_ledger)
+        with driver.cursor() as cur, cur.copy(f"COPY {ledger} ({columns}) FROM STDIN") as copy:
             for row in rows:
                 copy.write_row(row)
         raw.commit()

@@ -12,16 +12,17 @@ from sqlalchemy import text
 
 from lapse.devtools.bench.databases import seed_held
 from lapse.devtools.bench.events import partitions_of
+from lapse.devtools.demo_kinds import load_demo_kinds
 from lapse.kernel.codec import Codec
-from lapse.kernel.database import engine_from_settings
+from lapse.kernel.database import engine_from_settings, qualified_name
 from lapse.kernel.kafka_clients import make_producer
-from lapse.kernel.kinds import registry
+from lapse.kernel.models import cleanup_ledger
 from lapse.kernel.settings import Settings
 from lapse.readers import EVENT_FIELDS, manual_consumer
 from lapse.reconciler import scan_rate
 
-IN_FLIGHT_LEDGER = text(
-    "INSERT INTO cleanup_ledger (op_key, kind, tenant, subject_id, state, attempt, due_at,"
+IN_FLIGHT_LEDGER = (
+    "INSERT INTO {ledger} (op_key, kind, tenant, subject_id, state, attempt, due_at,"
     " correlation_id, source, duplicates, created_at, updated_at)"
     " SELECT 'release-reservation:' || id, 'release-reservation', tenant, id::text, 'pending', 0,"
     " expires_at, md5(id::text), 'sweep', 0, now(), now() FROM reservations"
@@ -39,10 +40,11 @@ def reconciler_scan(settings: Settings, rows: int) -> dict[str, Any]:
             existing = conn.exec_driver_sql("SELECT coalesce(max(id), 0) FROM reservations").scalar_one()
         seed_held(engine, rows, datetime.now(UTC) - timedelta(hours=1), first_id=existing + 1)
         with engine.begin() as conn:
-            conn.execute(IN_FLIGHT_LEDGER)
-            conn.execute(text("ANALYZE cleanup_ledger"))
+            ledger = qualified_name(conn, cleanup_ledger)
+            conn.execute(text(IN_FLIGHT_LEDGER.format(ledger=ledger)))
+            conn.execute(text(f"ANALYZE {ledger}"))
         producer = make_producer(settings)
-        report, rate = scan_rate(engine, producer, Codec.from_settings(settings), settings, registry())
+        report, rate = scan_rate(engine, producer, Codec.from_settings(settings), settings, load_demo_kinds(engine))
     finally:
         engine.dispose()
     scanned = report.scanned + report.ledger_scanned
