@@ -13,15 +13,23 @@ from sqlalchemy import Connection
 from sqlalchemy.orm import Session
 
 from lapse.kernel.delays import delay_record
-from lapse.kernel.kinds import CleanupKind, registry
+from lapse.kernel.kinds import CleanupKind, declared_names
 from lapse.kernel.ledger import LedgerWrites, expiry_event, insert_pending
+from lapse.kernel.models import SCHEMA
 from lapse.kernel.settings import Settings, load_settings
 
 SOURCE = "publish"
 
 
-def _connection(conn_or_session: Connection | Session) -> Connection:
-    return conn_or_session.connection() if isinstance(conn_or_session, Session) else conn_or_session
+def _connection(conn_or_session: Connection | Session, settings: Settings) -> Connection:
+    """The caller's connection, finding Lapse's tables where `database.schema_name` says even when
+    the application made its engine with plain `create_engine` (no schema translate map)."""
+    conn = conn_or_session.connection() if isinstance(conn_or_session, Session) else conn_or_session
+    translate = conn.get_execution_options().get("schema_translate_map") or {}
+    if SCHEMA not in translate:
+        schema = settings.database.schema_name if conn.dialect.name == "postgresql" else None
+        conn.execution_options(schema_translate_map={**translate, SCHEMA: schema})
+    return conn
 
 
 def schedule_cleanup(
@@ -37,18 +45,22 @@ def schedule_cleanup(
 ) -> bool:
     """Record cleanup work for `subject_id` in the caller's transaction; commit is the caller's.
 
+    `kind` is a kind's name in the kinds file (or the kind itself); without `settings` they are
+    read from the environment (`load_settings()`), the kinds file from `kinds.file`.
     Idempotent per op key: returns False (and writes nothing) when the op key already has a
     ledger row. Raises ValueError for an unknown kind, a malformed subject or a naive `due_at`.
     """
     settings = settings or load_settings()
     name = kind.name if isinstance(kind, CleanupKind) else kind
-    if name not in registry(settings.processor.extra_kinds):
-        raise ValueError(f"unknown cleanup kind {name!r}")
+    if name not in declared_names(settings.kinds.file):
+        raise ValueError(f"unknown cleanup kind {name!r}: not declared in {settings.kinds.file}")
+    if isinstance(kind, CleanupKind):
+        kind.parse_subject(str(subject_id))
     if due_at.tzinfo is None:
         raise ValueError("due_at must be timezone-aware")
     now = now or datetime.now(UTC)
     event = expiry_event(name, subject_id, tenant, due_at, source=SOURCE, correlation_id=correlation_id)
-    conn = _connection(conn_or_session)
+    conn = _connection(conn_or_session, settings)
     if not insert_pending(conn, [event], now):
         return False
     topic, headers = settings.topology.expiry, {}

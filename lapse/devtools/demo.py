@@ -16,13 +16,15 @@ from typing import Any
 from sqlalchemy import Engine, func, select, update
 
 from lapse.devtools.demo_data import add_artifacts, mix_for, seed_mix
+from lapse.devtools.demo_kinds import object_folder
+from lapse.devtools.demo_tables import artifacts, create_demo_tables, reservations
 from lapse.kernel.codec import Codec
 from lapse.kernel.database import engine_from_settings, upgrade
 from lapse.kernel.kafka_clients import DeliveryTracker, make_admin, make_producer
-from lapse.kernel.kinds import registry
+from lapse.kernel.kinds import load_kinds
 from lapse.kernel.ledger import TERMINAL, expiry_event
 from lapse.kernel.logs import get_logger
-from lapse.kernel.models import artifacts, cleanup_ledger, ledger_transitions, outbox, reservations
+from lapse.kernel.models import cleanup_ledger, ledger_transitions, outbox
 from lapse.kernel.provisioning import apply, plan
 from lapse.kernel.settings import Settings
 from lapse.kernel.topology import load_topology
@@ -81,7 +83,14 @@ class DemoSummary:
 
 
 def prepare(settings: Settings) -> None:
-    """Migrate the database and create the topology's topics (replication 1: one broker)."""
+    """Create the demo's own tables, migrate Lapse's, and create the topology's topics (replication
+    1: one broker). Business tables come first, as in a real install: on PostgreSQL, a role named
+    like Lapse's schema would otherwise create them in it (the default search path is "$user")."""
+    engine = engine_from_settings(settings)
+    try:
+        create_demo_tables(engine)
+    finally:
+        engine.dispose()
     upgrade(settings)
     admin = make_admin(settings)
     topology = load_topology(settings.topics.file, settings.topics.prefix, replication_factor=1)
@@ -91,15 +100,16 @@ def prepare(settings: Settings) -> None:
 def seed_and_emit(settings: Settings, engine: Engine, reservations_n: int, rng: random.Random) -> DemoSummary:
     """Seed, sweep, then inject duplicates and payments that race the cleanup."""
     now = datetime.now(UTC)
+    kinds = load_kinds(settings, engine)
     mix = mix_for(reservations_n)
     with engine.begin() as conn:
         ids = seed_mix(conn, mix, now, rng)
     with engine.begin() as conn:
         artifact_ids = add_artifacts(conn, reservations_n // 4, retain_until=now,
-                                     store=FilesystemObjectStore(settings.processor.object_store_dir))
+                                     store=FilesystemObjectStore(object_folder(kinds)))
     codec = Codec.from_settings(settings)
     producer = make_producer(settings)
-    sweep_once(engine, producer, codec, settings, registry(settings.processor.extra_kinds), clock=lambda: now)
+    sweep_once(engine, producer, codec, settings, kinds, clock=lambda: now)
 
     expired = ids["expired_held"]
     dup_ids = rng.sample(expired, k=len(expired) // 10)
@@ -171,7 +181,7 @@ def verify(settings: Settings, engine: Engine, summary: DemoSummary) -> None:
             .where(cleanup_ledger.c.kind == "artifact-delete")
             .group_by(cleanup_ledger.c.state)).all())
 
-    store = FilesystemObjectStore(settings.processor.object_store_dir)
+    store = FilesystemObjectStore(object_folder(load_kinds(settings, engine)))
     summary.objects_deleted = len(deleted_rows)
     summary.skipped = states.get("skipped", 0)
     summary.dead_letters = states.get("dead_letter", 0)

@@ -9,7 +9,7 @@ from typing import Any
 
 from sqlalchemy import Connection, insert, select
 
-from lapse.kernel.models import artifacts, reservations
+from lapse.devtools.demo_tables import artifacts, reservations
 from lapse.processors import FilesystemObjectStore
 
 

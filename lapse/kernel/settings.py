@@ -143,10 +143,6 @@ class ProcessorSettings(_Section):
     circuit_window: int = Field(200, ge=1, description="Outcomes per partition the circuit looks at.")
     circuit_cooldown_s: float = Field(60.0, gt=0, description="How long a tripped partition stays paused.")
     effect_concurrency: int = Field(8, ge=1, le=256, description="External effects run at once per worker.")
-    extra_kinds: list[str] = Field(
-        default_factory=list, description="Extra cleanup kinds as JSON list of module:ATTRIBUTE.")
-    object_store_dir: Path = Field(
-        DEFAULT_STATE_DIR / "objects", description="Folder of the filesystem object store (artifact-delete).")
 
 
 class ProducerSettings(_Section):

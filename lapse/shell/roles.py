@@ -11,7 +11,7 @@ from typing import Any
 from lapse.kernel.codec import Codec
 from lapse.kernel.database import engine_from_settings
 from lapse.kernel.kafka_clients import make_producer
-from lapse.kernel.kinds import registry
+from lapse.kernel.kinds import load_kinds
 from lapse.kernel.logs import get_logger
 from lapse.kernel.settings import Settings
 from lapse.kernel.signals import stop_on_signals
@@ -58,7 +58,7 @@ def run_sweep_role(settings: Settings, kwargs: dict[str, Any]) -> None:
     engine = engine_from_settings(settings)
     producer = make_producer(settings)
     codec = Codec.from_settings(settings)
-    kinds = registry(settings.processor.extra_kinds)
+    kinds = load_kinds(settings, engine)
     try:
         while not stop.is_set():
             sweep_once(engine, producer, codec, settings, kinds)
@@ -75,7 +75,7 @@ def run_reconcile_role(settings: Settings, kwargs: dict[str, Any]) -> None:
     engine = engine_from_settings(settings)
     producer = make_producer(settings)
     reconciler = Reconciler(engine, producer, Codec.from_settings(settings), settings,
-                            registry(settings.processor.extra_kinds))
+                            load_kinds(settings, engine))
     try:
         while not stop.is_set():
             try:

@@ -13,9 +13,10 @@ from confluent_kafka import TopicPartition
 from sqlalchemy import func, select, update
 
 from lapse.devtools.demo_data import add_reservations
+from lapse.devtools.demo_tables import reservations
 from lapse.kernel.database import make_engine
 from lapse.kernel.ledger import ExpiryEvent, Selection, expiry_event
-from lapse.kernel.models import cleanup_ledger, outbox, reservations
+from lapse.kernel.models import cleanup_ledger, outbox
 from lapse.processors import replay
 from lapse.shell.app import main
 from tests.fixtures.kafka import admin

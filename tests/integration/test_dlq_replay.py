@@ -9,11 +9,11 @@ from click.testing import CliRunner
 from sqlalchemy import func, select
 
 from lapse.kernel.database import make_engine
-from lapse.kernel.kinds import registry
 from lapse.kernel.ledger import ExpiryEvent, Selection, expiry_event
 from lapse.kernel.models import cleanup_ledger, ledger_transitions, outbox
 from lapse.processors import BatchScope, apply_batch, replay
 from lapse.shell.app import main
+from tests.fixtures.kinds import demo_kinds
 from tests.fixtures.topology import repo_topology
 
 NOW = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
@@ -28,7 +28,7 @@ def bad_event(i: int, tenant: str) -> ExpiryEvent:
 
 def process(engine, events, now=NOW):
     with engine.begin() as conn:
-        return apply_batch(BatchScope(conn, kinds=registry(), topics=TOPOLOGY, worker="w", now=now,
+        return apply_batch(BatchScope(conn, kinds=demo_kinds(conn), topics=TOPOLOGY, worker="w", now=now,
                                       lease=timedelta(seconds=30)), events)
 
 

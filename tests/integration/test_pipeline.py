@@ -12,9 +12,10 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from sqlalchemy import func, select, update
 
+from lapse.devtools.demo_tables import reservations
 from lapse.kernel.kafka_clients import make_producer
-from lapse.kernel.kinds import registry
-from lapse.kernel.models import cleanup_ledger, ledger_transitions, reservations
+from lapse.kernel.kinds import load_kinds
+from lapse.kernel.models import cleanup_ledger, ledger_transitions
 from lapse.producers.relay import relay_until_empty
 from lapse.producers.sweep import sweep_once
 from tests.fixtures.kafka import committed, read_topic
@@ -104,7 +105,7 @@ def test_sweep_pages_through_due_rows_and_emits_each_once(pipeline):
     seed(pipeline, 50, expires_at=datetime.now(UTC) + timedelta(hours=1))  # not due
     settings = pipeline.settings.with_(producer={"sweep_page_size": 500})
     producer = make_producer(settings)
-    kinds = registry()
+    kinds = load_kinds(settings, pipeline.engine)
     first = sweep_once(pipeline.engine, producer, pipeline.codec, settings, kinds)
     second = sweep_once(pipeline.engine, producer, pipeline.codec, settings, kinds)
     assert (first.pages, first.emitted) == (20, 10_000)

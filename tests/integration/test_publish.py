@@ -9,10 +9,11 @@ import pytest
 from sqlalchemy import func, insert, select
 from sqlalchemy.orm import Session
 
+from lapse.devtools.demo_tables import reservations
 from lapse.kernel.delays import DUE_AT_HEADER, TARGET_HEADER
 from lapse.kernel.kafka_clients import make_producer
 from lapse.kernel.ledger import millis
-from lapse.kernel.models import cleanup_ledger, outbox, reservations
+from lapse.kernel.models import cleanup_ledger, outbox
 from lapse.producers.publish import schedule_cleanup
 from lapse.producers.relay import relay_until_empty
 from tests.fixtures.kafka import read_topic

@@ -12,10 +12,11 @@ from click.testing import CliRunner
 from sqlalchemy import func, insert, select
 
 from lapse.devtools.demo_data import add_reservations
+from lapse.devtools.demo_tables import reservations
 from lapse.kernel.codec import Codec
 from lapse.kernel.kafka_clients import DeliveryFailed, make_producer
-from lapse.kernel.kinds import registry
-from lapse.kernel.models import cleanup_ledger, ledger_transitions, reservations
+from lapse.kernel.kinds import load_kinds
+from lapse.kernel.models import cleanup_ledger, ledger_transitions
 from lapse.kernel.rate_limit import TokenBucket
 from lapse.producers.sweep import sweep_once
 from lapse.reconciler.scan import Reconciler, reconcile_once, scan_rate
@@ -40,7 +41,7 @@ def reconciler(p, settings=None, clock=None) -> Reconciler:
     settings = settings or p.settings
     kwargs = {"clock": clock} if clock else {}
     return Reconciler(p.engine, make_producer(settings), p.codec, settings,
-                      registry(settings.processor.extra_kinds), **kwargs)
+                      load_kinds(settings, p.engine), **kwargs)
 
 
 def test_gaps_behind_the_pipelines_back_are_found_cleaned_and_then_gone(pipeline):
@@ -86,7 +87,7 @@ def test_sweep_whose_produce_failed_is_recovered_after_the_grace_period_only(pip
     dead = p.settings.with_(kafka={"bootstrap_servers": "127.0.0.1:1"})
     producer = make_producer(dead, **{"message.timeout.ms": 1000})
     with pytest.raises(DeliveryFailed):
-        sweep_once(p.engine, producer, p.codec, dead, registry(), clock=lambda: t0)
+        sweep_once(p.engine, producer, p.codec, dead, load_kinds(dead, p.engine), clock=lambda: t0)
     with p.engine.connect() as conn:
         assert conn.execute(select(func.count()).select_from(cleanup_ledger)
                             .where(cleanup_ledger.c.state == "pending")).scalar() == 3
@@ -118,12 +119,13 @@ def test_reconciler_racing_the_sweep_still_gives_one_effect_per_op_key(pipeline)
 
     def sweep():
         start.wait()
-        out["sweep"] = sweep_once(p.engine, make_producer(settings), p.codec, settings, registry())
+        out["sweep"] = sweep_once(p.engine, make_producer(settings), p.codec, settings,
+                                  load_kinds(settings, p.engine))
 
     def reconcile():
         start.wait()
         out["reconcile"] = reconcile_once(p.engine, make_producer(settings), p.codec, settings,
-                                          registry())
+                                          load_kinds(settings, p.engine))
 
     threads = [threading.Thread(target=sweep), threading.Thread(target=reconcile)]
     for t in threads:
@@ -173,7 +175,7 @@ def test_codec_reads_what_the_reconciler_writes(pipeline):
     with p.engine.begin() as conn:
         (rid,) = add_reservations(conn, 1, expires_at=now - timedelta(hours=1))
     reconcile_once(p.engine, make_producer(p.settings), Codec.from_settings(p.settings), p.settings,
-                   registry())
+                   load_kinds(p.settings, p.engine))
     (msg,) = read_topic(p.settings.kafka.bootstrap_servers, p.settings.topology.expiry)
     record = p.codec.decode_expected("expiry_event", msg.value())
     with p.engine.connect() as conn:
@@ -199,7 +201,7 @@ def test_one_pass_on_sqlite_finds_gaps_stuck_rows_and_anomalies(kafka_bootstrap,
                 op_key=f"{KIND}:{rid}", kind=KIND, tenant="t", subject_id=str(rid), state=state,
                 due_at=long_ago, correlation_id="c", source="sweep", created_at=long_ago,
                 updated_at=long_ago))
-    first, rate = scan_rate(p.engine, make_producer(settings), p.codec, settings, registry())
+    first, rate = scan_rate(p.engine, make_producer(settings), p.codec, settings, load_kinds(settings, p.engine))
     assert first.gaps == {"no_ledger": 2, "stuck_pending": 1}
     assert first.anomaly_keys == [f"{KIND}:{odd}"]
     assert rate > 0

@@ -9,13 +9,14 @@ from datetime import UTC, datetime, timedelta
 from sqlalchemy import func, select, text, update
 
 from lapse.devtools.demo_data import add_reservations
+from lapse.devtools.demo_tables import reservations
 from lapse.kernel.database import make_engine
-from lapse.kernel.kinds import RELEASE_RESERVATION, registry, release_reservations
 from lapse.kernel.ledger import ExpiryEvent, expiry_event
-from lapse.kernel.models import cleanup_ledger, ledger_transitions, outbox, reservations
+from lapse.kernel.models import cleanup_ledger, ledger_transitions, outbox
 from lapse.processors.commit import isolate_failures
 from lapse.processors.rules import apply_batch
 from lapse.processors.scope import BatchScope
+from tests.fixtures.kinds import demo_kinds
 from tests.fixtures.topology import repo_topology, tier_covering
 
 NOW = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
@@ -29,7 +30,7 @@ def event(rid: int | str, due_at: datetime = NOW - timedelta(minutes=5)) -> Expi
 
 def run(engine, events, worker="w1", now=NOW):
     with engine.begin() as conn:
-        return apply_batch(BatchScope(conn, kinds=registry(), topics=TOPOLOGY, worker=worker, now=now,
+        return apply_batch(BatchScope(conn, kinds=demo_kinds(conn), topics=TOPOLOGY, worker=worker, now=now,
                                       lease=LEASE), events)
 
 
@@ -135,20 +136,21 @@ def test_hold_extended_after_its_event_is_rescheduled_not_skipped(db_url):
         assert conn.execute(select(reservations.c.status)).scalar() == "released"
 
 
-def release_unless_thirteen(conn, ids, now):
-    """A kind whose effect fails in the database for one subject (division by zero)."""
-    if 13 in ids:
-        conn.execute(text("SELECT 1 / 0"))
-    return release_reservations(conn, ids, now)
-
-
 def test_an_event_that_breaks_the_batch_transaction_is_dead_lettered_alone(pg_url):
     """One event whose effect fails in the database must not fail its batch forever: the batch
     is redone event by event and only that event is dead-lettered, with the database's reason."""
     engine = make_engine(pg_url)
     with engine.begin() as conn:
         ids = add_reservations(conn, 15, expires_at=NOW - timedelta(minutes=10))
-    kinds = {"release-reservation": replace(RELEASE_RESERVATION, apply_in_db=release_unless_thirteen)}
+    release = demo_kinds(engine)["release-reservation"]
+
+    def release_unless_thirteen(conn, ids, now):
+        """The declared release, failing in the database for one subject (division by zero)."""
+        if 13 in ids:
+            conn.execute(text("SELECT 1 / 0"))
+        return release.apply_in_db(conn, ids, now)
+
+    kinds = {"release-reservation": replace(release, apply_in_db=release_unless_thirteen)}
     with engine.connect() as conn:
         result = isolate_failures(BatchScope(conn, kinds=kinds, topics=TOPOLOGY, worker="w1", now=NOW,
                                              lease=LEASE), [event(i) for i in ids])

@@ -9,9 +9,9 @@ from datetime import datetime
 
 from confluent_kafka import TopicPartition
 
+from lapse.devtools.demo_kinds import RELEASE
 from lapse.kernel.codec import Codec
 from lapse.kernel.kafka_clients import DeliveryTracker, make_admin, make_consumer, make_producer
-from lapse.kernel.kinds import RELEASE_RESERVATION
 from lapse.kernel.ledger import ExpiryEvent, expiry_event
 from lapse.kernel.logs import get_logger
 from lapse.kernel.provisioning import apply, plan
@@ -25,7 +25,7 @@ log = get_logger("bench")
 
 def reservation_event(rid: int, due_at: datetime) -> ExpiryEvent:
     """The event the sweep would emit for held reservation `rid`."""
-    return expiry_event(RELEASE_RESERVATION.name, rid, f"tenant-{rid % 7}", due_at, source="sweep")
+    return expiry_event(RELEASE, rid, f"tenant-{rid % 7}", due_at, source="sweep")
 
 
 def create_expiry_topic(settings: Settings, partitions: int, timeout: float = 30.0) -> str:

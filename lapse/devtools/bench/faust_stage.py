@@ -18,9 +18,9 @@ from typing import TYPE_CHECKING, Any
 
 from lapse.devtools.bench.ledger_watch import StageFailed, ledger_span, wait_terminal
 from lapse.devtools.brokers import terminate_process
+from lapse.devtools.demo_kinds import load_demo_kinds
 from lapse.kernel.codec import Codec
 from lapse.kernel.database import engine_from_settings
-from lapse.kernel.kinds import registry
 from lapse.kernel.ledger import ExpiryEvent
 from lapse.kernel.settings import Settings, load_settings
 from lapse.processors import BatchScope, apply_batch
@@ -75,7 +75,7 @@ def _worker(args: dict[str, Any]) -> None:
         topics={"file": args["topics_file"], "prefix": args["topic_prefix"]})
     codec = Codec.from_settings(settings)
     engine = engine_from_settings(settings)
-    kinds, topology = registry(), settings.topology
+    kinds, topology = load_demo_kinds(engine), settings.topology
     app = faust.App(topology.groups.cleanup, broker=f"kafka://{args['bootstrap']}", store="memory://",
                     datadir=args["datadir"],
                     web_enabled=False, topic_disable_leader=True, consumer_auto_offset_reset="earliest",

@@ -14,9 +14,9 @@ from dataclasses import dataclass
 
 from sqlalchemy import Engine, func, select
 
+from lapse.devtools.demo_tables import reservations
 from lapse.kernel.ledger import TERMINAL
 from lapse.kernel.models import cleanup_ledger as L
-from lapse.kernel.models import reservations
 
 
 class StageFailed(RuntimeError):

@@ -9,10 +9,10 @@ from typing import Any
 from confluent_kafka import KafkaError, KafkaException
 
 from lapse.devtools.bench.ledger_watch import ledger_span, wait_terminal
+from lapse.devtools.demo_kinds import load_demo_kinds
 from lapse.kernel.codec import Codec
 from lapse.kernel.database import engine_from_settings
 from lapse.kernel.kafka_clients import make_consumer
-from lapse.kernel.kinds import registry
 from lapse.kernel.ledger import ExpiryEvent
 from lapse.kernel.settings import Settings
 from lapse.processors import BatchScope, apply_batch
@@ -23,7 +23,7 @@ def run_naive(settings: Settings, events: int) -> dict[str, Any]:
     write it (in the stage's cleanup group)."""
     engine = engine_from_settings(settings)
     codec = Codec.from_settings(settings)
-    kinds = registry()
+    kinds = load_demo_kinds(engine)
     topology = settings.topology
     consumer = make_consumer(settings, topology.groups.cleanup)
     consumer.subscribe([topology.expiry])

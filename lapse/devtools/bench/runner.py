@@ -17,6 +17,7 @@ from lapse.devtools.bench.environments import StageEnvironments
 from lapse.devtools.bench.events import reservation_event
 from lapse.devtools.bench.report import summarize
 from lapse.devtools.brokers import ApacheKafkaServer
+from lapse.devtools.demo_kinds import packaged_kinds_file
 from lapse.kernel.logs import configure_logging
 from lapse.kernel.settings import Settings
 
@@ -59,7 +60,9 @@ def run_bench(settings: Settings, plan: BenchPlan, progress: Callable[[str], Non
     # What the flags and the environment set, asked before with_(), which marks every field set.
     given_broker = "bootstrap_servers" in settings.kafka.model_fields_set
     quiet = {} if "log_level" in settings.runtime.model_fields_set else {"log_level": "WARNING"}
-    settings = settings.with_(processor={"session_timeout_ms": 6000}, runtime=quiet)
+    # The bench cleans up the demo's reservations: the demo's kinds (release-reservation only).
+    settings = settings.with_(processor={"session_timeout_ms": 6000}, runtime=quiet,
+                              kinds={"file": packaged_kinds_file()})
     broker = None
     if not given_broker:
         progress("starting Apache Kafka from the cached jars")

@@ -36,14 +36,16 @@ def demo(settings: Settings, reservations: int, workers: int, state_dir: Path, t
     # function-local: keeps `lapse --help` fast
     from lapse.devtools.brokers import BrokerUnavailable, EmbeddedBroker
     from lapse.devtools.demo import run_demo
+    from lapse.devtools.demo_kinds import write_demo_kinds
 
     ctx = click.get_current_context()
     own_broker = ctx.params.get("kafka__bootstrap_servers") is None
     own_db = ctx.params.get("database__url") is None
     state_dir.mkdir(parents=True, exist_ok=True)
     shutil.rmtree(state_dir / "objects", ignore_errors=True)
+    # The demo's kinds file in the state folder: its `file:objects` store is state_dir/objects.
     changes: dict[str, dict[str, Any]] = {
-        "processor": {"session_timeout_ms": 6000, "object_store_dir": state_dir / "objects"}}
+        "processor": {"session_timeout_ms": 6000}, "kinds": {"file": write_demo_kinds(state_dir)}}
     if own_db:
         db_path = state_dir / "demo.db"
         for suffix in ("", "-wal", "-shm"):

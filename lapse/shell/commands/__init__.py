@@ -9,6 +9,7 @@ from lapse.shell.commands import (  # noqa: F401
     delay,
     dlq,
     init,
+    kinds,
     offsets,
     pipeline,
     reconcile,

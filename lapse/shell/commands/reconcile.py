@@ -37,8 +37,9 @@ def reconcile(settings: Settings, once: bool, as_json: bool) -> None:
     from lapse.kernel.codec import Codec
     from lapse.kernel.database import engine_from_settings
     from lapse.kernel.kafka_clients import make_producer
-    from lapse.kernel.kinds import registry
+    from lapse.kernel.kinds import load_kinds
     from lapse.reconciler import reconcile_once
+    from lapse.shell.commands.kinds import kinds_file_errors
     from lapse.shell.roles import run_reconcile_role
 
     if not once:
@@ -46,14 +47,18 @@ def reconcile(settings: Settings, once: bool, as_json: bool) -> None:
         from lapse.shell.metrics import serve
 
         serve(settings)
-        run_reconcile_role(settings, {})
+        with kinds_file_errors():
+            run_reconcile_role(settings, {})
         return
     engine = engine_from_settings(settings)
-    producer = make_producer(settings)
     try:
-        report = reconcile_once(engine, producer, Codec.from_settings(settings), settings,
-                                registry(settings.processor.extra_kinds))
+        with kinds_file_errors():
+            kinds = load_kinds(settings, engine)
+        producer = make_producer(settings)
+        try:
+            report = reconcile_once(engine, producer, Codec.from_settings(settings), settings, kinds)
+        finally:
+            producer.flush(10)
     finally:
-        producer.flush(10)
         engine.dispose()
     emit(report.to_dict(), as_json, _summary)

@@ -1,0 +1,291 @@
+"""The kinds file as validated data: what each declared kind says, before any database is seen.
+
+A kind is either declared (table, id, optional tenant, due column, eligibility conditions, one
+effect, retry policy, rate) or names a Python kind by dotted path. Every model forbids unknown
+fields and takes values as they are typed in the file (no string-to-number coercion), so a
+mistake is refused here with the field that holds it; whether the names exist in the table is
+the compiler's business.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, PlainValidator, ValidationError, model_validator
+
+from lapse.kernel.kinds.effects import HttpEffect, ObjectStoreEffect
+from lapse.kernel.kinds.errors import KindError, KindsFileError, show
+from lapse.kernel.ledger import InvalidOpKey, op_key
+
+MAX_FILE_BYTES = 1_000_000
+MAX_LIST = 1000
+EFFECTS = ("update", "delete", "http", "object-store")
+SCALARS = (str, int, float, bool)
+
+# A condition or set value: what YAML gives for a scalar (dates and timestamps included), or null.
+Scalar = Any
+
+
+@dataclass(frozen=True)
+class Condition:
+    """One eligibility condition on a column: `eq` (a value or null), `ne` (`{not: …}`), `in`,
+    `not_in` (`{in: [...]}`, `{not_in: [...]}`)."""
+
+    op: Literal["eq", "ne", "in", "not_in"]
+    value: Scalar
+
+    def text(self, column: str) -> str:
+        """How `lapse kinds list` shows the condition: `status = 'held'`, `plan in ('a', 'b')`."""
+        if self.op in ("in", "not_in"):
+            values = ", ".join(show(v) for v in self.value)
+            return f"{column} {'in' if self.op == 'in' else 'not in'} ({values})"
+        if self.value is None:
+            return f"{column} is {'null' if self.op == 'eq' else 'not null'}"
+        return f"{column} {'=' if self.op == 'eq' else '!='} {show(self.value)}"
+
+
+def _scalar(value: Any) -> Scalar:
+    if value is not None and not isinstance(value, SCALARS) and not hasattr(value, "isoformat"):
+        raise ValueError(f"expected a value or null, not {type(value).__name__}")
+    return value
+
+
+def _condition(raw: Any) -> Condition:
+    """`value`, `null`, `{in: [...]}`, `{not_in: [...]}` or `{not: value}`."""
+    if not isinstance(raw, dict):
+        return Condition("eq", _scalar(raw))
+    if len(raw) != 1 or next(iter(raw)) not in ("in", "not_in", "not"):
+        raise ValueError("expected a value, null, {in: [...]}, {not_in: [...]} or {not: value}")
+    (op, value), = raw.items()
+    if op == "not":
+        return Condition("ne", _scalar(value))
+    if not isinstance(value, list) or not 1 <= len(value) <= MAX_LIST:
+        raise ValueError(f"{op} takes a list of 1 to {MAX_LIST} values")
+    if any(v is None for v in value):
+        raise ValueError(f"{op} takes values, not null (say `null` or {{not: null}} instead)")
+    return Condition("in" if op == "in" else "not_in", tuple(_scalar(v) for v in value))
+
+
+ConditionField = Annotated[Condition, PlainValidator(_condition)]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid", strict=True, populate_by_name=False)
+
+
+class UpdateDecl(_Strict):
+    """Set columns of the due, still eligible rows: literal values, or `now` for a timestamp."""
+
+    set_: dict[str, Any] = Field(alias="set", min_length=1, max_length=100)
+
+
+class DeleteDecl(_Strict):
+    """Delete the due, still eligible rows."""
+
+
+class EffectDecl(_Strict):
+    """Exactly one of the effects."""
+
+    update: UpdateDecl | None = None
+    delete: DeleteDecl | None = None
+    http: HttpEffect | None = None
+    object_store: ObjectStoreEffect | None = Field(None, alias="object-store")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _bare_delete(cls, data: Any) -> Any:
+        """`delete:` with nothing after it means `delete: {}`."""
+        if isinstance(data, dict) and "delete" in data and data["delete"] is None:
+            return {**data, "delete": {}}
+        return data
+
+    @model_validator(mode="after")
+    def _exactly_one(self) -> EffectDecl:
+        if sum(e is not None for e in (self.update, self.delete, self.http, self.object_store)) != 1:
+            raise ValueError(f"exactly one of {', '.join(EFFECTS)}")
+        return self
+
+    @property
+    def name(self) -> str:
+        return next(n for n, e in zip(EFFECTS, (self.update, self.delete, self.http, self.object_store),
+                                      strict=True) if e is not None)
+
+
+class RetryDecl(_Strict):
+    """The retry policy of an effect that can fail: attempts, then a capped, jittered backoff."""
+
+    max_attempts: int = Field(6, ge=1, le=100)
+    base_s: float = Field(5.0, gt=0, le=86_400)
+    cap_s: float = Field(3600.0, gt=0, le=7 * 86_400)
+
+    @model_validator(mode="after")
+    def _cap_over_base(self) -> RetryDecl:
+        if self.cap_s < self.base_s:
+            raise ValueError("cap_s must be at least base_s")
+        return self
+
+
+class DeclaredKind(_Strict):
+    """A kind declared over a business table."""
+
+    table: str = Field(min_length=1)
+    id: str = Field(min_length=1)
+    tenant: str | None = Field(None, min_length=1)
+    due: str = Field(min_length=1)
+    eligible: dict[str, ConditionField] = Field(default_factory=dict, max_length=100)
+    effect: EffectDecl
+    retry: RetryDecl = Field(default_factory=RetryDecl)
+    rate_per_s: float | None = Field(None, gt=0, le=100_000)
+
+    @model_validator(mode="after")
+    def _rate_only_outside(self) -> DeclaredKind:
+        if self.rate_per_s is not None and self.effect.name in ("update", "delete"):
+            raise ValueError("rate_per_s applies to http and object-store effects only")
+        return self
+
+    def summary(self) -> dict[str, Any]:
+        return {"table": self.table, "effect": self.effect.name, "id": self.id, "tenant": self.tenant,
+                "due": self.due, "conditions": [c.text(col) for col, c in self.eligible.items()]}
+
+
+class PythonKind(_Strict):
+    """A kind written in Python, for what declarations cannot say: `package.module:ATTRIBUTE`."""
+
+    python: str = Field(pattern=r"^[A-Za-z_][A-Za-z0-9_.]*:[A-Za-z_][A-Za-z0-9_]*$", max_length=300)
+
+    def summary(self) -> dict[str, Any]:
+        return {"python": self.python, "effect": "python"}
+
+
+Declaration = DeclaredKind | PythonKind
+
+
+@dataclass(frozen=True)
+class KindsFile:
+    """The kinds file, validated: where it is (relative `file:` URLs resolve against its folder)
+    and each kind's declaration by name, in file order."""
+
+    path: Path
+    kinds: dict[str, Declaration]
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """Safe YAML that refuses a key given twice in one mapping (a kind declared twice would
+    otherwise silently keep the last)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: set[Any] = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            try:
+                duplicate = key in seen
+            except TypeError:
+                continue  # unhashable: the base constructor says so
+            if duplicate:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"key {show(key)} given twice", key_node.start_mark)
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
+
+def _field_path(loc: tuple[int | str, ...]) -> str:
+    return ".".join(show(part, bare=True) for part in loc) or "(kind)"
+
+
+def _pydantic_message(exc: ValidationError) -> tuple[str, str]:
+    error = exc.errors()[0]
+    message = error["msg"].removeprefix("Value error, ").removeprefix("Assertion failed, ")
+    loc = tuple(p for p in error["loc"] if not (isinstance(p, str) and p.startswith("function-")))
+    return _field_path(loc), message.splitlines()[0]
+
+
+def _valid_name(name: Any) -> bool:
+    """A kind name is the first half of every op key (`kind:subject`), so the op key's rule."""
+    if not isinstance(name, str):
+        return False
+    try:
+        op_key(name, "1")
+    except InvalidOpKey:
+        return False
+    return True
+
+
+def parse_kind(name: Any, raw: Any) -> Declaration:
+    """One kind's declaration; KindError naming the field when it is wrong."""
+    if not _valid_name(name):
+        raise KindError("name", "a kind name is a lowercase letter, then lowercase letters, digits "
+                                "and dashes, at most 63 characters")
+    if not isinstance(raw, dict):
+        raise KindError("(kind)", "expected a mapping of table, id, due, eligible, effect… or python")
+    model: type[DeclaredKind] | type[PythonKind] = PythonKind if "python" in raw else DeclaredKind
+    try:
+        return model.model_validate(raw)
+    except ValidationError as exc:
+        raise KindError(*_pydantic_message(exc)) from None
+
+
+def parse_kinds_text(text: str, path: Path) -> KindsFile:
+    """Validate the text of a kinds file; KindsFileError (one line) on the first mistake."""
+    try:
+        data = yaml.load(text, Loader=_UniqueKeyLoader)  # a SafeLoader
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}" if mark is not None else ""
+        problem = getattr(exc, "problem", None) or str(exc)
+        raise KindsFileError(f"{path}: not valid YAML{where}: {str(problem).splitlines()[0]}") from None
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise KindsFileError(f"{path}: expected one top-level key `kinds`")
+    if set(data) - {"kinds"}:
+        unknown = ", ".join(sorted(show(k) for k in data if k != "kinds"))
+        raise KindsFileError(f"{path}: expected one top-level key `kinds`, not {unknown}")
+    raw_kinds = data.get("kinds") or {}
+    if not isinstance(raw_kinds, dict):
+        raise KindsFileError(f"{path}: kinds: expected a mapping of kind name to declaration")
+    kinds: dict[str, Declaration] = {}
+    for name, raw in raw_kinds.items():
+        try:
+            kinds[name] = parse_kind(name, raw)
+        except KindError as exc:
+            raise exc.in_file(path, name) from None
+    return KindsFile(path, kinds)
+
+
+def read_kinds_file(path: Path | None) -> KindsFile:
+    """Read and validate the kinds file at `path` (settings `kinds.file`)."""
+    if path is None:
+        raise KindsFileError("no kinds file: set kinds.file (LAPSE_KINDS__FILE) or run `lapse init`")
+    try:
+        size = path.stat().st_size
+    except OSError as exc:
+        raise KindsFileError(f"{path}: cannot read the kinds file ({exc.strerror})") from None
+    if size > MAX_FILE_BYTES:
+        raise KindsFileError(f"{path}: a kinds file is at most {MAX_FILE_BYTES} bytes")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise KindsFileError(f"{path}: cannot read the kinds file ({exc})") from None
+    return parse_kinds_text(text, path)
+
+
+@lru_cache(maxsize=16)
+def _names_cached(path: str, mtime_ns: int, size: int) -> frozenset[str]:
+    return frozenset(read_kinds_file(Path(path)).kinds)
+
+
+def declared_names(path: Path | None) -> frozenset[str]:
+    """The kind names the file declares, read again only when the file changed (for the publish
+    API, which runs inside the application's transactions and must stay cheap)."""
+    if path is None:
+        raise KindsFileError("no kinds file: set kinds.file (LAPSE_KINDS__FILE) or run `lapse init`")
+    try:
+        stat = os.stat(path)
+    except OSError as exc:
+        raise KindsFileError(f"{path}: cannot read the kinds file ({exc.strerror})") from None
+    return _names_cached(str(path), stat.st_mtime_ns, stat.st_size)

@@ -1,0 +1,96 @@
+"""What a cleanup kind is, whichever way it was made: plain data plus functions over a connection.
+
+The sweep, the processors and the reconciler use only this interface, so a kind compiled from a
+declaration in the kinds file and a Python kind named by dotted path behave the same to them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import Column, ColumnElement, Connection, Select, Table, select, tuple_
+from sqlalchemy.sql.elements import NamedColumn
+
+from lapse.kernel.kinds.effects import EffectCall, HttpEffect, ObjectStoreEffect
+from lapse.kernel.ledger import has_ledger_row, op_key
+
+
+@dataclass(frozen=True, slots=True)
+class EligibleRow:
+    """A business row whose cleanup is due."""
+
+    subject_id: str
+    tenant: str
+    due_at: datetime
+    cursor: tuple[Any, ...]
+
+
+@dataclass(frozen=True)
+class ExternalEffect:
+    """An effect outside the database, run under a lease.
+
+    `targets` reads, for the subjects still eligible and due, the business row's values (subject
+    id → column → value) the call needs; `complete` records the done effect on the business rows
+    still eligible, in the completion transaction, and returns the subject ids done. A declared
+    effect carries its validated declaration in `declared`; a Python kind brings its own `call`.
+    """
+
+    targets: Callable[[Connection, list[Any], datetime], dict[str, dict[str, Any]]]
+    complete: Callable[[Connection, list[Any], datetime], set[str]]
+    declared: HttpEffect | ObjectStoreEffect | None = None
+    call: Callable[[EffectCall], object] | None = None
+
+
+@dataclass(frozen=True)
+class CleanupKind:
+    """One kind of cleanup. `apply_in_db` runs inside the claim transaction and returns the subject
+    ids it changed (the rest are skipped: someone else won the race). Kinds whose effect lives
+    outside the database set `external_effect` instead (run under a lease). `tenant_column` is a
+    column of the table or, for a table without one, a labelled constant."""
+
+    name: str
+    table: Table
+    id_column: Column[Any]
+    tenant_column: NamedColumn[Any]
+    due_column: Column[Any]
+    still_eligible: ColumnElement[bool]  # the business condition, without the due time
+    parse_subject: Callable[[str], Any]
+    apply_in_db: Callable[[Connection, list[Any], datetime], set[str]] | None = None
+    external_effect: ExternalEffect | None = None
+    max_attempts: int = 6
+    retry_base_s: float = 5.0
+    retry_cap_s: float = 3600.0
+    idempotent_effect: bool = True
+    effect_rate_per_s: float = 100.0  # token-bucket rate of external effects, per worker
+
+    def op_key(self, subject_id: Any) -> str:
+        return op_key(self.name, subject_id)
+
+    def eligible_page(
+        self, now: datetime, after: tuple[Any, ...] | None, limit: int, *, without_ledger: bool
+    ) -> Select[Any, Any, Any]:
+        """Due rows in keyset order (due time, id) after `after`; optionally only those with no
+        ledger row yet (the sweep), or all of them (the reconciler's anomaly checks)."""
+        cols = (self.due_column, self.id_column)
+        stmt = select(self.id_column, self.tenant_column, self.due_column).where(
+            self.still_eligible, self.due_column <= now
+        )
+        if after is not None:
+            stmt = stmt.where(tuple_(*cols) > tuple_(*after))
+        if without_ledger:
+            stmt = stmt.where(~has_ledger_row(self.name, self.id_column))
+        return stmt.order_by(*cols).limit(limit)
+
+    def not_yet_due(self, conn: Connection, subjects: list[Any], now: datetime) -> dict[str, datetime]:
+        """Subjects still eligible whose due time is now in the future (a hold was extended after
+        its event was produced): subject id → the new due time."""
+        stmt = select(self.id_column, self.due_column).where(
+            self.id_column.in_(subjects), self.still_eligible, self.due_column > now)
+        return {str(subject): due for subject, due in conn.execute(stmt)}
+
+    def to_eligible(self, row: Sequence[Any]) -> EligibleRow:
+        subject, tenant, due = row
+        return EligibleRow(str(subject), str(tenant), due, (due, subject))

@@ -1,0 +1,77 @@
+"""From the kinds file to the kinds every process uses: read, validate, compile, refuse.
+
+`load_kinds` is the one way a process gets its kinds. The whole file is refused at the first
+mistake, with a one-line error naming the file, the kind and the field, before anything runs:
+an unknown column, a value that cannot fit, an effect missing a field, a table without the
+(due, id) index its sweep needs (with the CREATE INDEX to add).
+"""
+
+from __future__ import annotations
+
+import importlib
+from pathlib import Path
+
+from sqlalchemy import MetaData
+
+from lapse.kernel.kinds.columns import Bind
+from lapse.kernel.kinds.compiler import compile_declared
+from lapse.kernel.kinds.declarations import Declaration, KindsFile, PythonKind, read_kinds_file
+from lapse.kernel.kinds.errors import KindError, show
+from lapse.kernel.kinds.indexes import require_due_index
+from lapse.kernel.kinds.kind import CleanupKind
+from lapse.kernel.settings import Settings
+
+
+def load_kind(dotted: str) -> CleanupKind:
+    """Import a kind named as `package.module:ATTRIBUTE`; ValueError when it is not one."""
+    module_name, _, attr = dotted.partition(":")
+    try:
+        kind = getattr(importlib.import_module(module_name), attr)
+    except (ImportError, AttributeError, ValueError) as exc:
+        raise ValueError(f"cannot load {dotted!r}: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}"
+                         ) from None
+    if not isinstance(kind, CleanupKind):
+        raise ValueError(f"{dotted!r} is a {type(kind).__name__}, not a CleanupKind")
+    return kind
+
+
+def python_kind(name: str, decl: PythonKind) -> CleanupKind:
+    """The Python kind a declaration names; its name must be the declared one (op keys and
+    `schedule_cleanup` use it)."""
+    try:
+        kind = load_kind(decl.python)
+    except ValueError as exc:
+        raise KindError("python", str(exc)) from None
+    if kind.name != name:
+        raise KindError("python", f"{decl.python} is the kind {show(kind.name)}, not {show(name)}")
+    return kind
+
+
+def compile_kind(name: str, decl: Declaration, bind: Bind, metadata: MetaData, base_dir: Path,
+                 lapse_schema: str | None = None) -> CleanupKind:
+    """One kind, declared or Python; KindError naming the field when it cannot be used."""
+    if isinstance(decl, PythonKind):
+        return python_kind(name, decl)
+    return compile_declared(name, decl, bind, metadata, base_dir, lapse_schema)
+
+
+def compile_kinds(kinds_file: KindsFile, bind: Bind, lapse_schema: str | None = None
+                  ) -> dict[str, CleanupKind]:
+    """Every kind of the file, compiled against the database at `bind`, each with its due index;
+    KindsFileError at the first that is wrong."""
+    metadata = MetaData()
+    base_dir = kinds_file.path.resolve().parent
+    kinds: dict[str, CleanupKind] = {}
+    for name, decl in kinds_file.kinds.items():
+        try:
+            kind = compile_kind(name, decl, bind, metadata, base_dir, lapse_schema)
+            require_due_index(bind, kind)
+        except KindError as exc:
+            raise exc.in_file(kinds_file.path, name) from None
+        kinds[name] = kind
+    return kinds
+
+
+def load_kinds(settings: Settings, bind: Bind) -> dict[str, CleanupKind]:
+    """The kinds of the kinds file (`kinds.file`), by name, compiled against the database."""
+    return compile_kinds(read_kinds_file(settings.kinds.file), bind, settings.database.schema_name)

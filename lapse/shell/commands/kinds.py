@@ -1,0 +1,102 @@
+"""`lapse kinds list` and `lapse kinds check`: the cleanup kinds of the kinds file, as declared and
+against the live database; and the one-line refusal every command gives for a wrong kinds file."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import click
+
+from lapse.kernel.settings import Settings
+from lapse.shell.cli import main
+from lapse.shell.cli_options import F, emit, pass_settings, setting_option
+
+
+@contextmanager
+def kinds_file_errors() -> Iterator[None]:
+    """Turn a wrong kinds file (KindsFileError) into a one-line ClickException, no traceback."""
+    # function-local: keeps `lapse --help` fast
+    from lapse.kernel.kinds import KindsFileError
+
+    try:
+        yield
+    except KindsFileError as exc:
+        raise click.ClickException(str(exc)) from None
+
+
+def _options(func: F) -> F:
+    for opt in reversed([
+        setting_option("kinds.file", "--kinds-file"),
+        setting_option("runtime.log_level"),
+        click.option("--json", "as_json", is_flag=True, help="Print the result as JSON."),
+    ]):
+        func = opt(func)
+    return func
+
+
+@main.group()
+def kinds() -> None:
+    """The cleanup kinds declared in the kinds file (kinds.file)."""
+
+
+def _list_text(data: dict[str, Any]) -> str:
+    lines = []
+    for k in data["kinds"]:
+        where = f"{k.get('table', '?')} due {k.get('due', '?')}"
+        conditions = " and ".join(k.get("conditions") or []) or "-"
+        extra = f"  python {k['python']}" if "python" in k else ""
+        lines.append(f"{k['name']:<24} {k['effect']:<13} {where}  when {conditions}{extra}")
+    return "\n".join(lines) or f"no kinds in {data['file']}"
+
+
+@kinds.command("list")
+@_options
+@pass_settings
+def list_kinds(settings: Settings, as_json: bool) -> None:
+    """Each kind as declared: name, table, effect, due column, conditions (no database needed)."""
+    # function-local: keeps `lapse --help` fast
+    from lapse.kernel.kinds import describe, read_kinds_file
+
+    with kinds_file_errors():
+        kinds_file = read_kinds_file(settings.kinds.file)
+    emit({"file": str(kinds_file.path), "kinds": describe(kinds_file)}, as_json, _list_text)
+
+
+def _check_text(data: dict[str, Any]) -> str:
+    lines = []
+    for c in data["kinds"]:
+        if c["ok"]:
+            lines.append(f"ok      {c['name']} ({c['effect']} on {c['table']}, index {c['due_index']})")
+        else:
+            lines += [f"FAILED  {c['name']}: {problem}" for problem in c["problems"]]
+    return "\n".join(lines) or f"no kinds in {data['file']}"
+
+
+@kinds.command("check")
+@setting_option("database.url")
+@_options
+@pass_settings
+def check(settings: Settings, as_json: bool) -> None:
+    """Check every kind against the live database: columns exist with fitting types, the (due, id)
+    index exists (else the CREATE INDEX to add), the role may change the table. Exit status 1
+    when a check fails."""
+    # function-local: keeps `lapse --help` fast
+    from lapse.kernel.database import DatabaseNotConfigured, engine_from_settings
+    from lapse.kernel.kinds import check_kinds, read_kinds_file
+
+    with kinds_file_errors():
+        kinds_file = read_kinds_file(settings.kinds.file)
+    try:
+        engine = engine_from_settings(settings)
+    except DatabaseNotConfigured as exc:
+        raise click.UsageError(str(exc)) from None
+    try:
+        checks = check_kinds(kinds_file, engine, settings.database.schema_name)
+    finally:
+        engine.dispose()
+    emit({"file": str(kinds_file.path), "kinds": [c.to_dict() for c in checks],
+          "ok": all(c.ok for c in checks)}, as_json, _check_text)
+    if not all(c.ok for c in checks):
+        raise SystemExit(1)
