@@ -1,16 +1,18 @@
 """Failure classification and the retry policy, in one place for every kind.
 
 An effect reports a failure by raising `EffectFailure` with one of four classes; anything else it
-raises is classified here. `decide` turns a failure into the next ledger step: a retry at a
-persisted time (full-jitter exponential backoff, or exactly the server's Retry-After), or a dead
-letter.
+raises is classified here, and so is a far side's status code (HTTP, or an S3 error's status) and
+its Retry-After. `decide` turns a failure into the next ledger step: a retry at a persisted time
+(full-jitter exponential backoff, or exactly the server's Retry-After), or a dead letter.
 """
 
 from __future__ import annotations
 
 import random
+import re
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
+from email.utils import parsedate_to_datetime
 
 from lapse.kernel.kinds import CleanupKind
 
@@ -22,13 +24,21 @@ EXHAUSTED = "exhausted"        # the dead-letter class once the attempt cap is r
 
 CLASSES = (RATE_LIMITED, TEMPORARY, INVALID, AMBIGUOUS)
 
+# The longest Retry-After honoured: a far side asking for more (or for years) waits this long.
+MAX_RETRY_AFTER_S = 3600.0
+_DELAY_SECONDS = re.compile(r"[0-9]{1,12}")  # RFC 9110 delay-seconds, short enough to parse
+_UNPRINTABLE = re.compile(r"[\x00-\x1f\x7f]+")
+
 
 class EffectFailure(Exception):
-    """A classified failure of an effect; `retry_after` (seconds) only for rate_limited."""
+    """A classified failure of an effect; `retry_after` (seconds) only for rate_limited. The
+    reason is kept as one line of at most 500 characters with no control characters (a NUL
+    would make PostgreSQL refuse the very row that records the failure)."""
 
     def __init__(self, failure_class: str, reason: str, retry_after: float | None = None):
         if failure_class not in CLASSES:
             raise ValueError(f"unknown failure class {failure_class!r}")
+        reason = excerpt(str(reason), 500)
         super().__init__(reason)
         self.failure_class = failure_class
         self.reason = reason
@@ -40,7 +50,7 @@ def classify(exc: BaseException) -> EffectFailure:
     connection and OS errors temporary, value/type errors invalid, anything else ambiguous."""
     if isinstance(exc, EffectFailure):
         return exc
-    reason = f"{type(exc).__name__}: {exc}".replace("\n", " ")[:500]
+    reason = f"{type(exc).__name__}: {exc}"
     if isinstance(exc, TimeoutError):
         return EffectFailure(AMBIGUOUS, reason)
     if isinstance(exc, (ConnectionError, OSError)):
@@ -48,6 +58,47 @@ def classify(exc: BaseException) -> EffectFailure:
     if isinstance(exc, (ValueError, TypeError, KeyError)):
         return EffectFailure(INVALID, reason)
     return EffectFailure(AMBIGUOUS, reason)
+
+
+def excerpt(text: str, limit: int = 120) -> str:
+    """`text` as one short line for a failure reason: control characters (newlines too) become
+    spaces, and past `limit` characters it is cut with an ellipsis."""
+    line = " ".join(_UNPRINTABLE.sub(" ", text).split())
+    return line if len(line) <= limit else line[: limit - 1] + "…"
+
+
+def retry_after_seconds(value: str | None, now: datetime) -> float | None:
+    """The wait a Retry-After value asks for, in seconds from `now`: delay-seconds or an
+    HTTP-date, clamped to [0, MAX_RETRY_AFTER_S]. None when the value is missing or unreadable
+    (a negative number too), so the caller falls back to its own backoff."""
+    if value is None:
+        return None
+    value = value.strip()
+    if value.isascii() and value.isdigit():
+        value = value.lstrip("0") or "0"
+        if not _DELAY_SECONDS.fullmatch(value):
+            return MAX_RETRY_AFTER_S  # more digits than any sane wait
+        return min(float(value), MAX_RETRY_AFTER_S)
+    try:
+        when = parsedate_to_datetime(value)
+    except (TypeError, ValueError, IndexError, OverflowError):
+        return None
+    if when.tzinfo is None:  # "-0000": a date in UTC with no zone information
+        when = when.replace(tzinfo=UTC)
+    return min(max((when - now).total_seconds(), 0.0), MAX_RETRY_AFTER_S)
+
+
+def for_status(status: int, reason: str, retry_after: float | None = None) -> EffectFailure | None:
+    """The failure a far side's status code means, or None for success (2xx): 429 is rate_limited
+    (with `retry_after`, None meaning "back off as usual"), 408 and 5xx temporary, anything else
+    (a redirect, another 4xx) invalid: retrying the same request cannot help."""
+    if 200 <= status < 300:
+        return None
+    if status == 429:
+        return EffectFailure(RATE_LIMITED, reason, retry_after=retry_after)
+    if status == 408 or 500 <= status < 600:
+        return EffectFailure(TEMPORARY, reason)
+    return EffectFailure(INVALID, reason)
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,8 @@
 """Effects outside the database, under a lease: run them, then record them in a second transaction.
 
 `apply_batch` claimed the rows (claim_owner/claim_until) and read their targets in the first
-transaction. Here the effects run with bounded concurrency and a token bucket per kind, while the
+transaction. Here each becomes an `EffectCall` (op key, attempt, tenant, subject, the row's values)
+and the effects run with bounded concurrency and a token bucket per kind, while the
 leases are renewed (a bounded number of times); then one transaction locks the rows still
 claimed by this worker and marks them applied (and the business rows done), or schedules the
 retry / dead letter of each failure. A row whose lease another worker took over meanwhile is
@@ -15,12 +16,13 @@ from concurrent.futures import ThreadPoolExecutor, wait
 from datetime import datetime
 
 from lapse.kernel.kinds import CleanupKind
+from lapse.kernel.kinds.effects import EffectCall
 from lapse.kernel.ledger import APPLIED, CLAIMED, ExpiryEvent, lock_claims, renew_leases
 from lapse.kernel.logs import get_logger
 from lapse.kernel.rate_limit import TokenBucket
 from lapse.kernel.settings import Settings
-from lapse.processors.failures import AMBIGUOUS, EffectFailure, classify
-from lapse.processors.object_store import store_from_settings
+from lapse.processors.effect_calls import CallerFactory, EffectCaller, callers_from_settings
+from lapse.processors.failures import AMBIGUOUS, TEMPORARY, EffectFailure, classify, excerpt
 from lapse.processors.retries import FailedAttempt, record_failures
 from lapse.processors.rules import external_effect
 from lapse.processors.scope import BatchResult, BatchScope
@@ -29,48 +31,74 @@ log = get_logger("leased")
 
 
 class EffectRunner:
-    """Runs named actions ("delete-object" → store.delete) on a thread pool, rate-limited per kind."""
+    """Runs `EffectCall`s on a thread pool, rate-limited per kind. Each kind's caller is built
+    once, on first use, by `build` (`callers_from_settings` in a worker; tests pass their own)."""
 
-    def __init__(self, actions: dict[str, Callable[[str], object]], concurrency: int = 8,
-                 max_renewals: int = 3) -> None:
-        self.actions = actions
+    def __init__(self, build: CallerFactory, concurrency: int = 8, max_renewals: int = 3) -> None:
+        self.build = build
         self.pool = ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="effect")
         self.max_renewals = max_renewals
         self.buckets: dict[str, TokenBucket] = {}
+        self.callers: dict[str, EffectCaller] = {}
 
-    def _bucket(self, kind: CleanupKind) -> TokenBucket:
-        if kind.name not in self.buckets:
+    def caller(self, kind: CleanupKind) -> EffectCaller:
+        """The kind's caller, built on first use (on the batch's thread, not in the pool)."""
+        if kind.name not in self.callers:
+            self.callers[kind.name] = self.build(kind)
             self.buckets[kind.name] = TokenBucket(kind.effect_rate_per_s)
-        return self.buckets[kind.name]
+        return self.callers[kind.name]
 
-    def _call(self, kind: CleanupKind, target: str) -> None:
-        self._bucket(kind).acquire()
-        self.actions[external_effect(kind).action](target)
+    def _call(self, kind: CleanupKind, caller: EffectCaller, call: EffectCall) -> None:
+        self.buckets[kind.name].acquire()
+        caller(call)
 
-    def run(self, jobs: list[tuple[str, CleanupKind, str]], lease_s: float,
+    def run(self, jobs: list[tuple[CleanupKind, EffectCall]], lease_s: float,
             renew: Callable[[list[str]], None]) -> dict[str, EffectFailure | None]:
-        """Run (op_key, kind, target) jobs; op_key → None on success or the classified failure.
+        """Run the calls; op key → None on success or the classified failure.
 
-        Leases are renewed every lease/3 while jobs run, at most `max_renewals` times; a job still
-        running after that is reported AMBIGUOUS (it may yet land) and its row retried."""
-        futures = {self.pool.submit(self._call, kind, target): key for key, kind, target in jobs}
+        A kind whose caller cannot be built (a store that cannot be opened) fails its calls as
+        temporary: fixed and restarted, the worker completes them. Leases are renewed every
+        lease/3 while calls run, at most `max_renewals` times; a call still running after that
+        is reported AMBIGUOUS (it may yet land) and its row retried."""
+        out: dict[str, EffectFailure | None] = {}
+        futures = {}
+        unusable: dict[str, str] = {}  # kind → why its caller could not be built, in this run
+        for kind, call in jobs:
+            if kind.name not in unusable:
+                try:
+                    caller = self.caller(kind)
+                except Exception as exc:  # any setup error: reported on the calls, the batch goes on
+                    unusable[kind.name] = (f"cannot set up the effect of {kind.name!r}: "
+                                           f"{type(exc).__name__}: {excerpt(str(exc), 200)}")
+                    log.warning(unusable[kind.name], extra={"kind": kind.name})
+            if kind.name in unusable:
+                out[call.op_key] = EffectFailure(TEMPORARY, unusable[kind.name])
+                continue
+            futures[self.pool.submit(self._call, kind, caller, call)] = call.op_key
         pending = set(futures)
         for renewals in range(self.max_renewals + 1):
+            if not pending:
+                break
             _, pending = wait(pending, timeout=lease_s / 3)
             if not pending or renewals == self.max_renewals:
                 break
             renew([futures[f] for f in pending])
-        out: dict[str, EffectFailure | None] = {}
         for future, key in futures.items():
             if future in pending:
                 out[key] = EffectFailure(AMBIGUOUS, "effect still running when the lease ran out")
                 continue
-            exc = future.exception()
-            out[key] = None if exc is None else classify(exc)
+            error = future.exception()
+            out[key] = None if error is None else classify(error)
         return out
 
     def close(self) -> None:
+        """Stop the pool (running calls finish on their own) and close the callers' clients."""
         self.pool.shutdown(wait=False, cancel_futures=True)
+        for caller in self.callers.values():
+            close = getattr(caller, "close", None)
+            if close is not None:
+                close()
+        self.callers.clear()
 
 
 def complete(scope: BatchScope, events: Sequence[ExpiryEvent],
@@ -110,7 +138,9 @@ def run_leased(runner: EffectRunner, scope: BatchScope, claimed: BatchResult,
     transactions meanwhile), then complete them in one transaction, on the scope's connection."""
     if not claimed.leased:
         return BatchResult()
-    jobs = [(e.op_key, scope.kinds[e.kind], claimed.targets[e.op_key]) for e in claimed.leased]
+    jobs = [(scope.kinds[e.kind], EffectCall(e.kind, e.op_key, claimed.attempts[e.op_key], e.subject_id,
+                                             e.tenant, claimed.targets[e.op_key]))
+            for e in claimed.leased]
 
     def renew(op_keys: list[str]) -> None:
         with scope.conn.begin():
@@ -122,6 +152,5 @@ def run_leased(runner: EffectRunner, scope: BatchScope, claimed: BatchResult,
 
 
 def effect_runner(settings: Settings) -> EffectRunner:
-    """The runner of the built-in actions, from settings (object store, concurrency)."""
-    store = store_from_settings(settings)
-    return EffectRunner({"delete-object": store.delete}, settings.processor.effect_concurrency)
+    """The worker's runner: each kind's caller from its declaration, concurrency from settings."""
+    return EffectRunner(callers_from_settings(settings), settings.processor.effect_concurrency)

@@ -1,4 +1,5 @@
-"""Object stores for the `artifact-delete` kind: the interface, a filesystem store, a faulty one.
+"""Object stores for `object-store` effects: the interface, key checks, a filesystem store, and a
+faulty one for the demo (an S3-compatible store is in `s3_store`).
 
 Every store's delete must be idempotent (delete-if-present): a lease that expired after the
 effect but before its completion was recorded makes the next holder call delete again.
@@ -9,24 +10,42 @@ from __future__ import annotations
 import random
 import threading
 from pathlib import Path, PurePosixPath
-from typing import Protocol
+from typing import Any, Protocol
 
-from lapse.processors.failures import INVALID, RATE_LIMITED, TEMPORARY, EffectFailure
+from lapse.processors.failures import INVALID, RATE_LIMITED, TEMPORARY, EffectFailure, excerpt
+
+MAX_KEY_BYTES = 1024  # S3's limit on an object key, UTF-8 encoded
 
 
 class ObjectStore(Protocol):
-    """What artifact-delete needs from a store.
+    """What an `object-store` effect needs from a store.
 
-    An S3-compatible store implements `delete` as DeleteObject (204 whether or not the key
-    existed); an HTTP store as DELETE treating 404 as done. Either raises EffectFailure:
-    RATE_LIMITED with the Retry-After seconds on 429/SlowDown, TEMPORARY on 5xx and connection
-    errors, INVALID on 400/403 for a key that can never be deleted, AMBIGUOUS on a timeout after
-    the request was sent.
+    `delete` removes the object if present and is done when it is absent. It raises EffectFailure:
+    RATE_LIMITED (with the Retry-After seconds, if given) on 429/SlowDown, TEMPORARY on 5xx and
+    on an endpoint not reached, INVALID for a key or request that can never succeed, AMBIGUOUS on
+    a timeout after the request was sent.
     """
 
     def delete(self, key: str) -> bool:
-        """Remove the object if present; True if it existed."""
+        """Remove the object if present; True if the store removed one (S3 cannot tell: True)."""
         ...
+
+    def close(self) -> None:
+        """Release the store's connections, if it holds any."""
+        ...
+
+
+def object_key(prefix: str, value: Any) -> str:
+    """The full key of the object named by a row's key column value under `prefix`, checked
+    before any call: a non-empty string with no NUL, at most MAX_KEY_BYTES with the prefix."""
+    if not isinstance(value, str) or not value:
+        raise EffectFailure(INVALID, f"object key {excerpt(repr(value), 80)} is not a non-empty string")
+    key = prefix + value
+    if "\0" in key:
+        raise EffectFailure(INVALID, f"object key {excerpt(repr(value), 80)} holds a NUL character")
+    if len(key.encode("utf-8", "surrogatepass")) > MAX_KEY_BYTES:
+        raise EffectFailure(INVALID, f"object key {excerpt(repr(value), 80)} is longer than {MAX_KEY_BYTES} bytes")
+    return key
 
 
 class FilesystemObjectStore:
@@ -38,8 +57,9 @@ class FilesystemObjectStore:
         self._lock = threading.Lock()
 
     def path(self, key: str) -> Path:
+        key = object_key("", key)
         parts = PurePosixPath(key).parts
-        if not key or key.startswith("/") or ".." in parts or "\0" in key:
+        if key.startswith("/") or ".." in parts:
             raise EffectFailure(INVALID, f"object key {key[:80]!r} is not a relative path")
         return self.root.joinpath(*parts)
 
@@ -61,6 +81,9 @@ class FilesystemObjectStore:
         with self._lock:
             self.removed += 1
         return True
+
+    def close(self) -> None:
+        pass
 
 
 class FaultyObjectStore:
@@ -86,10 +109,6 @@ class FaultyObjectStore:
             raise EffectFailure(INVALID, f"400 invalid object key {key[:80]!r}")
         return self.inner.delete(key)
 
+    def close(self) -> None:
+        self.inner.close()
 
-def store_from_settings(settings, rng: random.Random | None = None) -> ObjectStore:
-    """The filesystem store at `object_store_dir`, faulty when `object_store_fault_rate` > 0."""
-    store: ObjectStore = FilesystemObjectStore(settings.processor.object_store_dir)
-    if settings.dev.object_store_fault_rate > 0:
-        store = FaultyObjectStore(store, settings.dev.object_store_fault_rate, rng or random.Random())
-    return store

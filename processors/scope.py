@@ -14,6 +14,7 @@ import random
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
+from typing import Any
 
 from sqlalchemy import Connection
 
@@ -36,7 +37,8 @@ class BatchResult:
     retried: list[str] = field(default_factory=list)
     rescheduled: list[str] = field(default_factory=list)  # still eligible, due later than thought
     backed_off: list[ExpiryEvent] = field(default_factory=list)  # due_at = the other lease's end
-    targets: dict[str, str] = field(default_factory=dict)  # leased op key → effect target
+    targets: dict[str, dict[str, Any]] = field(default_factory=dict)  # leased op key → its row's values
+    attempts: dict[str, int] = field(default_factory=dict)  # leased op key → the attempt it runs (1-based)
     lost: list[str] = field(default_factory=list)  # leases another worker took over meanwhile
 
     def absorb(self, other: BatchResult) -> None:

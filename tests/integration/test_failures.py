@@ -12,21 +12,28 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from sqlalchemy import insert, select
 
+from lapse.devtools.demo_tables import artifacts
 from lapse.kernel.database import make_engine
-from lapse.kernel.kinds import registry
+from lapse.kernel.kinds import CleanupKind
 from lapse.kernel.ledger import ExpiryEvent, expiry_event
-from lapse.kernel.models import artifacts, cleanup_ledger, ledger_transitions, outbox
+from lapse.kernel.models import cleanup_ledger, ledger_transitions, outbox
 from lapse.processors.failures import RATE_LIMITED, TEMPORARY, EffectFailure
 from lapse.processors.leased import EffectRunner, run_leased
 from lapse.processors.object_store import FaultyObjectStore, FilesystemObjectStore
 from lapse.processors.rules import apply_batch
 from lapse.processors.scope import BatchScope
+from tests.fixtures.kinds import demo_kinds
 from tests.fixtures.topology import repo_topology, tier_covering
 
 T0 = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
 LEASE = timedelta(seconds=30)
 TOPOLOGY = repo_topology()
-KINDS = registry()
+
+
+def kinds(engine) -> dict[str, CleanupKind]:
+    """The demo's kinds compiled against the test's database (their effects run through the
+    test's stores, handed to the runner by `deleting`)."""
+    return demo_kinds(engine)
 
 
 class Clock:
@@ -74,7 +81,7 @@ def add_artifact(engine, store, key="exports/a.csv", put=True) -> ExpiryEvent:
 
 
 def scope(conn, worker, now) -> BatchScope:
-    return BatchScope(conn, kinds=KINDS, topics=TOPOLOGY, worker=worker, now=now, lease=LEASE,
+    return BatchScope(conn, kinds=kinds(conn.engine), topics=TOPOLOGY, worker=worker, now=now, lease=LEASE,
                       rng=random.Random(1))
 
 
@@ -83,10 +90,15 @@ def claim(engine, events, worker, now):
         return apply_batch(scope(conn, worker, now), events)
 
 
+def deleting(store):
+    """The runner's caller factory: every kind deletes its row's object_key from `store`."""
+    return lambda kind: lambda call: store.delete(call.target["object_key"])
+
+
 def deliver(engine, events, store, worker="w1", clock=None):
     """One delivery as the worker does it: claim, run the leased effects, complete."""
     clock = clock or Clock()
-    runner = EffectRunner({"delete-object": store.delete}, concurrency=2)
+    runner = EffectRunner(deleting(store), concurrency=2)
     try:
         with engine.connect() as conn:
             batch = scope(conn, worker, clock())
@@ -135,7 +147,7 @@ def test_two_workers_claim_one_external_job_one_effect_other_backs_off(engine, s
     assert [e.op_key for e in a.leased] == [ev.op_key]
     assert b.leased == [] and b.conflicts == [ev.op_key]
     assert b.backed_off[0].due_at == T0 + LEASE  # wb waits in a delay tier until wa's lease ends
-    runner = EffectRunner({"delete-object": store.delete})
+    runner = EffectRunner(deleting(store))
     with engine.connect() as conn:
         done = run_leased(runner, scope(conn, "wa", T0), a, Clock())
     runner.close()
@@ -148,7 +160,7 @@ def test_two_workers_claim_one_external_job_one_effect_other_backs_off(engine, s
 def test_crash_after_effect_completes_on_next_delivery_without_second_effect(engine, store):
     ev = add_artifact(engine, store)
     crashed = claim(engine, [ev], "wa", T0)
-    store.delete(crashed.targets[ev.op_key])  # the effect ran, then the process died
+    store.delete(crashed.targets[ev.op_key]["object_key"])  # the effect ran, then the process died
     assert row(engine, ev.op_key)["state"] == "claimed"
     early = claim(engine, [ev], "wb", T0 + timedelta(seconds=10))  # lease still live: backs off
     assert early.conflicts == [ev.op_key]
@@ -178,7 +190,7 @@ def test_restart_mid_backoff_hands_early_wakeup_back_then_applies_when_due(engin
     _, done = deliver(engine, [ev], ScriptedStore(store, [EffectFailure(TEMPORARY, "503")]))
     assert done.retried == [ev.op_key]
     due = row(engine, ev.op_key)["due_at"]
-    assert T0 < due <= T0 + timedelta(seconds=KINDS["artifact-delete"].retry_base_s * 2)
+    assert T0 < due <= T0 + timedelta(seconds=kinds(engine)["artifact-delete"].retry_base_s * 2)
     wake = _wakeup(engine, ev)
     # A fresh process (new runner, no memory) sees the wake-up before it is due: handed back.
     early = claim(engine, [wake], "w2", T0 + timedelta(milliseconds=1))
@@ -201,7 +213,7 @@ def _wakeup(engine, ev) -> ExpiryEvent:
 
 def test_final_attempt_failure_is_dead_lettered_with_its_history(engine, store):
     ev = add_artifact(engine, store)
-    cap = KINDS["artifact-delete"].max_attempts
+    cap = kinds(engine)["artifact-delete"].max_attempts
     flaky = ScriptedStore(store, [EffectFailure(TEMPORARY, f"503 try {i}") for i in range(cap)])
     clock = Clock()
     for _ in range(cap):

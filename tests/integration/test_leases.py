@@ -7,14 +7,16 @@ from datetime import UTC, datetime, timedelta
 
 from sqlalchemy import insert, select
 
-from lapse.kernel.kinds import ARTIFACT_DELETE
+from lapse.kernel.kinds.effects import EffectCall
 from lapse.kernel.ledger import expiry_event, pending_row, renew_leases
 from lapse.kernel.models import cleanup_ledger
-from lapse.processors.failures import AMBIGUOUS
+from lapse.processors.failures import AMBIGUOUS, TEMPORARY
 from lapse.processors.leased import EffectRunner
+from tests.fixtures.kinds import demo_kinds
 
 T0 = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
 KEY = "artifact-delete:1"
+CALL = EffectCall("artifact-delete", KEY, 1, "1", "t", {"object_key": "exports/1.csv"})
 
 
 def claimed_row(engine, owner: str, until: datetime) -> None:
@@ -50,7 +52,7 @@ def test_a_slow_effect_keeps_its_lease_renewed_until_it_finishes(engine):
     release = threading.Event()
     calls = []
 
-    def slow_delete(target: str) -> None:
+    def slow_delete(call: EffectCall) -> None:
         release.wait(5)
 
     clock = SteppingClock()
@@ -61,9 +63,9 @@ def test_a_slow_effect_keeps_its_lease_renewed_until_it_finishes(engine):
         if len(calls) == 2:
             release.set()  # the effect finishes after two renewals
 
-    runner = EffectRunner({"delete-object": slow_delete}, concurrency=2, max_renewals=3)
+    runner = EffectRunner(lambda kind: slow_delete, concurrency=2, max_renewals=3)
     try:
-        outcomes = runner.run([(KEY, ARTIFACT_DELETE, "exports/1.csv")], lease_s=0.3, renew=renew)
+        outcomes = runner.run([(demo_kinds(engine)["artifact-delete"], CALL)], lease_s=0.3, renew=renew)
     finally:
         runner.close()
     assert outcomes == {KEY: None}
@@ -76,12 +78,12 @@ def test_renewal_is_bounded_and_a_stuck_effect_is_reported_ambiguous(engine):
     stuck = threading.Event()
     calls = []
 
-    def never_returns(target: str) -> None:
+    def never_returns(call: EffectCall) -> None:
         stuck.wait(10)
 
-    runner = EffectRunner({"delete-object": never_returns}, concurrency=1, max_renewals=3)
+    runner = EffectRunner(lambda kind: never_returns, concurrency=1, max_renewals=3)
     try:
-        outcomes = runner.run([(KEY, ARTIFACT_DELETE, "exports/1.csv")], lease_s=0.3,
+        outcomes = runner.run([(demo_kinds(engine)["artifact-delete"], CALL)], lease_s=0.3,
                               renew=lambda keys: calls.append(list(keys)))
     finally:
         stuck.set()
@@ -94,3 +96,16 @@ def test_renewal_never_extends_a_lease_another_worker_took_over(engine):
     claimed_row(engine, "w2", T0 + timedelta(seconds=30))
     renew_in_transaction(engine, [KEY], "w1", T0 + timedelta(hours=1))
     assert claim_until(engine) == T0 + timedelta(seconds=30)
+
+
+def test_a_kind_whose_caller_cannot_be_built_fails_its_calls_as_temporary(engine):
+    def unusable(kind):
+        raise ValueError("an s3:// object store needs boto3: install lapse[s3]")
+
+    runner = EffectRunner(unusable, concurrency=1)
+    try:
+        outcomes = runner.run([(demo_kinds(engine)["artifact-delete"], CALL)], lease_s=0.3, renew=lambda keys: None)
+    finally:
+        runner.close()
+    assert outcomes[KEY].failure_class == TEMPORARY
+    assert "install lapse[s3]" in outcomes[KEY].reason
