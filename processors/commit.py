@@ -15,19 +15,20 @@ from datetime import UTC, datetime, timedelta
 
 from confluent_kafka import Consumer, Message, Producer, TopicPartition
 from sqlalchemy import Connection, Engine
-from sqlalchemy.exc import InterfaceError, OperationalError
+from sqlalchemy.exc import DataError, DBAPIError, IntegrityError, InterfaceError, OperationalError
 
 from lapse.kernel.codec import Codec
 from lapse.kernel.delays import delay_record
-from lapse.kernel.kafka_clients import DeliveryTracker
+from lapse.kernel.kafka_clients import DeliveryFailed, DeliveryTracker, message_max_bytes, produce_or_refusal
 from lapse.kernel.kinds import CleanupKind
-from lapse.kernel.ledger import ExpiryEvent, Original, Position, dead_letter_record, expiry_record
+from lapse.kernel.ledger import ExpiryEvent, OriginalBudget, Position, expiry_record, safe_text
 from lapse.kernel.logs import get_logger
 from lapse.kernel.settings import Settings
 from lapse.kernel.topology import Topology
-from lapse.processors.decode import Poison, position_of
+from lapse.processors.dead_letters import send_poison
+from lapse.processors.decode import Poison, poison_of, position_of
 from lapse.processors.leased import EffectRunner, effect_runner, run_leased
-from lapse.processors.rules import apply_batch, dead_letter_events
+from lapse.processors.rules import Invalid, apply_batch, dead_letter_events
 from lapse.processors.scope import BatchResult, BatchScope
 
 DEADLOCK_RETRIES = 3
@@ -58,6 +59,11 @@ class BatchContext:
                           now=now, lease=timedelta(seconds=self.settings.processor.lease_seconds),
                           positions=positions, rng=self.rng)
 
+    @property
+    def budget(self) -> OriginalBudget:
+        """How much of a poison record its dead letter keeps: under the producer's size limit."""
+        return OriginalBudget.under(message_max_bytes(self.settings))
+
     def effect_runner(self) -> EffectRunner:
         """The runner of external effects, built from settings on first use."""
         if self.effects is None:
@@ -78,36 +84,42 @@ def commit_batch(
 
     1. DB commit: one transaction claims the ledger rows, runs the in-database effects, and writes
        transitions and outbox rows (outcomes, ledger-backed dead letters, and the wake-up records
-       of scheduled retries); retried on deadlock. Kinds with an external effect are only claimed
-       under a lease here; their effects then run outside any transaction and a second
-       transaction records them applied or schedules their retry / dead letter
+       of scheduled retries); retried on deadlock. If it fails for another reason, the batch is
+       redone event by event, and an event whose own transaction fails is dead-lettered through
+       the ledger in a transaction of its own; an event whose values the ledger refuses even then
+       joins step 2's poison as its raw record (`isolate_failures`). Kinds with an external effect
+       are only claimed under a lease here; their effects then run outside any transaction and a
+       second transaction records them applied or schedules their retry / dead letter
        (`lapse.processors.leased`). A crash between the two leaves the row claimed: the redelivered
        record backs off until the lease ends, then redoes the idempotent effect and completes.
        Retry wake-ups go through the outbox, not step 2, so the retry schedule and its wake-up
        commit together: a crash after the commit cannot lose the wake-up (the relay sends it at
        least once; the reconciler still re-emits retry rows past due as a backstop).
-    2. Produce what has no ledger change: poison records to `lapse.dlq`, early events back to a
-       delay tier at the ledger's due time, events held under another worker's lease back to a
-       tier until that lease ends; then flush, and raise if any record was not acknowledged
-       (offsets stay put).
+    2. Produce what has no ledger change, and flush: first poison to `lapse.dlq` (the original
+       bytes clipped to a budget under the producer's size limit; a dead letter the DLQ refuses
+       for its size or form goes again without them), each logged as dead-lettered only once
+       acknowledged; then early events back to a delay tier at the ledger's due time, and events
+       held under another worker's lease back to a tier until that lease ends. Raise if any
+       record was not acknowledged (offsets stay put).
     3. Store and commit, synchronously, the next offset (last + 1) of every partition in the batch
        that this consumer still owns; a revoked partition's offsets are never committed.
     """
     now = ctx.clock()
     result = BatchResult()
+    unrecorded: list[Invalid] = []
     if events:
         with ctx.engine.connect() as conn:
             scope = ctx.scope(conn, now, positions)
-            result = _apply_with_retry(scope, events)
+            result = _apply_with_retry(scope, events, unrecorded)
             if result.leased:
                 result.absorb(run_leased(ctx.effect_runner(), scope, result, ctx.clock))
     _crash_if("after_db_commit", ctx.settings)
 
-    for item in poison:
-        _produce_poison(ctx, item, now)
+    poison = [*poison, *raw_records(messages, positions, unrecorded)]
+    send_poison(ctx.producer, ctx.codec, ctx.delivery, ctx.topics.dlq, poison, now, ctx.budget)
     for event in result.not_due + result.backed_off:
         _produce_delayed(ctx, event, now)
-    if poison or result.not_due or result.backed_off:
+    if result.not_due or result.backed_off:
         ctx.delivery.flush(ctx.producer)
     _crash_if("after_produce", ctx.settings)
 
@@ -115,7 +127,7 @@ def commit_batch(
     return result
 
 
-def _apply_with_retry(scope: BatchScope, events: list[ExpiryEvent]) -> BatchResult:
+def _apply_with_retry(scope: BatchScope, events: list[ExpiryEvent], unrecorded: list[Invalid]) -> BatchResult:
     """The batch transaction, retried on deadlock. Any other failure that is not about the
     connection is taken as one event's fault: the batch is redone event by event (see
     `isolate_failures`), so one bad event cannot fail its batch, and the worker, forever."""
@@ -129,16 +141,22 @@ def _apply_with_retry(scope: BatchScope, events: list[ExpiryEvent]) -> BatchResu
         except Exception as exc:
             log.warning("batch transaction failed, isolating the event at fault",
                         extra={"records": len(events), "error": _one_line(exc)})
-            return isolate_failures(scope, events)
+            return isolate_failures(scope, events, unrecorded)
     raise AssertionError("unreachable")
 
 
-def isolate_failures(scope: BatchScope, events: list[ExpiryEvent]) -> BatchResult:
+def isolate_failures(scope: BatchScope, events: list[ExpiryEvent],
+                     unrecorded: list[Invalid] | None = None) -> BatchResult:
     """Apply each event in its own transaction on the scope's connection; an event whose
     transaction fails (other than by the connection) is dead-lettered as invalid with the
-    error's first line."""
+    error's first line, in a transaction of its own, and logged once that has committed.
+
+    The last resort: an event whose dead letter fails too, because the database refuses its values
+    (`values_at_fault`), is appended to `unrecorded` with both reasons, for the caller to send its
+    raw record to the DLQ as poison. Without `unrecorded` (or for any other failure) the error
+    is raised."""
     result = BatchResult()
-    failed: list[tuple[ExpiryEvent, str]] = []
+    failed: list[Invalid] = []
     for event in events:
         try:
             with scope.conn.begin():
@@ -147,19 +165,50 @@ def isolate_failures(scope: BatchScope, events: list[ExpiryEvent]) -> BatchResul
             raise
         except Exception as exc:
             failed.append((event, _one_line(exc)))
-            log.warning("event dead-lettered: its cleanup fails in the database",
-                        extra={"op_key": event.op_key, "correlation_id": event.correlation_id,
-                               "error": _one_line(exc)})
-    if failed:
-        with scope.conn.begin():
-            result.absorb(dead_letter_events(scope.fresh(), failed))
+    for event, reason in failed:
+        ids = {"op_key": event.op_key, "correlation_id": event.correlation_id}
+        try:
+            with scope.conn.begin():
+                lettered = dead_letter_events(scope.fresh(), [(event, reason)])
+        except (OperationalError, InterfaceError):
+            raise
+        except Exception as exc:
+            if unrecorded is None or not values_at_fault(exc):
+                raise
+            unrecorded.append((event, f"{reason}; its dead letter failed too: {_one_line(exc)}"))
+            log.error("the ledger refused the dead letter of an event: its record goes to the DLQ as "
+                      "poison", extra={**ids, "error": _one_line(exc)})
+            continue
+        result.absorb(lettered)
+        if event.op_key in lettered.dead_lettered:  # else its row was already terminal: a duplicate
+            log.warning("event dead-lettered: its cleanup fails in the database", extra={**ids, "error": reason})
     return result
 
 
+def values_at_fault(exc: BaseException) -> bool:
+    """Whether a failed statement failed for the values it carried: the database refused them (a
+    data exception or integrity violation, SQLSTATE classes 22 and 23), a value could not even be
+    bound, or the rows could not be built in Python. A failure of the database itself (a missing
+    column, a permission, a read-only server) is no event's fault: it is raised, not dead-lettered."""
+    if isinstance(exc, (DataError, IntegrityError)):
+        return True
+    return not isinstance(exc, DBAPIError)  # a StatementError of its own is a value not bound
+
+
+def raw_records(messages: list[Message], positions: dict[str, Position], unrecorded: list[Invalid]
+                ) -> list[Poison]:
+    """The consumed records of events the ledger could not take, as poison with the reason."""
+    by_position = {position_of(msg): msg for msg in messages}
+    return [poison_of(by_position[positions[event.op_key]], "ledger_refused",
+                      f"{event.op_key}: the ledger refused the event and its dead letter: {reason}")
+            for event, reason in unrecorded if positions.get(event.op_key) in by_position]
+
+
 def _one_line(exc: BaseException) -> str:
+    """The error's type and first line, control characters escaped (it may quote a value)."""
     cause = getattr(exc, "orig", None) or exc
     first = (str(cause).strip().splitlines() or [""])[0]
-    return f"{type(cause).__name__}: {first}"[:500]
+    return safe_text(f"{type(cause).__name__}: {first}", 500)
 
 
 def commit_offsets(consumer: Consumer, owned: set[tuple[str, int]], messages: list[Message]
@@ -176,23 +225,15 @@ def commit_offsets(consumer: Consumer, owned: set[tuple[str, int]], messages: li
     return offsets
 
 
-def _produce_poison(ctx: BatchContext, item: Poison, now: datetime) -> None:
-    record = dead_letter_record(
-        "poison", f"{item.reason_code}: {item.reason}"[:2000], 0, now,
-        position=(item.topic, item.partition, item.offset),
-        original=Original(item.key, item.value, {k: (v or b"") for k, v in item.headers}))
-    ctx.producer.produce(
-        ctx.topics.dlq, key=item.key, value=ctx.codec.encode("dead_letter", record),
-        headers=[("failure_class", b"poison"), ("reason", item.reason_code.encode())],
-        on_delivery=ctx.delivery,
-    )
-
-
 def _produce_delayed(ctx: BatchContext, event: ExpiryEvent, now: datetime) -> None:
+    """Queue `event`'s wake-up on its delay tier (a full queue is waited out). A validated event
+    is a few KiB, so a refusal for its size is a bug: raised as permanent, never dropped."""
     topic, headers = delay_record(ctx.topics, event.due_at, now)
-    ctx.producer.produce(topic, key=event.op_key.encode(),
-                         value=ctx.codec.encode("expiry_event", expiry_record(event, now)),
-                         headers=list(headers), on_delivery=ctx.delivery)
+    refused = produce_or_refusal(ctx.producer, topic, key=event.op_key.encode(),
+                                 value=ctx.codec.encode("expiry_event", expiry_record(event, now)),
+                                 headers=list(headers), on_delivery=ctx.delivery)
+    if refused is not None:
+        raise DeliveryFailed(f"{topic} refused the wake-up of {event.op_key}: {refused.str()}", permanent=True)
 
 
 def _crash_if(point: str, settings: Settings) -> None:

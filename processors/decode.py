@@ -1,21 +1,27 @@
 """Decoding a consumed batch: good records become ExpiryEvents, bad ones become poison.
 
-Poison is anything no ledger row can be made for: undecodable bytes, an unknown schema, missing
-fields, a malformed op key, an unknown kind. It is dead-lettered with its reason; it never stops
-the partition.
+Decoding is where outside input enters the processor, so every field is checked here
+(`ExpiryEvent.from_record`, and the attempt count against the kind's `max_attempts`). Poison is
+anything no ledger row can be made for: undecodable bytes, an unknown schema, missing or invalid
+fields, a malformed op key, an unknown kind. It is dead-lettered with its reason, which names the
+field at fault; it never stops the partition, and nothing a record holds raises past this point.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any
 
 from confluent_kafka import Message
 
 from lapse.kernel.codec import Codec, DecodeError
 from lapse.kernel.kinds import CleanupKind
-from lapse.kernel.ledger import ExpiryEvent, InvalidEvent, Position
+from lapse.kernel.ledger import ExpiryEvent, InvalidEvent, InvalidField, Position, safe_text
+from lapse.kernel.logs import get_logger
+
+log = get_logger("processor")
 
 
 class UnknownKind(InvalidEvent):
@@ -50,35 +56,56 @@ def position_of(msg: Message) -> Position:
     return (*partition_of(msg), offset)
 
 
-def decode_batch(messages: list[Message], codec: Codec, kinds: Mapping[str, CleanupKind]
-                 ) -> tuple[list[ExpiryEvent], dict[str, Position], list[Poison]]:
-    """Split consumed messages into (events, positions by op key, poison)."""
+def decode_batch(messages: list[Message], codec: Codec, kinds: Mapping[str, CleanupKind],
+                 now: datetime | None = None) -> tuple[list[ExpiryEvent], dict[str, Position], list[Poison]]:
+    """Split consumed messages into (events, positions by op key, poison); `now` (default: the
+    clock) places the due-time window."""
+    now = now or datetime.now(UTC)
     events: list[ExpiryEvent] = []
     positions: dict[str, Position] = {}
     poison: list[Poison] = []
     for msg in messages:
-        value = msg.value()
         try:
-            if value is None:
-                raise DecodeError("empty", "record has no value (tombstone)")
-            event = ExpiryEvent.from_record(codec.decode_expected("expiry_event", value))
-            if event.kind not in kinds:
-                raise UnknownKind(f"unknown cleanup kind {event.kind!r}")
+            event = decode_event(msg.value(), codec, kinds, now)
         except DecodeError as exc:
             if exc.transient:
                 raise  # a registry outage is not bad input: fail the batch, offsets stay put
-            poison.append(_poison(msg, exc.reason, str(exc)))
+            poison.append(poison_of(msg, exc.reason, str(exc)))
             continue
         except InvalidEvent as exc:
-            poison.append(_poison(msg, exc.code, str(exc)))
+            poison.append(poison_of(msg, exc.code, str(exc)))
             continue
-        except (KeyError, TypeError) as exc:
-            poison.append(_poison(msg, "missing_field", f"missing or wrong field: {exc}"))
+        except Exception as exc:  # a record must never get further than this: say what it did
+            item = poison_of(msg, "undecodable", f"{type(exc).__name__}: {exc}")
+            log.error("record failed to decode in an unforeseen way (a bug to report)", extra={
+                "partition": item.partition, "offset": item.offset, "error": type(exc).__name__})
+            poison.append(item)
             continue
         events.append(event)
         positions[event.op_key] = position_of(msg)
     return events, positions, poison
 
 
-def _poison(msg: Message, code: str, reason: str) -> Poison:
-    return Poison(*position_of(msg), msg.key(), msg.value(), list(msg.headers() or []), code, reason)
+def decode_event(value: bytes | None, codec: Codec, kinds: Mapping[str, CleanupKind],
+                 now: datetime) -> ExpiryEvent:
+    """The event a record value carries, every field checked; raises DecodeError or InvalidEvent
+    (whose code and message name the field at fault)."""
+    if value is None:
+        raise DecodeError("empty", "record has no value (tombstone)")
+    event = ExpiryEvent.from_record(codec.decode_expected("expiry_event", value), now)
+    kind = kinds.get(event.kind)
+    if kind is None:
+        raise UnknownKind(f"unknown cleanup kind {event.kind!r}")
+    if event.attempt > kind.max_attempts:
+        raise InvalidField({"attempt": f"{event.attempt} is more than the {kind.max_attempts} attempts "
+                                       f"of kind {kind.name!r}"})
+    return event
+
+
+def poison_of(msg: Message, code: str, reason: str) -> Poison:
+    """The poison item of a consumed record: its position, bytes and headers, and why."""
+    try:
+        headers = list(msg.headers() or [])
+    except Exception as exc:  # headers the client cannot even hand over: keep a note of it
+        headers = [("lapse-unreadable-headers", safe_text(str(exc), 200).encode())]
+    return Poison(*position_of(msg), msg.key(), msg.value(), headers, code, safe_text(reason, 2000))

@@ -2,8 +2,15 @@
 
 A record whose `lapse-due-at` is in the future pauses its partition and seeks back to it, so the
 consumer keeps polling (never sleeping on a batch, never near max.poll.interval) while that
-partition waits; other partitions keep flowing. Due records are forwarded to their `lapse-target`
-topic (else `lapse.expiry`), flushed, and only then are their offsets committed.
+partition waits; other partitions keep flowing. Due records are forwarded to the expiry topic,
+flushed, and only then are their offsets committed.
+
+Headers are outside input here. A record whose headers cannot be acted on (`read_wake_up`: a
+missing, repeated, malformed or out-of-range `lapse-due-at`, a `lapse-target` naming anything but
+the expiry topic) and a record the expiry topic refuses (too large) are dead-lettered as poison
+with the reason, and their offsets move on with the rest: no record stops a partition or the
+worker. A failure outside the records (the broker unreachable) rewinds the batch and retries it
+after a capped backoff.
 """
 
 from __future__ import annotations
@@ -11,34 +18,55 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 from datetime import UTC, datetime
+from typing import Any
 
-from confluent_kafka import KafkaError, KafkaException, TopicPartition
+from confluent_kafka import KafkaError, KafkaException, Message, TopicPartition
 
-from lapse.kernel.delays import TARGET_HEADER, parse_due
-from lapse.kernel.kafka_clients import DeliveryTracker, make_consumer, make_producer
+from lapse.kernel.codec import Codec, SchemaRegistryError
+from lapse.kernel.delays import InvalidWakeUp, read_wake_up
+from lapse.kernel.kafka_clients import (
+    DeliveryFailed,
+    DeliveryTracker,
+    make_consumer,
+    make_producer,
+    message_max_bytes,
+    produce_or_refusal,
+)
+from lapse.kernel.ledger import OriginalBudget
 from lapse.kernel.logs import get_logger
 from lapse.kernel.settings import Settings
 from lapse.processors.commit import commit_offsets
+from lapse.processors.dead_letters import send_poison
+from lapse.processors.decode import Poison, poison_of, position_of
 
 log = get_logger("delay")
 
+# Failures outside the records: the batch is rewound and retried after a capped backoff.
+TRANSIENT = (DeliveryFailed, KafkaException, SchemaRegistryError)
+RETRY_CAP_S = 30
+
 
 class DelayWorker:
-    """One consumer of every delay tier; `forwarded` counts records sent on."""
+    """One consumer of every delay tier; `forwarded` counts records sent on, `dead_lettered`
+    those sent to the DLQ instead."""
 
     def __init__(self, settings: Settings, *, topics: list[str] | None = None,
                  stop: threading.Event | None = None,
                  clock: Callable[[], datetime] = lambda: datetime.now(UTC)) -> None:
         self.settings = settings
         self.topics = topics or settings.topology.delay_topics
+        self.expiry = settings.topology.expiry
         self.stop = stop or threading.Event()
         self.clock = clock
         self.owned: set[tuple[str, int]] = set()
         self.held: dict[tuple[str, int], datetime] = {}  # paused partition → its head's due time
         self.forwarded = 0
+        self.dead_lettered = 0
         self.consumer = make_consumer(settings, settings.topology.groups.delay)
         self.producer = make_producer(settings)
         self.delivery = DeliveryTracker()
+        self.codec = Codec.from_settings(settings)
+        self.budget = OriginalBudget.under(message_max_bytes(settings))
 
     def _on_assign(self, consumer, partitions) -> None:
         self.owned |= {(p.topic, p.partition) for p in partitions}
@@ -53,11 +81,20 @@ class DelayWorker:
         """Forward due records until stopped; returns how many were forwarded."""
         self.consumer.subscribe(self.topics, on_assign=self._on_assign, on_revoke=self._on_revoke,
                                 on_lost=self._on_revoke)
+        failures = 0
         try:
             while not self.stop.is_set():
                 self._release_due()
                 messages = self.consumer.consume(self.settings.processor.batch_size, self._wait_s())
-                self._process([m for m in messages if self._usable(m)])
+                usable = [m for m in messages if self._usable(m)]
+                if not usable:
+                    continue
+                try:
+                    self._process(usable)
+                    failures = 0
+                except TRANSIENT as exc:
+                    failures += 1
+                    self._retry_later(usable, exc, failures)
         finally:
             self.close()
         return self.forwarded
@@ -88,27 +125,44 @@ class DelayWorker:
                 del self.held[tp]
             self.consumer.resume([TopicPartition(t, p) for t, p in due])
 
-    def _process(self, messages: list) -> None:
+    def _process(self, messages: list[Message]) -> None:
+        """Forward the due records, hold each partition at its first record not due, dead-letter
+        what cannot be forwarded; then flush and commit what was forwarded or dead-lettered."""
         now = self.clock()
-        done = []
+        done: list[Message] = []
+        poison: list[Poison] = []
+        refused: list[tuple[Message, str]] = []
         for msg in messages:
-            tp = (msg.topic(), msg.partition())
+            topic, partition, offset = position_of(msg)
+            tp = (topic, partition)
             if tp in self.held:
                 continue  # its head is waiting: later records of the partition wait behind it
-            due = parse_due(msg.headers())
-            if due is not None and due > now:
-                self._hold(tp, msg.offset(), due)
+            try:
+                wake = read_wake_up(_headers(msg), self.expiry, now)
+            except InvalidWakeUp as exc:
+                poison.append(poison_of(msg, exc.code, str(exc)))
+                done.append(msg)
                 continue
-            target = dict(msg.headers() or []).get(TARGET_HEADER)
-            self.producer.produce((target or b"").decode() or self.settings.topology.expiry,
-                                  key=msg.key(), value=msg.value(), headers=msg.headers(),
-                                  on_delivery=self.delivery)
+            if wake.due_at > now:
+                self._hold(tp, offset, wake.due_at)
+                continue
+            on_refusal = _refusal_into(refused, msg)
+            err = produce_or_refusal(self.producer, wake.target, key=msg.key(), value=msg.value(),
+                                     headers=msg.headers(), on_delivery=self.delivery.or_refused(on_refusal))
+            if err is not None:
+                on_refusal(err)
             self.producer.poll(0)
             done.append(msg)
-        if done:
-            self.delivery.flush(self.producer)
-            commit_offsets(self.consumer, self.owned, done)
-            self.forwarded += len(done)
+        if not done:
+            return
+        self.delivery.flush(self.producer)
+        poison += [poison_of(m, "forward_refused", f"the expiry topic refused the record: {why}")
+                   for m, why in refused]
+        send_poison(self.producer, self.codec, self.delivery, self.settings.topology.dlq, poison, now,
+                    self.budget)
+        commit_offsets(self.consumer, self.owned, done)
+        self.forwarded += len(done) - len(poison)
+        self.dead_lettered += len(poison)
 
     def _hold(self, tp: tuple[str, int], offset: int, due: datetime) -> None:
         """Pause the partition and rewind it to the held record (pre-fetched records are dropped)."""
@@ -117,8 +171,43 @@ class DelayWorker:
         self.consumer.seek(part)
         self.held[tp] = due
 
+    def _retry_later(self, messages: list[Message], exc: Exception, failures: int) -> None:
+        """The batch failed for a reason outside its records (the broker or the registry): nothing
+        of it was committed, so rewind its partitions to the batch's first offsets, release any
+        hold taken in it, and retry after a capped backoff. Records already forwarded come again
+        (at least once; the processor absorbs duplicates)."""
+        first: dict[tuple[str, int], int] = {}
+        for msg in messages:
+            topic, partition, offset = position_of(msg)
+            first[(topic, partition)] = min(first.get((topic, partition), offset), offset)
+        for (topic, partition), offset in first.items():
+            if (topic, partition) in self.owned:
+                self.held.pop((topic, partition), None)
+                part = TopicPartition(topic, partition, offset)
+                self.consumer.resume([part])
+                self.consumer.seek(part)
+        delay = min(RETRY_CAP_S, 2 ** (failures - 1))
+        log.error("delay batch failed, rewound to retry", extra={
+            "records": len(messages), "retry_in_s": delay, "error": str(exc).splitlines()[0][:300]})
+        self.stop.wait(delay)
+
     def close(self) -> None:
         try:
             self.consumer.close()
         finally:
             self.producer.flush(10)
+
+
+def _headers(msg: Message) -> Any:
+    """A record's headers; headers the client cannot hand over are a bad header, not a crash."""
+    try:
+        return msg.headers()
+    except Exception as exc:
+        raise InvalidWakeUp("invalid_header", f"headers unreadable: {type(exc).__name__}") from None
+
+
+def _refusal_into(refused: list[tuple[Message, str]], msg: Message) -> Callable[[KafkaError], None]:
+    """Where the expiry topic's refusal of forwarding `msg` goes: into `refused`, with the error."""
+    def refusal(err: KafkaError) -> None:
+        refused.append((msg, err.str()))
+    return refusal

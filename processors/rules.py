@@ -27,12 +27,14 @@ from lapse.kernel.ledger import (
     insert_pending,
     millis,
     read_rows,
+    safe_text,
 )
 from lapse.processors.failures import INVALID, EffectFailure
 from lapse.processors.retries import FailedAttempt, record_failures, wake_up
 from lapse.processors.scope import BatchResult, BatchScope
 
 Invalid = tuple[ExpiryEvent, str]  # an event whose work can never run, and why
+REASON_LIMIT = 500  # characters of a dead-letter reason written to the ledger
 
 
 @dataclass(frozen=True)
@@ -171,14 +173,16 @@ def external_effect(kind: CleanupKind) -> ExternalEffect:
 
 def lease_external(scope: BatchScope, effect: ExternalEffect, events: list[ExpiryEvent],
                    subjects: Mapping[str, Any], before: Mapping[str, LedgerRow]) -> None:
-    """Keep the claims of subjects that still have a target: they go to `leased` with it, and the
-    lease is recorded as a transition."""
+    """Keep the claims of subjects that still have a target (their business row still eligible
+    and due): they go to `leased` with the row's values and the attempt the call runs (the ledger's
+    count of attempts so far + 1), and the lease is recorded as a transition."""
     targets = effect.targets(scope.conn, list(subjects.values()), scope.now)
     for event in events:
         if event.subject_id in targets:
+            row = before[event.op_key]
             scope.result.leased.append(event)
             scope.result.targets[event.op_key] = targets[event.subject_id]
-            row = before[event.op_key]
+            scope.result.attempts[event.op_key] = row.attempt + 1
             scope.writes.event_transition(event, row.state, CLAIMED, row.attempt)
 
 
@@ -224,8 +228,11 @@ def dead_letter_invalid(scope: BatchScope, invalid: list[Invalid], before: Mappi
 def dead_letter_events(scope: BatchScope, failed: list[Invalid]) -> BatchResult:
     """Dead-letter events whose cleanup cannot run at all (their own transaction failed), as
     `invalid` with the reason: ledger row, transition, DLQ record and outcome, in the scope's
-    transaction. Rows already terminal are left alone (the event was a duplicate)."""
+    transaction. Rows already terminal are left alone (the event was a duplicate). A reason may
+    quote outside input (a database error about a value): its control characters are escaped, so
+    the reason itself cannot be what the database refuses."""
     before, claimed = claim_rows(scope, {e.op_key: e for e, _ in failed})
-    dead_letter_invalid(scope, [(e, r) for e, r in failed if e.op_key in claimed], before)
+    dead_letter_invalid(scope, [(e, safe_text(r, REASON_LIMIT)) for e, r in failed if e.op_key in claimed],
+                        before)
     scope.writes.flush(scope.conn)
     return scope.result

@@ -34,7 +34,8 @@ class DecodeError(Exception):
     """Bytes that cannot be decoded; `reason` is a short machine code, str(self) a one-line message.
 
     Reasons: empty, bad_magic, unknown_fingerprint, unknown_schema_id, malformed_body,
-    unexpected_schema, registry_unavailable. `transient` is True only when the registry could not
+    unexpected_schema, registry_unavailable, invalid_field (a timestamp no datetime can hold, text
+    that is not UTF-8; the message names the field). `transient` is True only when the registry could not
     be reached (retrying later may succeed); every other decode error is permanent for those bytes.
     """
 
@@ -259,6 +260,9 @@ def _read(plan: _ReadPlan, data: bytes, offset: int) -> dict[str, Any]:
     try:
         record = fastavro.schemaless_reader(body, plan.writer, plan.reader)
     except Exception as exc:  # EOFError, UnicodeDecodeError, schema resolution errors…
+        at_fault = _fields_at_fault(plan.writer, data, offset)
+        if at_fault:
+            raise DecodeError("invalid_field", "; ".join(at_fault)) from None
         message = f"cannot read {plan.stem} body: {type(exc).__name__}: {exc}"
         raise DecodeError("malformed_body", message.replace("\n", " ")) from None
     if not isinstance(record, dict):  # every Lapse schema is a record
@@ -267,6 +271,87 @@ def _read(plan: _ReadPlan, data: bytes, offset: int) -> dict[str, Any]:
         message = f"{len(data) - body.tell()} unread bytes after the {plan.stem} body"
         raise DecodeError("malformed_body", message)
     return record
+
+
+# What a timestamp field may hold and still be a datetime (0001-01-01 to 9999-12-31), per unit.
+TIMESTAMP_RANGE = {
+    "timestamp-millis": (-62_135_596_800_000, 253_402_300_799_999),
+    "timestamp-micros": (-62_135_596_800_000_000, 253_402_300_799_999_999),
+}
+
+
+def _fields_at_fault(writer: Schema, data: bytes, offset: int) -> list[str]:
+    """For a body that failed to read: its top-level fields whose value no reader can hold — a
+    timestamp no datetime can hold, text that is not UTF-8 — each as `<field>: <problem>`. Found
+    by reading the body again as plain values (timestamps as longs, strings as bytes: Avro encodes
+    both alike). Empty when that is not why the body failed."""
+    if not isinstance(writer, dict) or not isinstance(writer.get("fields"), list):
+        return []
+    body = BytesIO(data)
+    body.seek(offset)
+    try:
+        raw = fastavro.schemaless_reader(body, fastavro.parse_schema(_plain(writer), named_schemas={}), None)
+    except Exception:  # not a value's fault: the caller reports the original error
+        return []
+    if not isinstance(raw, dict):
+        return []
+    found = []
+    for spec in writer["fields"]:
+        name, value = spec["name"], raw.get(spec["name"])
+        unit = _timestamp_unit(spec.get("type"))
+        if unit and isinstance(value, int) and not TIMESTAMP_RANGE[unit][0] <= value <= TIMESTAMP_RANGE[unit][1]:
+            found.append(f"{name}: {value} is outside the {unit} range (years 1 to 9999)")
+        elif _has_text(spec.get("type")) and not _utf8(value):
+            found.append(f"{name}: text that is not UTF-8")
+    return found
+
+
+def _timestamp_unit(schema: Any) -> str | None:
+    """The timestamp logical type of a field's schema (or of a branch of its union), if any."""
+    branches = schema if isinstance(schema, list) else [schema]
+    for branch in branches:
+        if isinstance(branch, dict) and branch.get("logicalType") in TIMESTAMP_RANGE:
+            return str(branch["logicalType"])
+    return None
+
+
+def _has_text(schema: Any) -> bool:
+    """Whether a field's schema holds Avro strings anywhere (a branch, map values, array items)."""
+    if schema == "string":
+        return True
+    if isinstance(schema, list):
+        return any(_has_text(branch) for branch in schema)
+    if isinstance(schema, dict) and schema.get("type") in ("map", "array"):
+        return _has_text(schema.get("values", schema.get("items")))
+    return False
+
+
+def _utf8(value: Any) -> bool:
+    """Whether every bytes value within `value` (read as plain values) is UTF-8."""
+    if isinstance(value, bytes):
+        try:
+            value.decode("utf-8")
+        except UnicodeDecodeError:
+            return False
+        return True
+    if isinstance(value, dict):
+        return all(_utf8(v) for v in value.values())
+    if isinstance(value, list):
+        return all(_utf8(v) for v in value)
+    return True
+
+
+def _plain(schema: Any) -> Any:
+    """A copy of a (parsed) schema that reads plain values: no timestamp logical types, strings as
+    bytes, without fastavro's own keys."""
+    if schema == "string":
+        return "bytes"
+    if isinstance(schema, list):
+        return [_plain(item) for item in schema]
+    if not isinstance(schema, dict):
+        return schema
+    return {key: _plain(value) for key, value in schema.items()
+            if not key.startswith("__") and not (key == "logicalType" and value in TIMESTAMP_RANGE)}
 
 
 def _encode_message(schema: StoredSchema, record: Any, exc: Exception) -> str:

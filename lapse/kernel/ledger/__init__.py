@@ -5,7 +5,8 @@ This module is the package's face: every other module imports the ledger from he
 
 - `states`  — states and the allowed transitions, as data; `check` raises on any other move;
 - `keys`    — op keys and correlation ids;
-- `records` — the expiry event, its factory, and the serializer of each record type;
+- `records` — the expiry event, its factory and validation, and the serializer of each record type
+  (a dead letter's original bytes clipped to a budget);
 - `rows`    — the typed rows the statements return and take;
 - `queries` — every statement of the state machine (the SQL);
 - `reads`   — the probes business-table selects embed, and the aggregates status and reports show;
@@ -37,16 +38,25 @@ from lapse.kernel.ledger.reads import (
     transitions_between,
 )
 from lapse.kernel.ledger.records import (
+    ATTEMPT_CAP,
+    EARLIEST_DUE,
+    LATEST_DUE_AHEAD,
+    ClippedOriginal,
     ExpiryEvent,
     FailureEntry,
+    InvalidField,
     Original,
+    OriginalBudget,
     Position,
+    clip_original,
     dead_letter_record,
     event_for_row,
     expiry_event,
     expiry_record,
     millis,
     outcome_record,
+    safe_text,
+    time_problem,
 )
 from lapse.kernel.ledger.rows import (
     ClaimedMove,
@@ -78,8 +88,11 @@ from lapse.kernel.ledger.writes import LedgerWrites
 __all__ = [
     "ALLOWED",
     "APPLIED",
+    "ATTEMPT_CAP",
     "CLAIMED",
     "DEAD_LETTER",
+    "EARLIEST_DUE",
+    "LATEST_DUE_AHEAD",
     "PENDING",
     "RETRY_SCHEDULED",
     "SKIPPED",
@@ -88,16 +101,19 @@ __all__ = [
     "UNFINISHED",
     "WAITING",
     "ClaimedMove",
+    "ClippedOriginal",
     "DeadLetterRow",
     "ExpiredClaims",
     "ExpiryEvent",
     "FailureEntry",
     "IllegalTransition",
     "InvalidEvent",
+    "InvalidField",
     "InvalidOpKey",
     "LedgerRow",
     "LedgerWrites",
     "Original",
+    "OriginalBudget",
     "Position",
     "Selection",
     "StateKindCount",
@@ -105,6 +121,7 @@ __all__ = [
     "allowed",
     "check",
     "claim",
+    "clip_original",
     "counts_by_state_and_kind",
     "dead_letter_record",
     "dead_letters",
@@ -130,6 +147,8 @@ __all__ = [
     "read_rows",
     "release_dead_letters",
     "renew_leases",
+    "safe_text",
     "stuck_cursor",
+    "time_problem",
     "transitions_between",
 ]

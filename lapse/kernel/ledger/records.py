@@ -1,26 +1,66 @@
 """The records about the ledger's work: expiry events (the work), cleanup outcomes (what happened)
-and dead letters (what could not happen), with the one factory of expiry events and the one
-serializer of each record type.
+and dead letters (what could not happen), with the one factory of expiry events, the one
+validation of a consumed event, and the one serializer of each record type.
 
 Serialized records carry timestamps as epoch milliseconds, so one dict fits both the outbox's JSON
 column and the Avro codec (whose timestamp-millis fields take the integer as it is).
+
+A consumed event is outside input: `ExpiryEvent.from_record` checks every field against what the
+ledger columns, PostgreSQL and the retry arithmetic can hold (`FIELD_LIMITS`, `FORBIDDEN_CHARACTERS`,
+`ATTEMPT_CAP`, the due-time window, `ATTRIBUTE_LIMITS`) and raises `InvalidField` naming each field
+that fails, so nothing it lets through can fail further in.
 """
 
 from __future__ import annotations
 
+import hashlib
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from lapse.kernel.ledger.keys import InvalidEvent, InvalidOpKey, new_correlation_id, op_key, parse_op_key
 from lapse.kernel.ledger.rows import LedgerRow
 
-# Longest values the ledger columns hold (lapse/kernel/models.py).
-FIELD_LIMITS = {"tenant": 64, "correlation_id": 64, "source": 16, "replay_id": 64}
+# Longest values (in characters) the ledger columns hold (lapse/kernel/models.py).
+FIELD_LIMITS = {"op_key": 200, "kind": 64, "tenant": 64, "subject_id": 128, "correlation_id": 64,
+                "source": 16, "replay_id": 64}
+# Characters no text field may hold: C0 controls (NUL included, which PostgreSQL `text` rejects),
+# DEL, C1 controls, and lone surrogates (not encodable in UTF-8, so not storable either).
+FORBIDDEN_CHARACTERS = re.compile("[\x00-\x1f\x7f-\x9f\ud800-\udfff]")
+# Most attempts an event may say were already made: far above any kind's `max_attempts` (which
+# decoding checks when it knows the kind) and far below the ledger's INTEGER (2**31-1), so the
+# retry arithmetic (`attempt + 1`) can never overflow a column.
+ATTEMPT_CAP = 1_000
+# The window a due time (and a production time) must fall in. Nothing Lapse cleans up lapsed
+# before 2000, and nothing is planned more than 20 years ahead, longer than the retention windows
+# Lapse is for; a value outside it is corrupt or hostile, and would make a row nobody claims.
+EARLIEST_DUE = datetime(2000, 1, 1, tzinfo=UTC)
+LATEST_DUE_AHEAD = timedelta(days=20 * 366)
+# Free-form attributes ride along on every wake-up and outcome: at most `count` of them, names and
+# values at most that many characters, no forbidden characters.
+ATTRIBUTE_LIMITS = {"count": 32, "name": 64, "value": 1024}
 
 # Where a consumed record came from: (topic, partition, offset).
 Position = tuple[str, int, int]
+
+
+class InvalidField(InvalidEvent):
+    """An event with fields no ledger row can hold; `fields` names each of them, and the message
+    says what is wrong with each (`<field>: <problem>; …`)."""
+
+    code = "invalid_field"
+
+    def __init__(self, problems: Mapping[str, str]):
+        super().__init__("; ".join(f"{name}: {problem}" for name, problem in problems.items()))
+        self.fields = tuple(problems)
+
+
+def safe_text(text: str, limit: int) -> str:
+    """`text` with every forbidden character escaped (`\\u0000`), cut to `limit` characters: for
+    reasons and messages that go into the ledger or a log and may quote outside input."""
+    return FORBIDDEN_CHARACTERS.sub(lambda m: f"\\u{ord(m.group()):04x}", text)[:limit]
 
 
 def millis(ts: datetime) -> int:
@@ -56,19 +96,23 @@ class ExpiryEvent:
         return {"op_key": self.op_key, "kind": self.kind, "tenant": self.tenant, "subject_id": self.subject_id}
 
     @classmethod
-    def from_record(cls, record: Mapping[str, Any]) -> ExpiryEvent:
-        """Validate a decoded Avro record: the op key must be well formed and match kind/subject."""
-        kind, subject = parse_op_key(record["op_key"])
-        for name, limit in FIELD_LIMITS.items():
-            value = record.get(name)
-            if value is not None and not 0 < len(value) <= limit:
-                raise InvalidEvent(f"{name} must be 1 to {limit} characters, got {len(value)}")
+    def from_record(cls, record: Mapping[str, Any], now: datetime | None = None) -> ExpiryEvent:
+        """Validate a decoded Avro record (see the module docstring) and make its event.
+
+        Raises InvalidOpKey for an op key that is malformed or does not match kind/subject_id,
+        InvalidField naming every other field that fails; `now` (default: the clock) places the
+        due-time window."""
+        key = record.get("op_key")
+        if not isinstance(key, str):
+            raise InvalidField({"op_key": _missing_or_type(key, "a string")})
+        kind, subject = parse_op_key(key)
+        problems = field_problems(record, now or datetime.now(UTC))
+        if problems:
+            raise InvalidField(problems)
         if kind != record["kind"] or subject != record["subject_id"]:
-            raise InvalidOpKey(
-                f"op key {record['op_key'][:80]!r} does not match kind/subject_id of the event"
-            )
+            raise InvalidOpKey(f"op key {safe_text(key, 80)!r} does not match kind/subject_id of the event")
         return cls(
-            op_key=record["op_key"],
+            op_key=key,
             kind=kind,
             tenant=record["tenant"],
             subject_id=subject,
@@ -78,8 +122,84 @@ class ExpiryEvent:
             attempt=record.get("attempt", 0),
             replay_id=record.get("replay_id"),
             produced_at=record.get("produced_at"),
-            attributes=record.get("attributes") or {},
+            attributes=dict(record.get("attributes") or {}),
         )
+
+
+def field_problems(record: Mapping[str, Any], now: datetime) -> dict[str, str]:
+    """What is wrong with each field of an expiry event record (field → problem); empty when it
+    fits the ledger. The op key's form and its match with kind/subject are `from_record`'s."""
+    problems: dict[str, str | None] = {
+        name: text_problem(record.get(name), limit, optional=name == "replay_id")
+        for name, limit in FIELD_LIMITS.items()
+    }
+    problems["due_at"] = time_problem(record.get("due_at"), now)
+    problems["produced_at"] = time_problem(record.get("produced_at"), now, optional=True)
+    problems["attempt"] = attempt_problem(record.get("attempt", 0))
+    problems["attributes"] = attributes_problem(record.get("attributes") or {})
+    return {name: problem for name, problem in problems.items() if problem is not None}
+
+
+def text_problem(value: Any, limit: int, *, optional: bool = False) -> str | None:
+    """Why `value` cannot be a text field of at most `limit` characters, or None."""
+    if value is None and optional:
+        return None
+    if not isinstance(value, str):
+        return _missing_or_type(value, "a string")
+    if not 0 < len(value) <= limit:
+        return f"must be 1 to {limit} characters, got {len(value)}"
+    return _forbidden_character(value)
+
+
+def time_problem(value: Any, now: datetime, *, optional: bool = False) -> str | None:
+    """Why `value` is not a timestamp within the window (`EARLIEST_DUE`, now + `LATEST_DUE_AHEAD`)."""
+    if value is None and optional:
+        return None
+    if not isinstance(value, datetime) or value.tzinfo is None:
+        return _missing_or_type(value, "a UTC timestamp")
+    if value < EARLIEST_DUE:
+        return f"{value.isoformat()} is before {EARLIEST_DUE.date().isoformat()}"
+    if value > now + LATEST_DUE_AHEAD:
+        return f"{value.isoformat()} is more than {LATEST_DUE_AHEAD.days // 366} years ahead"
+    return None
+
+
+def attempt_problem(value: Any) -> str | None:
+    """Why `value` is not an attempt count from 0 to `ATTEMPT_CAP`, or None."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        return _missing_or_type(value, "an integer")
+    if not 0 <= value <= ATTEMPT_CAP:
+        return f"must be 0 to {ATTEMPT_CAP}, got {value}"
+    return None
+
+
+def attributes_problem(value: Any) -> str | None:
+    """Why `value` is not a map of attributes within `ATTRIBUTE_LIMITS`, or None."""
+    if not isinstance(value, Mapping):
+        return _missing_or_type(value, "a map of strings")
+    if len(value) > ATTRIBUTE_LIMITS["count"]:
+        return f"at most {ATTRIBUTE_LIMITS['count']} attributes, got {len(value)}"
+    for name, text in value.items():
+        problem = text_problem(name, ATTRIBUTE_LIMITS["name"])
+        if problem is not None:
+            return f"a name {problem}"
+        if text != "":
+            problem = text_problem(text, ATTRIBUTE_LIMITS["value"])
+            if problem is not None:
+                return f"the value of {name!r} {problem}"
+    return None
+
+
+def _forbidden_character(value: str) -> str | None:
+    found = FORBIDDEN_CHARACTERS.search(value)
+    if found is None:
+        return None
+    what = "lone surrogate" if "\ud800" <= found.group() <= "\udfff" else "control character"
+    return f"contains the {what} U+{ord(found.group()):04X} at position {found.start()}"
+
+
+def _missing_or_type(value: Any, expected: str) -> str:
+    return "missing" if value is None else f"must be {expected}, got {type(value).__name__}"
 
 
 def expiry_event(kind: str, subject_id: str | int, tenant: str, due_at: datetime, *, source: str,
@@ -151,12 +271,87 @@ class Original:
     headers: Mapping[str, bytes]
 
 
+@dataclass(frozen=True, slots=True)
+class OriginalBudget:
+    """Bytes of a consumed record a dead letter may carry verbatim: its key, its value, and its
+    headers (names and values together)."""
+
+    key: int
+    value: int
+    headers: int
+
+    @classmethod
+    def under(cls, message_max_bytes: int) -> OriginalBudget:
+        """A budget that keeps a whole dead letter safely under a producer's `message.max.bytes`:
+        a quarter of it for the value, a sixteenth for the headers, 1/256 for the key (carried
+        twice: the dead letter's own Kafka key is the original key too). The rest of a dead letter
+        (reason, history, names) is a few KiB."""
+        return cls(key=message_max_bytes // 256, value=message_max_bytes // 4, headers=message_max_bytes // 16)
+
+
+@dataclass(frozen=True, slots=True)
+class ClippedOriginal:
+    """A consumed record cut to a budget, with the length and SHA-256 (hex) of its key and value as
+    they were (None when it had none), and which parts were cut (`key`, `value`, `headers`)."""
+
+    original: Original
+    key_length: int | None
+    key_sha256: str | None
+    value_length: int | None
+    value_sha256: str | None
+    clipped: tuple[str, ...]
+
+
+# Longest header name a dead letter keeps (characters).
+HEADER_NAME_LIMIT = 256
+
+
+def clip_original(key: bytes | None, value: bytes | None, headers: Sequence[tuple[Any, Any]],
+                  budget: OriginalBudget) -> ClippedOriginal:
+    """The consumed record (`headers` as the consumer returns them: (name, bytes or None) pairs, a
+    repeated name's last value winning) cut to `budget`."""
+    kept, headers_cut = _clip_headers(headers, budget.headers)
+    clipped = tuple(name for name, cut in (("key", key is not None and len(key) > budget.key),
+                                           ("value", value is not None and len(value) > budget.value),
+                                           ("headers", headers_cut)) if cut)
+    return ClippedOriginal(
+        original=Original(None if key is None else key[:budget.key],
+                          None if value is None else value[:budget.value], kept),
+        key_length=None if key is None else len(key), key_sha256=_sha256(key),
+        value_length=None if value is None else len(value), value_sha256=_sha256(value),
+        clipped=clipped)
+
+
+def _clip_headers(headers: Sequence[tuple[Any, Any]], budget: int) -> tuple[dict[str, bytes], bool]:
+    last: dict[str, bytes] = {}
+    for name, value in headers:
+        text = name.decode("utf-8", "replace") if isinstance(name, bytes) else str(name)
+        raw = value.encode("utf-8", "surrogatepass") if isinstance(value, str) else bytes(value or b"")
+        last[safe_text(text, HEADER_NAME_LIMIT)] = raw
+    kept: dict[str, bytes] = {}
+    left, cut = budget, len(headers) > len(last)
+    for name, raw in last.items():
+        cost = len(name.encode()) + len(raw)
+        if cost > left:
+            room = left - len(name.encode())
+            if room > 0:
+                kept[name] = raw[:room]
+            return kept, True
+        kept[name] = raw
+        left -= cost
+    return kept, cut
+
+
+def _sha256(data: bytes | None) -> str | None:
+    return None if data is None else hashlib.sha256(data).hexdigest()
+
+
 def dead_letter_record(failure_class: str, reason: str, attempt: int, at: datetime, *,
                        event: ExpiryEvent | None = None, history: Sequence[FailureEntry] = (),
                        position: Position | None = None, original: Original | None = None,
                        ) -> dict[str, Any]:
     """The dead_letter record: of an operation (`event`, with its failed attempts in `history`),
-    or of a record no event could be decoded from (`original`)."""
+    or of a record no event could be decoded from (`original`, clipped by the caller)."""
     topic, partition, offset = position or ("", -1, -1)
     return {
         **(event.identity() if event else dict.fromkeys(IDENTITY)),
