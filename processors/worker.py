@@ -16,7 +16,7 @@ from sqlalchemy.exc import InterfaceError, OperationalError
 from lapse.kernel.codec import Codec
 from lapse.kernel.database import engine_from_settings
 from lapse.kernel.kafka_clients import DeliveryFailed, DeliveryTracker, make_consumer, make_producer
-from lapse.kernel.kinds import registry
+from lapse.kernel.kinds import load_kinds
 from lapse.kernel.logs import get_logger
 from lapse.kernel.settings import Settings
 from lapse.processors.circuit import CircuitPolicy, DeadLetterCircuit
@@ -29,6 +29,9 @@ log = get_logger("processor")
 # Failures outside the batch itself: retried in place after a rewind (see _retry_later).
 TRANSIENT = (OperationalError, InterfaceError, DeliveryFailed, KafkaException)
 RETRY_CAP_S = 30
+# How long a worker that never got an assignment waits for the broker's metadata before it
+# reports the broker unreachable (`run(exit_when_idle=…)` only).
+BROKER_PROBE_S = 10.0
 
 
 @dataclass
@@ -55,12 +58,13 @@ class CleanupWorker:
         self.stats = WorkerStats()
         self.owned: set[tuple[str, int]] = set()
         self.at_eof: set[tuple[str, int]] = set()
+        self.reached_broker = False  # an assignment (even an empty one) or metadata came back
         self.engine = engine_from_settings(settings)
         self.ctx = BatchContext(
             settings=settings,
             engine=self.engine,
             codec=Codec.from_settings(settings),
-            kinds=registry(settings.processor.extra_kinds),
+            kinds=load_kinds(settings, self.engine),
             producer=make_producer(settings),
             delivery=DeliveryTracker(),
         )
@@ -71,6 +75,7 @@ class CleanupWorker:
         self.next_offset: dict[tuple[str, int], int] = {}
 
     def _on_assign(self, consumer, partitions) -> None:
+        self.reached_broker = True
         self.owned |= {(p.topic, p.partition) for p in partitions}
         log.info("partitions assigned", extra={"partitions": sorted(p.partition for p in partitions)})
 
@@ -129,11 +134,16 @@ class CleanupWorker:
 
     def _idle(self, last_activity: float, idle_s: float) -> bool:
         """Caught up on every owned partition for `idle_s`; a worker with no partitions waits a
-        further two session timeouts, since a rebalance may still hand it some."""
+        further two session timeouts, since a rebalance may still hand it some. A worker that never
+        heard from the broker does not call that idle: it asks for metadata, and the
+        KafkaException of an unreachable broker ends the run (never an exit as if all was done)."""
         quiet = time.monotonic() - last_activity
         if self.owned:
             active = {tp for tp in self.owned if not self.circuit.is_open(tp)}
             return active <= self.at_eof and quiet >= idle_s
+        if not self.reached_broker and quiet >= idle_s:
+            self.consumer.list_topics(self.settings.topology.expiry, timeout=BROKER_PROBE_S)
+            self.reached_broker = True
         return quiet >= idle_s + 2 * self.settings.processor.session_timeout_ms / 1000
 
     def _consume(self) -> list:
@@ -157,9 +167,7 @@ class CleanupWorker:
     def _process(self, messages: list) -> None:
         started = time.monotonic()
         events, positions, poison = decode_batch(messages, self.ctx.codec, self.ctx.kinds)
-        for item in poison:
-            log.warning("poison record dead-lettered", extra={
-                "partition": item.partition, "offset": item.offset, "reason": item.reason_code})
+        # Poison is logged as dead-lettered by commit_batch, once the DLQ has acknowledged it.
         result = commit_batch(self.ctx, self.consumer, self.owned, messages, events, positions, poison)
         for msg in messages:
             topic, partition, offset = position_of(msg)
@@ -213,5 +221,7 @@ class CleanupWorker:
         try:
             self.consumer.close()
         finally:
+            if self.ctx.effects is not None:  # HTTP clients and object-store sessions of the effects
+                self.ctx.effects.close()
             self.ctx.producer.flush(10)
             self.engine.dispose()

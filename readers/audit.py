@@ -2,7 +2,9 @@
 
 The topics are read by manual assignment up to the high watermarks captured at the start (or
 partition EOF), with no group and no commits. Records are joined by op key into small per-key
-tuples (payloads are not kept), and the report says which invariants hold.
+tuples (payloads are not kept), and the report says which invariants hold — or that it could not
+tell: a partition holding records in the window that was not read to its end makes the audit
+incomplete, never "invariants hold", and a window with no records is "nothing to audit".
 
 On the embedded tansu broker the high watermark can be short of the log's end (PITFALLS.md), so an
 audit there may stop early; audit an Apache Kafka cluster.
@@ -25,6 +27,10 @@ from lapse.kernel.settings import Settings
 from lapse.readers.offsets import Span, manual_consumer, offsets_at, partitions_of, read_spans, watermarks
 
 SAMPLE = 20  # op keys listed per finding; counts are always complete
+HOLD = "invariants hold"
+BROKEN = "broken"
+INCOMPLETE = "incomplete"
+NOTHING = "nothing to audit"
 # The only fields the audit reads: the rest of each record is skipped, not decoded.
 EVENT_FIELDS = ("op_key", "replay_id")
 OUTCOME_FIELDS = ("outcome_id", "op_key", "status", "occurred_at", "replay_id")
@@ -55,6 +61,11 @@ class AuditReport:
     unresolved_sample: list[str] = field(default_factory=list)
     replays: dict[str, dict[str, int]] = field(default_factory=dict)
     broken: list[str] = field(default_factory=list)
+    in_range: dict[str, int] = field(default_factory=dict)      # records the broker holds in the spans read
+    scanned: dict[str, int] = field(default_factory=dict)       # records read from them (before --since/--until)
+    unread: list[dict[str, Any]] = field(default_factory=list)  # partitions not read to their end
+    incomplete: list[str] = field(default_factory=list)
+    verdict: str = NOTHING
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -170,6 +181,8 @@ def run_audit(settings: Settings, *, since: datetime | None = None, until: datet
     since_ms = millis(since) if since else None
     until_ms = millis(until) if until else None
     consumer = manual_consumer(settings)
+    read_to: dict[tuple[str, int], int] = {}
+    scanned: Counter[str] = Counter()
     try:
         spans = [s for topic in expected for s in _plan_spans(consumer, topic, since, report)]
         bar = Progress(sum(s.size for s in spans)) if progress else None
@@ -177,8 +190,11 @@ def run_audit(settings: Settings, *, since: datetime | None = None, until: datet
         undecodable: Counter[str] = Counter()
         for msg in read_spans(consumer, spans, on_message=bar):
             topic, ts_ms = msg.topic(), msg.timestamp()[1]
-            if topic is None:  # read_spans yields records of the spans' topics only
+            partition, offset = msg.partition(), msg.offset()
+            if topic is None or partition is None or offset is None:  # read_spans yields records only
                 continue
+            read_to[(topic, partition)] = offset + 1
+            scanned[topic] += 1
             if (since_ms is not None and ts_ms < since_ms) or (until_ms is not None and ts_ms >= until_ms):
                 continue
             records[topic] += 1
@@ -199,8 +215,45 @@ def run_audit(settings: Settings, *, since: datetime | None = None, until: datet
         consumer.close()
     report.records = {t: records[t] for t in expected}
     report.undecodable = {t: undecodable[t] for t in expected}
+    report.in_range = {t: sum(s.size for s in spans if s.topic == t) for t in expected}
+    report.scanned = {t: scanned[t] for t in expected}
+    report.unread = unread_spans(spans, read_to)
     _summarise(history, report, cutoff_ms=millis(min(until or now, now) - grace))
+    judge(report)
     return report
+
+
+def unread_spans(spans: list[Span], read_to: dict[tuple[str, int], int]) -> list[dict[str, Any]]:
+    """The spans holding records that were not read to their end: `read_to` is the offset after the
+    last record read per (topic, partition). Lapse's topics are neither compacted nor written in
+    transactions, so their offsets have no gaps and a span read to its end ends at `end`."""
+    return [{"topic": s.topic, "partition": s.partition, "read_to": read_to.get((s.topic, s.partition), s.start),
+             "end": s.end, "missing": s.end - read_to.get((s.topic, s.partition), s.start)}
+            for s in spans if s.size > 0 and read_to.get((s.topic, s.partition), s.start) < s.end]
+
+
+def judge(report: AuditReport) -> None:
+    """Set `incomplete` and the verdict: broken invariants first; then whatever was not read (an
+    audit that did not see everything cannot say the invariants hold); then an empty window."""
+    held = sum(report.in_range.values())
+    if report.unread:
+        missing = sum(u["missing"] for u in report.unread)
+        if not sum(report.scanned.values()):
+            report.incomplete.append(f"read nothing although the topics hold {held} records in range")
+        else:
+            parts = len(report.unread)
+            report.incomplete.append(f"{missing} of {held} records in range not read, from {parts} "
+                                     f"partition{'' if parts == 1 else 's'}")
+        report.incomplete += [f"{u['topic']}[{u['partition']}] read to offset {u['read_to']} of {u['end']}"
+                              for u in report.unread[:SAMPLE]]
+    if report.broken:
+        report.verdict = BROKEN
+    elif report.incomplete:
+        report.verdict = INCOMPLETE
+    elif not sum(report.records.values()):
+        report.verdict = NOTHING
+    else:
+        report.verdict = HOLD
 
 
 def _summarise(h: _History, report: AuditReport, cutoff_ms: int) -> None:

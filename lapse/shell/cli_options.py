@@ -29,6 +29,7 @@ from lapse.kernel.settings import (
     setting_origins,
 )
 from lapse.shell.cli import config_file_option
+from lapse.shell.error_boundary import CommandFailed, ExitCode, note_settings
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -85,19 +86,19 @@ def connection_options(func: F) -> F:
 
 
 def build_settings(flags: dict[str, Any]) -> Settings:
-    """Settings from flags (dotted paths) + env + the config file, or a one-line error and exit
-    status 2 on a wrong value, naming where the value came from."""
+    """Settings from flags (dotted paths) + env + the config file, or a one-line error and the
+    configuration exit status (3) on a wrong value, naming where the value came from."""
     config_file = config_file_option()
     try:
         return load_settings(config_file, **nest(flags))
     except (UnknownSetting, ConfigFileError) as exc:
-        raise click.UsageError(str(exc)) from None
+        raise CommandFailed(ExitCode.CONFIG, str(exc)) from None
     except ValidationError as exc:
         first = exc.errors()[0]
         where = ".".join(str(p) for p in first["loc"][:2]) or "settings"
         origin = setting_origins(config_file, **nest(flags)).get(where, "default")
         source = origin if origin.startswith("env ") else f"{origin} (env {env_var(where)})"
-        raise click.UsageError(f"invalid setting {where} from {source}: {first['msg']}") from None
+        raise CommandFailed(ExitCode.CONFIG, f"invalid setting {where} from {source}: {first['msg']}") from None
 
 
 def pass_settings(func: Callable[..., Any]) -> Callable[..., Any]:
@@ -107,6 +108,7 @@ def pass_settings(func: Callable[..., Any]) -> Callable[..., Any]:
     def wrapper(**kwargs: Any) -> Any:
         flags = {k.replace("__", "."): kwargs.pop(k) for k in list(kwargs) if "__" in k}
         settings = build_settings(flags)
+        note_settings(settings)
         configure_logging(settings)
         return func(settings=settings, **kwargs)
 

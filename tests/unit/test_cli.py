@@ -17,7 +17,7 @@ def test_help_shows_each_flags_env_var():
 
 def test_wrong_setting_is_one_line_naming_the_variable():
     result = CliRunner().invoke(main, ["sweep", "--once", "--page-size", "0"])
-    assert result.exit_code == 2
+    assert result.exit_code == 3
     last = result.output.strip().splitlines()[-1]
     assert "producer.sweep_page_size" in last and "LAPSE_PRODUCER__SWEEP_PAGE_SIZE" in last
 
@@ -25,7 +25,7 @@ def test_wrong_setting_is_one_line_naming_the_variable():
 def test_wrong_env_value_is_reported_too(monkeypatch):
     monkeypatch.setenv("LAPSE_KAFKA__SECURITY_PROTOCOL", "CARRIER_PIGEON")
     result = CliRunner().invoke(main, ["sweep", "--once"])
-    assert result.exit_code == 2
+    assert result.exit_code == 3
     assert "LAPSE_KAFKA__SECURITY_PROTOCOL" in result.output
     assert "Traceback" not in result.output
 
@@ -33,7 +33,7 @@ def test_wrong_env_value_is_reported_too(monkeypatch):
 def test_a_flat_name_from_before_the_sections_is_refused_with_the_new_one(monkeypatch):
     monkeypatch.setenv("LAPSE_BOOTSTRAP_SERVERS", "kafka-1:9092")
     result = CliRunner().invoke(main, ["sweep", "--once"])
-    assert result.exit_code == 2
+    assert result.exit_code == 3
     last = result.output.strip().splitlines()[-1]
     assert "unknown setting LAPSE_BOOTSTRAP_SERVERS" in last and "LAPSE_KAFKA__BOOTSTRAP_SERVERS" in last
     assert "Traceback" not in result.output
@@ -43,7 +43,7 @@ def test_a_misspelt_setting_is_refused_and_test_plumbing_is_not(monkeypatch):
     monkeypatch.setenv("LAPSE_TEST_ANYTHING", "fine")
     monkeypatch.setenv("LAPSE_KAFKA__SECURITY_PROTOCAL", "SASL_SSL")
     result = CliRunner().invoke(main, ["sweep", "--once"])
-    assert result.exit_code == 2
+    assert result.exit_code == 3
     assert "LAPSE_KAFKA__SECURITY_PROTOCAL" in result.output and "LAPSE_KAFKA__SECURITY_PROTOCOL" in result.output
 
 

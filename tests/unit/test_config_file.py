@@ -112,8 +112,8 @@ def test_lapse_config_is_not_an_unknown_setting() -> None:
 def test_config_reaches_every_command_through_the_root_option(clean_env: Path) -> None:
     (clean_env / "site.toml").write_text("[processor]\nbatch_size = 0\n")
     result = _invoke("--config", "site.toml", "sweep", "--once")
-    assert result.exit_code == 2
-    assert _last_line(result) == ("Error: invalid setting processor.batch_size from file site.toml "
+    assert result.exit_code == 3
+    assert _last_line(result) == ("lapse: invalid setting processor.batch_size from file site.toml "
                                   "(env LAPSE_PROCESSOR__BATCH_SIZE): Input should be greater than or equal to 1")
 
 
@@ -157,24 +157,24 @@ def test_defaults_are_the_packaged_files_not_the_checkout() -> None:
 def test_unknown_keys_are_one_line_naming_the_closest(clean_env: Path, text: str, message: str) -> None:
     (clean_env / "lapse.toml").write_text(text)
     result = _invoke("config", "show")
-    assert result.exit_code == 2
-    assert _last_line(result) == f"Error: lapse.toml: {message}"
+    assert result.exit_code == 3
+    assert _last_line(result) == f"lapse: lapse.toml: {message}"
 
 
 def test_invalid_toml_names_the_file_and_line(clean_env: Path) -> None:
     (clean_env / "bad.toml").write_text('[kafka]\nbootstrap_servers = "a:1"\nthis is not toml\n')
     result = _invoke("--config", "bad.toml", "status")
-    assert result.exit_code == 2
+    assert result.exit_code == 3
     last = _last_line(result)
-    assert last.startswith("Error: bad.toml: not valid TOML:") and "line 3" in last
+    assert last.startswith("lapse: bad.toml: not valid TOML:") and "line 3" in last
 
 
 @pytest.mark.parametrize("how", ["flag", "env"])
 def test_a_named_file_that_is_missing_is_one_line(clean_env: Path, how: str) -> None:
     args, env = (["--config", "nowhere.toml"], None) if how == "flag" else ([], {"LAPSE_CONFIG": "nowhere.toml"})
     result = _invoke(*args, "config", "show", env=env)
-    assert result.exit_code == 2
-    assert _last_line(result) == "Error: config file nowhere.toml does not exist"
+    assert result.exit_code == 3
+    assert _last_line(result) == "lapse: config file nowhere.toml does not exist"
 
 
 _KEY = st.text(alphabet=string.ascii_lowercase + "_", min_size=1, max_size=20)
@@ -198,9 +198,9 @@ def test_any_file_text_loads_or_is_one_line(clean_env: Path, text: str) -> None:
     path = clean_env / "any.toml"
     path.write_text(text, encoding="utf-8", errors="surrogatepass")
     result = _invoke("--config", str(path), "config", "show", "--json")
-    assert result.exit_code in (0, 2), result.output
-    if result.exit_code == 2:
-        errors = [line for line in result.output.splitlines() if line.startswith("Error:")]
+    assert result.exit_code in (0, 3), result.output
+    if result.exit_code == 3:
+        errors = [line for line in result.output.splitlines() if line.startswith("lapse:")]
         assert errors == [_last_line(result)] and str(path) in errors[0]
 
 
@@ -295,7 +295,7 @@ def test_init_refuses_to_overwrite_without_force(clean_env: Path) -> None:
     refused = _invoke("init")
 
     assert refused.exit_code == 1
-    assert _last_line(refused) == f"Error: lapse.toml, kinds.yaml already exist in {clean_env}; --force overwrites"
+    assert _last_line(refused) == f"lapse: lapse.toml, kinds.yaml already exist in {clean_env}; --force overwrites"
     assert (clean_env / "lapse.toml").read_text() == "# mine\n"
     assert not (clean_env / "topics.yaml").exists()
 

@@ -42,8 +42,8 @@ def test_malformed_topics_file_is_a_one_line_error(tmp_path, text, expected):
     assert "\n" not in str(err.value)
 
     result = CliRunner().invoke(main, ["topics", "apply", "--file", str(bad), "--dry-run"])
-    assert result.exit_code == 1
-    assert result.output.strip().splitlines() == [f"Error: {err.value}"]
+    assert result.exit_code == 3
+    assert result.output.strip().splitlines() == [f"lapse: {err.value}"]
 
 
 def test_roles_delay_tiers_and_groups_come_from_the_file():

@@ -1,4 +1,9 @@
-"""`lapse audit`: replay the retained history and check the invariants; non-zero exit when broken."""
+"""`lapse audit`: replay the retained history and check the invariants.
+
+Exit 0 when they hold (or the window holds no records: "nothing to audit"); 1 when one is broken or
+the audit could not read everything in the window; 2 for a wrong window; 3 when a topic is missing;
+4 when the broker cannot be reached (the error boundary's one line).
+"""
 
 from __future__ import annotations
 
@@ -12,6 +17,7 @@ import click
 from lapse.kernel.settings import Settings
 from lapse.shell.cli import main
 from lapse.shell.cli_options import connection_options, emit, pass_settings
+from lapse.shell.error_boundary import CommandFailed, ExitCode
 from lapse.shell.time_args import DURATION, TIMESTAMP
 
 
@@ -34,8 +40,15 @@ def _text(r: dict[str, Any]) -> str:
         lines.append("undecodable records: " + ", ".join(f"{t}={n}" for t, n in undecodable.items()))
     lines += [f"WARNING gap: {g['topic']}[{g['partition']}] starts at offset {g['first_retained']} "
               f"({g['note']})" for g in r["gaps"]]
-    lines += [f"BROKEN: {b}" for b in r["broken"]] or ["invariants hold"]
+    lines += [f"INCOMPLETE: {i}" for i in r["incomplete"]]
+    lines += [f"BROKEN: {b}" for b in r["broken"]]
+    lines.append(_VERDICTS[r["verdict"]])
     return "\n".join(lines)
+
+
+_VERDICTS = {"invariants hold": "invariants hold", "broken": "invariants broken",
+             "incomplete": "audit incomplete: the invariants could not be checked on everything in the window",
+             "nothing to audit": "nothing to audit: no records in the window"}
 
 
 @main.command()
@@ -53,17 +66,23 @@ def audit(settings: Settings, since: datetime | None, from_beginning: bool, unti
     """Replay lapse.expiry, lapse.outcomes and lapse.dlq (manual assignment, no commits) and check
     that every event reached one terminal outcome and no op key was applied twice."""
     # function-local: keeps `lapse --help` fast
-    from lapse.readers.audit import run_audit
+    from lapse.kernel.kafka_logs import leave_connection_failures_to_caller
+    from lapse.readers.audit import BROKEN, INCOMPLETE, run_audit
     from lapse.readers.offsets import OffsetsError
 
     if bool(since) == from_beginning:
         raise click.UsageError("give exactly one of --since TS or --from-beginning")
+    if since is not None and until is not None and since >= until:
+        raise click.UsageError(f"--since {since.isoformat()} is not before --until {until.isoformat()}: "
+                               "the window holds nothing")
+    leave_connection_failures_to_caller()  # an unreachable broker is the error boundary's one line
     try:
         report = run_audit(settings, since=since, until=until, grace=grace).to_dict()
-    except (OffsetsError, TimeoutError) as exc:
-        raise click.ClickException(str(exc)) from None
+    except OffsetsError as exc:  # a topic of the topology is not on the cluster
+        raise CommandFailed(ExitCode.CONFIG, f"audit: {exc} (`lapse topics apply` creates it; "
+                                             "is the topic prefix right?)") from None
     if out:
         with open(out, "w") as fh:
             json.dump(report, fh, indent=2, sort_keys=True)
     emit(report, as_json, _text)
-    sys.exit(1 if report["broken"] else 0)
+    sys.exit(int(ExitCode.PROBLEM_FOUND if report["verdict"] in (BROKEN, INCOMPLETE) else ExitCode.OK))

@@ -11,6 +11,7 @@ import click
 from lapse.kernel.settings import Settings
 from lapse.shell.cli import main
 from lapse.shell.cli_options import connection_options, emit, pass_settings
+from lapse.shell.error_boundary import CommandFailed, ExitCode
 from lapse.shell.time_args import TIMESTAMP
 
 
@@ -45,16 +46,18 @@ def reset(settings: Settings, group: str, topic: str | None, to_datetime: dateti
     an active group, so there this check cannot see running consumers; Apache Kafka reports them."""
     # function-local: keeps `lapse --help` fast
     from lapse.kernel.kafka_clients import make_admin
+    from lapse.kernel.kafka_logs import leave_connection_failures_to_caller
     from lapse.readers.offsets import OffsetsError, execute_reset, plan_reset
 
     if sum((to_datetime is not None, to_earliest, shift_by is not None)) != 1:
         raise click.UsageError("give exactly one of --to-datetime, --to-earliest, --shift-by")
     topics = [topic] if topic else sorted({t for g, t in settings.topology.reads() if g == group})
+    leave_connection_failures_to_caller()  # an unreachable broker is the error boundary's one line
     try:
         plan = plan_reset(settings, group, topics, to_datetime=to_datetime, to_earliest=to_earliest,
                           shift_by=shift_by)
         if execute:
             execute_reset(make_admin(settings), group, plan)
-    except OffsetsError as exc:
-        raise click.ClickException(str(exc)) from None
+    except OffsetsError as exc:  # refused: the group is active, or its topic is not there
+        raise CommandFailed(ExitCode.PROBLEM_FOUND, str(exc)) from None
     emit({"group": group, "executed": execute, "partitions": [asdict(r) for r in plan]}, as_json, _text)

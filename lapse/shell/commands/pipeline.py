@@ -33,8 +33,9 @@ def sweep(settings: Settings, once: bool, as_json: bool) -> None:
     from lapse.kernel.codec import Codec
     from lapse.kernel.database import engine_from_settings
     from lapse.kernel.kafka_clients import make_producer
-    from lapse.kernel.kinds import registry
+    from lapse.kernel.kinds import load_kinds
     from lapse.producers import sweep_once
+    from lapse.shell.commands.kinds import kinds_file_errors
     from lapse.shell.roles import run_sweep_role
 
     if not once:
@@ -42,13 +43,14 @@ def sweep(settings: Settings, once: bool, as_json: bool) -> None:
         from lapse.shell.metrics import serve
 
         serve(settings)
-        run_sweep_role(settings, {})
+        with kinds_file_errors():
+            run_sweep_role(settings, {})
         return
     engine = engine_from_settings(settings)
-    producer = make_producer(settings)
     try:
-        report = sweep_once(engine, producer, Codec.from_settings(settings), settings,
-                            registry(settings.processor.extra_kinds))
+        with kinds_file_errors():
+            kinds = load_kinds(settings, engine)
+        report = sweep_once(engine, make_producer(settings), Codec.from_settings(settings), settings, kinds)
     finally:
         engine.dispose()
     emit(asdict(report), as_json,
@@ -66,12 +68,17 @@ def sweep(settings: Settings, once: bool, as_json: bool) -> None:
 def process(settings: Settings, exit_when_idle: float | None, as_json: bool) -> None:
     """Consume lapse.expiry in group lapse-cleanup and apply each cleanup once."""
     # function-local: keeps `lapse --help` fast
+    from lapse.kernel.kafka_logs import leave_connection_failures_to_caller
     from lapse.kernel.signals import stop_on_signals
     from lapse.processors import CleanupWorker
+    from lapse.shell.commands.kinds import kinds_file_errors
     from lapse.shell.metrics import serve
 
+    if exit_when_idle is not None:  # a bounded run: an unreachable broker is its one error line (exit 4)
+        leave_connection_failures_to_caller()
     serve(settings)
-    worker = CleanupWorker(settings)
+    with kinds_file_errors():
+        worker = CleanupWorker(settings)
     stop_on_signals(worker.stop)
     stats = worker.run(exit_when_idle=exit_when_idle)
     data = {k: v for k, v in asdict(stats).items() if k != "started"}
@@ -105,9 +112,18 @@ def run(settings: Settings, workers: int) -> None:
     """Run sweep, processors, relay, delay tiers and reconciler in one process tree until
     interrupted; a role that dies is restarted."""
     # function-local: keeps `lapse --help` fast
+    from lapse.kernel.database import engine_from_settings
+    from lapse.kernel.kinds import load_kinds
+    from lapse.shell.commands.kinds import kinds_file_errors
     from lapse.shell.roles import pipeline_roles, run_monitor_role
     from lapse.shell.supervisor import Role, Supervisor
 
+    engine = engine_from_settings(settings)
+    try:
+        with kinds_file_errors():  # refused here, in one line, rather than in every role
+            load_kinds(settings, engine)
+    finally:
+        engine.dispose()
     roles = pipeline_roles(workers)
     # The status gauges (oldest eligible age, expired claims, lag) come from one monitor role.
     roles.append(Role("monitor", run_monitor_role, {"metrics_offset": len(roles)}))

@@ -10,6 +10,7 @@ import click
 from lapse.kernel.settings import Settings
 from lapse.shell.cli import main
 from lapse.shell.cli_options import emit, pass_settings, setting_option
+from lapse.shell.error_boundary import CommandFailed, ExitCode
 
 
 def _text(r: dict[str, Any]) -> str:
@@ -39,8 +40,8 @@ def report(settings: Settings, day: datetime | None, as_json: bool) -> None:
 
     try:
         notifier = notifier_from_settings(settings)
-    except ValueError as exc:
-        raise click.UsageError(str(exc)) from None
+    except ValueError as exc:  # a notifier without what it needs (smtp without a host)
+        raise CommandFailed(ExitCode.CONFIG, str(exc)) from None
     now = datetime.now(UTC)
     target = day.date() if day else (now - timedelta(days=1)).date()
     engine = engine_from_settings(settings)

@@ -1,7 +1,8 @@
 """`lapse topics apply`: make the cluster's topics match topics.yaml, idempotently.
 
 Creates missing topics and sets declared configs; reports what it will not fix (partition count,
-replication factor) and exits 1 when such drift remains, so CI notices.
+replication factor) and exits 1 when such drift remains, so CI notices; 3 for a wrong topics file, 4
+when the broker cannot be reached.
 """
 
 from __future__ import annotations
@@ -50,27 +51,18 @@ def _text(result: dict[str, Any]) -> str:
 def topics_apply(settings: Settings, dry_run: bool, replication_factor: int | None, as_json: bool) -> None:
     """Create missing topics and set declared configs; report drift it cannot fix."""
     # function-local: keeps `lapse --help` fast
-    from confluent_kafka import KafkaException
-    from confluent_kafka.admin import AdminClient
-
-    from lapse.kernel.logs import get_logger
+    from lapse.kernel.kafka_clients import make_admin
+    from lapse.kernel.kafka_logs import leave_connection_failures_to_caller
     from lapse.kernel.provisioning import apply, plan
-    from lapse.kernel.topology import TopicsFileError, load_topology
+    from lapse.kernel.topology import load_topology
 
-    try:
-        declared = list(load_topology(settings.topics.file, settings.topics.prefix, replication_factor).specs)
-    except TopicsFileError as exc:
-        raise click.ClickException(str(exc)) from None
-    # confluent-kafka's stub types config values as str/int/float/bool; a Python logger is documented.
-    admin = AdminClient({**settings.kafka.client_config(), "logger": get_logger("kafka")})  # type: ignore[dict-item]
-    try:
-        actions = plan(admin, declared)
-        if not dry_run:
-            actions = apply(admin, actions)
-    except KafkaException as exc:
-        err = exc.args[0] if exc.args else exc
-        detail = err.str() if hasattr(err, "str") else str(exc)
-        raise click.ClickException(f"cannot reach Kafka at {settings.kafka.bootstrap_servers}: {detail}") from None
+    # A wrong topics file (exit 3) or an unreachable broker (exit 4) is the error boundary's one line.
+    leave_connection_failures_to_caller()
+    declared = list(load_topology(settings.topics.file, settings.topics.prefix, replication_factor).specs)
+    admin = make_admin(settings)
+    actions = plan(admin, declared)
+    if not dry_run:
+        actions = apply(admin, actions)
     unresolved = [a for a in actions if not a.fixable or a.status == "failed"]
     result = {
         "dry_run": dry_run,
