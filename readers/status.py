@@ -7,9 +7,18 @@ from dataclasses import asdict
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Connection, Engine
+from sqlalchemy import Connection, Engine, func, or_, select
 
-from lapse.kernel.ledger import DEAD_LETTER, counts_by_state_and_kind, expired_claims, oldest_unfinished_due
+from lapse.kernel.kinds import CleanupKind, load_kinds
+from lapse.kernel.ledger import (
+    DEAD_LETTER,
+    UNFINISHED,
+    counts_by_state_and_kind,
+    expired_claims,
+    has_ledger_row,
+    ledger_state_of,
+    oldest_unfinished_due,
+)
 from lapse.kernel.settings import Settings
 from lapse.readers.offsets import OffsetsError, group_lag
 
@@ -34,6 +43,30 @@ def ledger_status(conn: Connection, now: datetime) -> dict[str, Any]:
     }
 
 
+# Eligible rows counted per kind, at most: enough to tell "none", "a few" and "a backlog" apart
+# without counting a whole business table (each probe walks the kind's due index).
+ELIGIBLE_CAP = 10_000
+
+
+def eligible_work(conn: Connection, kind: CleanupKind, now: datetime, cap: int = ELIGIBLE_CAP) -> dict[str, Any]:
+    """Due business rows of `kind` still eligible whose cleanup is not done: no ledger row yet, or
+    an unfinished one. Counted up to `cap` along the kind's (due, id) index, with the oldest due."""
+    waiting = or_(~has_ledger_row(kind.name, kind.id_column),
+                  ledger_state_of(kind.name, kind.id_column).in_(UNFINISHED))
+    due = (select(kind.due_column.label("due")).where(kind.still_eligible, kind.due_column <= now, waiting)
+           .order_by(kind.due_column, kind.id_column).limit(cap).subquery())
+    rows, oldest = conn.execute(select(func.count(), func.min(due.c.due))).one()
+    return {"rows": rows, "capped": rows >= cap, "oldest_due_age_s": _age_s(now, oldest)}
+
+
+def eligible_status(settings: Settings, conn: Connection, now: datetime) -> dict[str, Any] | None:
+    """Eligible work left per declared kind; None when no kinds file is configured."""
+    if settings.kinds.file is None:
+        return None
+    kinds = load_kinds(settings, conn)
+    return {name: eligible_work(conn, kind, now) for name, kind in sorted(kinds.items())}
+
+
 def lag_status(settings: Settings, now: datetime) -> list[dict[str, Any]]:
     """Lag per declared (group, topic): records behind and age of the oldest unconsumed record."""
     rows: list[dict[str, Any]] = []
@@ -53,6 +86,7 @@ def lag_status(settings: Settings, now: datetime) -> list[dict[str, Any]]:
 def status_report(settings: Settings, engine: Engine, now: datetime, *, lag: bool = True) -> dict[str, Any]:
     with engine.connect() as conn:
         report = ledger_status(conn, now)
+        report["eligible"] = eligible_status(settings, conn, now)
     report["at"] = now.isoformat()
     if lag:
         report["lag"] = lag_status(settings, now)

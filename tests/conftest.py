@@ -11,12 +11,13 @@ from pathlib import Path
 
 import pytest
 
-pytest_plugins = ["tests.fixtures.kafka", "tests.fixtures.db", "tests.fixtures.pipeline"]
+pytest_plugins = ["tests.fixtures.kafka", "tests.fixtures.db", "tests.fixtures.pipeline", "tests.fixtures.effects",
+                  "tests.fixtures.wheel"]
 
 KINDS = ("unit", "integration", "system")
 # What a unit test may not ask for: a broker or PostgreSQL (sqlite_url is fine).
 NOT_FOR_UNIT = {"kafka_bootstrap", "kafka_server", "embedded_bootstrap", "_kafka_under_test",
-                "pg_template", "pg_url", "db_url", "engine", "pipeline"}
+                "pg_template", "pg_url", "pg_empty_url", "db_url", "engine", "pipeline"}
 
 
 @pytest.hookimpl(tryfirst=True)  # before `-m` deselects by marker

@@ -10,6 +10,7 @@ import pytest
 from click.testing import CliRunner
 from sqlalchemy import insert
 
+from lapse.devtools.demo_tables import reservations
 from lapse.kernel.database import make_engine
 from lapse.kernel.ledger import expiry_event, pending_row
 from lapse.kernel.models import cleanup_ledger
@@ -60,4 +61,31 @@ def test_status_shows_a_stuck_claim_and_ages_rising_with_the_clock(kafka_bootstr
     shown = json.loads(result.stdout)
     assert shown["ledger"] == first["ledger"] and shown["expired_claims"]["count"] == 1
     assert shown["oldest_eligible_age_s"] >= 600
+    engine.dispose()
+
+
+def test_status_counts_eligible_work_left_per_kind(kafka_bootstrap, pg_url, unique):
+    """Due, still-eligible business rows whose cleanup is not done (no ledger row, or an unfinished
+    one) are the work left; done, not yet due and no longer eligible rows are not."""
+    settings = make_pipeline_settings(kafka_bootstrap, pg_url, unique)
+    engine = make_engine(pg_url)
+    now = datetime.now(UTC)
+    hour = timedelta(hours=1)
+    with engine.begin() as conn:
+        conn.execute(insert(reservations), [
+            {"id": 1, "tenant": "t1", "status": "held", "expires_at": now - 3 * hour},  # no ledger row
+            {"id": 2, "tenant": "t1", "status": "held", "expires_at": now - 2 * hour},  # pending row
+            {"id": 3, "tenant": "t1", "status": "held", "expires_at": now - hour},      # skipped: done
+            {"id": 4, "tenant": "t1", "status": "held", "expires_at": now + hour},      # not due
+            {"id": 5, "tenant": "t1", "status": "released", "expires_at": now - hour},  # not eligible
+        ])
+        conn.execute(insert(cleanup_ledger), [
+            _row("2", "pending", now - 2 * hour, now),
+            _row("3", "skipped", now - hour, now, finished_at=now),
+        ])
+    report = status_report(settings, engine, now, lag=False)
+    work = report["eligible"]["release-reservation"]
+    assert (work["rows"], work["capped"]) == (2, False)
+    assert work["oldest_due_age_s"] == pytest.approx(3 * 3600, abs=1)
+    assert report["eligible"]["artifact-delete"] == {"rows": 0, "capped": False, "oldest_due_age_s": None}
     engine.dispose()

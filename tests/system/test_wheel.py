@@ -12,45 +12,21 @@ from __future__ import annotations
 import glob
 import json
 import os
-import shutil
-import subprocess
-import sys
-import sysconfig
-import tomllib
-import venv
 from pathlib import Path
 
 import pytest
 
+from tests.fixtures.wheel import PACKAGE_DIRS, PYPROJECT, REPO, check_ok, run_clean
+
 pytestmark = pytest.mark.slow
 
-REPO = Path(__file__).resolve().parents[2]
-PYPROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())
-# Installed package name → its folder in the repository (the rooms live at the top level).
-PACKAGE_DIRS: dict[str, str] = PYPROJECT["tool"]["setuptools"]["package-dir"]
 PACKAGE_DATA: dict[str, list[str]] = PYPROJECT["tool"]["setuptools"]["package-data"]
 MUST_SHIP = ("lapse/py.typed", "lapse/processors/rules.py", "lapse/readers/audit.py",
              "lapse/kernel/migrations/env.py", "lapse/kernel/migrations/script.py.mako",
              "lapse/topics.yaml", "lapse/schemas/expiry_event.avsc", "lapse/schemas/history/expiry_event.v1.avsc",
              "lapse/kernel/kinds/starter.yaml")
-# Top-level files that symlinks in the package folders point at (lapse/topics.yaml → topics.yaml).
-LINKED_FILES = ("topics.yaml",)
 REPO_ONLY_NAMES = ("processors", "producers", "reconciler", "readers")
 SECRET = "s3cr3t-never-shown-Zq81"
-
-
-def _run(*cmd: str | Path, cwd: Path, **extra_env: str) -> subprocess.CompletedProcess[str]:
-    """`cmd` without the caller's PYTHON* and LAPSE_* variables (LAPSE_TEST_* stays), plus `extra_env`."""
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith("PYTHON") and (not k.startswith("LAPSE_") or k.startswith("LAPSE_TEST_"))}
-    env.update(extra_env, PIP_DISABLE_PIP_VERSION_CHECK="1")
-    return subprocess.run([str(c) for c in cmd], cwd=cwd, env=env, capture_output=True, text=True,
-                          timeout=300)
-
-
-def _check(result: subprocess.CompletedProcess[str]) -> str:
-    assert result.returncode == 0, f"{result.args}:\n{result.stdout}\n{result.stderr}"
-    return result.stdout.strip()
 
 
 def _source_packages() -> set[str]:
@@ -87,39 +63,6 @@ def _declared_data_files() -> set[str]:
     return found
 
 
-def _copy_sources(dest: Path) -> None:
-    """What the build reads: pyproject.toml, the readme, the package folders (symlinks kept) and the
-    top-level files their symlinks point at."""
-    dest.mkdir()
-    shutil.copy2(REPO / "pyproject.toml", dest)
-    shutil.copy2(REPO / PYPROJECT["project"]["readme"], dest)
-    for name in LINKED_FILES:
-        shutil.copy2(REPO / name, dest)
-    for folder in sorted({f.split("/")[0] for f in PACKAGE_DIRS.values()}):
-        shutil.copytree(REPO / folder, dest / folder, symlinks=True,
-                        ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
-
-
-@pytest.fixture(scope="module")
-def installed(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, set[str]]:
-    """(the fresh environment's python, its site-packages, the entries the wheel added there)."""
-    tmp = tmp_path_factory.mktemp("wheel")
-    _copy_sources(tmp / "src")
-    _check(_run(sys.executable, "-m", "pip", "wheel", tmp / "src", "--no-deps", "--no-build-isolation",
-                "--no-index", "-w", tmp / "dist", cwd=tmp))
-    wheels = list((tmp / "dist").glob("lapse-*.whl"))
-    assert len(wheels) == 1, wheels
-
-    venv.create(tmp / "env", with_pip=True, system_site_packages=False, clear=True)
-    python = tmp / "env" / "bin" / "python"
-    site = Path(_check(_run(python, "-I", "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])",
-                            cwd=tmp)))
-    before = {p.name for p in site.iterdir()}
-    _check(_run(python, "-m", "pip", "install", "--no-deps", "--no-index", wheels[0], cwd=tmp))
-    added = {p.name for p in site.iterdir()} - before
-    return python, site, added
-
-
 def test_one_top_level_package(installed: tuple[Path, Path, set[str]]) -> None:
     _, site, added = installed
     dist_infos = [name for name in added if name.endswith(".dist-info")]
@@ -153,25 +96,12 @@ def test_rooms_import_only_under_lapse(installed: tuple[Path, Path, set[str]], t
     python, site, _ = installed
     # -I: no PYTHON* variables, no user site, and neither the cwd nor the script's folder on sys.path.
     for name in REPO_ONLY_NAMES:
-        result = _run(python, "-I", "-c", f"import {name}", cwd=tmp_path)
+        result = run_clean(python, "-I", "-c", f"import {name}", cwd=tmp_path)
         assert result.returncode != 0 and "ModuleNotFoundError" in result.stderr, (name, result.stderr)
     # lapse/__init__ has no dependencies, so the room's spec resolves without installing any.
-    origin = _check(_run(python, "-I", "-c", "import importlib.util as u; "
+    origin = check_ok(run_clean(python, "-I", "-c", "import importlib.util as u; "
                          "print(u.find_spec('lapse.processors').origin)", cwd=tmp_path))
     assert Path(origin).resolve() == (site / "lapse" / "processors" / "__init__.py").resolve()
-
-
-@pytest.fixture(scope="module")
-def lapse_cli(installed: tuple[Path, Path, set[str]]) -> Path:
-    """The fresh environment's `lapse` script, its dependencies taken from this environment.
-
-    The wheel is installed without dependencies (offline); a .pth line appends this environment's
-    site-packages after the fresh one's, so every import of `lapse` still resolves to the wheel (this
-    environment's editable install needs its own .pth hook, which a path line does not run)."""
-    python, site, _ = installed
-    here = {sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]}
-    (site / "zz_test_dependencies.pth").write_text("\n".join(sorted(here)) + "\n")
-    return python.parent / "lapse"
 
 
 def test_the_installed_command_finds_its_package_data_anywhere(
@@ -180,9 +110,9 @@ def test_the_installed_command_finds_its_package_data_anywhere(
     work = tmp_path_factory.mktemp("empty-folder")
     assert REPO not in work.parents and list(work.iterdir()) == []
 
-    dist_version = _check(_run(python, "-I", "-c", "import importlib.metadata as m; print(m.version('lapse'))",
+    dist_version = check_ok(run_clean(python, "-I", "-c", "import importlib.metadata as m; print(m.version('lapse'))",
                                cwd=work))
-    assert _check(_run(lapse_cli, "--version", cwd=work)) == f"lapse {dist_version}"
+    assert check_ok(run_clean(lapse_cli, "--version", cwd=work)) == f"lapse {dist_version}"
 
     # Defaults are the packaged files of this installation, and they load.
     probe = ("import json, lapse\n"
@@ -194,7 +124,7 @@ def test_the_installed_command_finds_its_package_data_anywhere(
              "  'topics': str(s.topics.file), 'current': sorted(SchemaStore(s.schemas.dir).current),\n"
              "  'cleanup_group': s.topology.groups.cleanup,\n"
              "  'mako': (migrations_dir() / 'script.py.mako').is_file()}))\n")
-    found = json.loads(_check(_run(python, "-I", "-c", probe, cwd=work)))
+    found = json.loads(check_ok(run_clean(python, "-I", "-c", probe, cwd=work)))
     assert Path(found["lapse"]).parent == site / "lapse"
     assert Path(found["schemas"]) == site / "lapse" / "schemas"
     assert Path(found["topics"]) == site / "lapse" / "topics.yaml"
@@ -202,11 +132,11 @@ def test_the_installed_command_finds_its_package_data_anywhere(
     assert found["cleanup_group"] and found["mako"] is True
 
     # `lapse init` writes the starter; `lapse config show` reads it, secrets masked.
-    init = _check(_run(lapse_cli, "init", cwd=work))
+    init = check_ok(run_clean(lapse_cli, "init", cwd=work))
     assert sorted(p.name for p in work.iterdir()) == ["kinds.yaml", "lapse.toml", "topics.yaml"]
     assert (work / "topics.yaml").read_bytes() == (site / "lapse" / "topics.yaml").read_bytes()
     assert "lapse db upgrade" in init
-    shown = json.loads(_check(_run(lapse_cli, "config", "show", "--json", cwd=work,
+    shown = json.loads(check_ok(run_clean(lapse_cli, "config", "show", "--json", cwd=work,
                                    LAPSE_KAFKA__SASL_PASSWORD=SECRET)))
     assert shown["config_file"] == "lapse.toml"
     settings = shown["settings"]
@@ -214,13 +144,13 @@ def test_the_installed_command_finds_its_package_data_anywhere(
     assert settings["kinds"]["file"] == {"value": str(work / "kinds.yaml"), "origin": "file lapse.toml"}
     assert settings["schemas"]["dir"] == {"value": str(site / "lapse" / "schemas"), "origin": "default"}
     assert settings["kafka"]["sasl_password"] == {"value": "********", "origin": "env LAPSE_KAFKA__SASL_PASSWORD"}
-    text = _check(_run(lapse_cli, "config", "show", cwd=work, LAPSE_KAFKA__SASL_PASSWORD=SECRET))
+    text = check_ok(run_clean(lapse_cli, "config", "show", cwd=work, LAPSE_KAFKA__SASL_PASSWORD=SECRET))
     assert SECRET not in text and "kafka.sasl_password" in text
 
     # `lapse topics apply --dry-run` reads topics.yaml before it needs a broker: with none listening
     # it gets as far as Kafka (a missing or broken topics file would stop it first, naming the file).
-    dry_run = _run(lapse_cli, "topics", "apply", "--dry-run", "--bootstrap-servers", "127.0.0.1:9", cwd=work)
+    dry_run = run_clean(lapse_cli, "topics", "apply", "--dry-run", "--bootstrap-servers", "127.0.0.1:9", cwd=work)
     assert dry_run.returncode == 1 and "cannot reach Kafka at 127.0.0.1:9" in dry_run.stderr, dry_run.stderr
     (work / "topics.yaml").write_text("topics: {}\n")
-    broken = _run(lapse_cli, "topics", "apply", "--dry-run", "--bootstrap-servers", "127.0.0.1:9", cwd=work)
+    broken = run_clean(lapse_cli, "topics", "apply", "--dry-run", "--bootstrap-servers", "127.0.0.1:9", cwd=work)
     assert broken.returncode == 1 and "topics.yaml" in broken.stderr and "Kafka" not in broken.stderr

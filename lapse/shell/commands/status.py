@@ -16,6 +16,10 @@ def _text(r: dict[str, Any]) -> str:
     lines = ["ledger:"]
     for state, kinds in r["ledger"].items():
         lines.append(f"  {state:<16} " + " ".join(f"{k}={n}" for k, n in kinds.items()))
+    for kind, work in (r.get("eligible") or {}).items():
+        more = "+" if work["capped"] else ""
+        oldest = "" if work["oldest_due_age_s"] is None else f", oldest due {work['oldest_due_age_s']:.0f}s ago"
+        lines.append(f"eligible {kind}: {work['rows']}{more} rows left{oldest}")
     age = r["oldest_eligible_age_s"]
     lines.append(f"oldest eligible unfinished: {'none' if age is None else f'{age:.0f}s'}")
     claims = r["expired_claims"]
@@ -57,6 +61,11 @@ def status(settings: Settings, watch: float | None, no_lag: bool, as_json: bool)
         serve(settings)
         monitor(settings, stop, watch)
         return
+    # function-local: keeps `lapse --help` fast
+    from lapse.kernel.kafka_logs import leave_connection_failures_to_caller
+
+    # An unreachable database or broker is the error boundary's one line (exit 4), not a report.
+    leave_connection_failures_to_caller()
     engine = engine_from_settings(settings)
     try:
         report = status_report(settings, engine, datetime.now(UTC), lag=not no_lag)
