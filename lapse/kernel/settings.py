@@ -36,8 +36,10 @@ DEFAULT_STATE_DIR = Path(".lapse")
 
 
 def default_worker_id() -> str:
-    """A stable-enough identity for claim ownership and logs: host and pid."""
-    return f"{socket.gethostname()}-{os.getpid()}"
+    """A stable-enough identity for claim ownership and logs: host and pid, within the ledger's
+    claim_owner column (host names may be up to 255 bytes and not all ASCII)."""
+    host = "".join(c if "!" <= c <= "~" else "_" for c in socket.gethostname())[:100] or "host"
+    return f"{host}-{os.getpid()}"
 
 
 def _path_text(path: Path | None) -> str | None:
@@ -111,6 +113,10 @@ class DatabaseSettings(_Section):
     schema_name: str = Field(
         "lapse", pattern=r"^[a-z_][a-z0-9_]{0,62}$",
         description="PostgreSQL schema of Lapse's own tables (SQLite uses the lapse_ table prefix instead).")
+    connect_timeout_s: float = Field(
+        10.0, gt=0, le=600, description="Longest wait for a database connection before it counts as unreachable.")
+    statement_timeout_s: float = Field(
+        60.0, gt=0, le=86_400, description="Longest a statement may run on PostgreSQL (statement_timeout).")
 
     def url_plain(self) -> str:
         return self.url.get_secret_value()
@@ -178,7 +184,9 @@ class ReportSettings(_Section):
 class RuntimeSettings(_Section):
     """This process: its identity, logs and metrics endpoint."""
 
-    worker_id: str = Field(default_factory=default_worker_id, description="Claim owner name.")
+    worker_id: str = Field(default_factory=default_worker_id, min_length=1, max_length=128,
+                           pattern=r"^[\x21-\x7e]+$",
+                           description="Claim owner name (printable ASCII, at most the ledger's 128 characters).")
     log_level: str = Field("INFO", description="Log level.")
     log_format: Literal["json", "text"] = Field("json", description="Log line format.")
     metrics_port: int | None = Field(None, description="Serve Prometheus metrics on this port.")
