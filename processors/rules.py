@@ -11,41 +11,48 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
-from lapse.kernel.kinds import CleanupKind, ExternalEffect
+from lapse.kernel.kinds import CleanupKind, ExternalEffect, SubjectRow
 from lapse.kernel.ledger import (
     APPLIED,
     CLAIMED,
+    PENDING,
     RETRY_SCHEDULED,
     SKIPPED,
     TERMINAL,
     ExpiryEvent,
     LedgerRow,
+    bring_forward,
     claim,
     insert_pending,
     millis,
     read_rows,
     safe_text,
 )
-from lapse.processors.failures import INVALID, EffectFailure
+from lapse.processors.failures import AMBIGUOUS, INVALID, EffectFailure
 from lapse.processors.retries import FailedAttempt, record_failures, wake_up
 from lapse.processors.scope import BatchResult, BatchScope
 
 Invalid = tuple[ExpiryEvent, str]  # an event whose work can never run, and why
 REASON_LIMIT = 500  # characters of a dead-letter reason written to the ledger
+TENANT_SHOWN = 64  # characters of each tenant a tenant-mismatch reason quotes
+DUE_BY_SUBJECT = "brought forward: the business row is due sooner than the event said"
+RECHECK_SOURCE = "recheck"  # the source of the wake-up that rechecks a subject that did not exist
 
 
 @dataclass(frozen=True)
 class KindRun:
     """One kind's claimed events after step 4: those left to record (not leased) with their
-    parsed subjects, the subject ids the in-database effect changed, and the invalid ones."""
+    parsed subjects, the subject ids the in-database effect changed, the invalid ones, and the
+    business rows that existed before the effect (a subject without one waits for it)."""
 
     kind: CleanupKind
     to_record: list[tuple[ExpiryEvent, Any]]
     changed: set[str]
     invalid: list[Invalid]
+    present: Mapping[str, SubjectRow]
 
 
 def apply_batch(scope: BatchScope, events: Sequence[ExpiryEvent]) -> BatchResult:
@@ -55,14 +62,17 @@ def apply_batch(scope: BatchScope, events: Sequence[ExpiryEvent]) -> BatchResult
 
     1. Collapse: one event per op key, the latest attempt winning; the others are duplicates.
     2. Claim: create the missing ledger rows (`pending`), read every row as it is before the
-       claim, and claim the claimable ones for this worker until now + lease.
+       claim, bring forward the `pending` rows waiting past now for no reason their business row
+       gives (the business row, not the event, says when work is due: an event due in 2100 must
+       not hold back a due subject), and claim the claimable ones for this worker until now + lease.
     3. Sort out the unclaimed by their rows as they are after the claim: duplicates, held under
        another worker's live lease (backed off until it ends), or not due (handed back).
-    4. Run each kind: parse the subjects (a malformed one is invalid), then apply the in-database
-       effect, or only lease the external one (`leased`, with its targets, for
+    4. Run each kind: parse the subjects (a malformed one is invalid), check the event's tenant
+       against the business row's (a mismatch is invalid and the row is left alone), then apply
+       the in-database effect, or only lease the external one (`leased`, with its targets, for
        `lapse.processors.leased` to run and complete).
     5. Record the rest: applied or skipped; rescheduled when the business row is due later now;
-       invalid work dead-lettered at once.
+       waiting when it does not exist yet (never terminal at once); invalid work dead-lettered.
     6. Flush the ledger writes once: finishes, moves, transitions, outbox rows, duplicate counts.
     """
     result = scope.result
@@ -78,8 +88,13 @@ def apply_batch(scope: BatchScope, events: Sequence[ExpiryEvent]) -> BatchResult
     # 4.
     runs = [run_kind(scope, kind, batch, before) for kind, batch in claimed_by_kind(scope, unique, claimed)]
     # 5.
-    later = [moved for run in runs for moved in record_run(scope, run, before)]
+    later, missing = [], []
+    for run in runs:
+        moved, absent = record_run(scope, run, before)
+        later += moved
+        missing += [(event, run.kind) for event in absent]
     reschedule(scope, later, before)
+    await_subjects(scope, missing, before)
     dead_letter_invalid(scope, [bad for run in runs for bad in run.invalid], before)
     # 6.
     result.duplicates = sum(scope.writes.duplicates.values())
@@ -107,8 +122,43 @@ def claim_rows(scope: BatchScope, events: Mapping[str, ExpiryEvent]) -> tuple[di
     claim, op keys claimed)."""
     insert_pending(scope.conn, list(events.values()), scope.now)
     before = read_rows(scope.conn, events)
+    early = held_back_by_event(scope, events, before)
+    for row in bring_forward(scope.conn, early, scope.now):
+        scope.writes.transition(row.op_key, PENDING, PENDING, row.attempt, reason=DUE_BY_SUBJECT,
+                                replay_id=row.replay_id, correlation_id=row.correlation_id)
     claimed = claim(scope.conn, list(events), scope.worker, scope.now, scope.now + scope.lease)
     return before, claimed
+
+
+def held_back_by_event(scope: BatchScope, events: Mapping[str, ExpiryEvent], before: Mapping[str, LedgerRow]
+                       ) -> list[str]:
+    """Op keys whose row is `pending` past now for no reason its business row gives: the business
+    row is due before the row's due time (applied now, or rescheduled to its real due time), is no
+    longer eligible (skipped now), or does not exist while the row waits longer than one recheck
+    (its bounded rechecks start now). A row waiting for its eligible subject's own due time (a
+    reschedule) or for its recheck keeps waiting, so duplicates do not use up the rechecks. Only
+    rows waiting in the future are looked up: a batch of due events costs no extra query."""
+    waiting: dict[str, list[ExpiryEvent]] = {}
+    for key, event in events.items():
+        row = before.get(key)
+        if row is not None and row.state == PENDING and row.due_at > scope.now:
+            waiting.setdefault(event.kind, []).append(event)
+    early: list[str] = []
+    for name, batch in waiting.items():
+        kind = scope.kinds[name]
+        subjects = []
+        for event in batch:
+            try:
+                subjects.append(kind.parse_subject(event.subject_id))
+            except ValueError:
+                continue  # no business row can match: as for a missing one (dead-lettered when claimed)
+        rows = kind.subject_rows(scope.conn, subjects)
+        recheck = recheck_at(kind, scope.now)
+        for e in batch:
+            r, waits_until = rows.get(e.subject_id), before[e.op_key].due_at
+            if (waits_until > recheck) if r is None else (not r.eligible or r.due_at < waits_until):
+                early.append(e.op_key)
+    return early
 
 
 def classify_unclaimed(scope: BatchScope, unique: Mapping[str, ExpiryEvent], claimed: set[str]) -> None:
@@ -155,14 +205,33 @@ def run_kind(scope: BatchScope, kind: CleanupKind, batch: list[ExpiryEvent],
             subjects[event.subject_id] = kind.parse_subject(event.subject_id)
         except ValueError as exc:
             invalid.append((event, str(exc)))
+    present = kind.subject_rows(scope.conn, list(subjects.values()))
+    for event, reason in tenant_mismatches(kind, batch, present):
+        invalid.append((event, reason))
+        del subjects[event.subject_id]
     parsed = [e for e in batch if e.subject_id in subjects]
+    handled: set[str] = set()
     if kind.apply_in_db is not None:
         changed = kind.apply_in_db(scope.conn, list(subjects.values()), scope.now)
     else:
-        lease_external(scope, external_effect(kind), parsed, subjects, before)
+        handled = lease_external(scope, kind, parsed, subjects, before)
         changed = set()
-    to_record = [(e, subjects[e.subject_id]) for e in parsed if e.op_key not in scope.result.targets]
-    return KindRun(kind, to_record, changed, invalid)
+    to_record = [(e, subjects[e.subject_id]) for e in parsed if e.op_key not in handled]
+    return KindRun(kind, to_record, changed, invalid, present)
+
+
+def tenant_mismatches(kind: CleanupKind, batch: list[ExpiryEvent], present: Mapping[str, SubjectRow]
+                      ) -> Iterator[Invalid]:
+    """Events whose tenant is not their business row's, with a reason naming both (each cut to
+    TENANT_SHOWN characters): invalid, so the business row is never touched on their word. A kind
+    whose table has no tenant column reads a constant and checks nothing."""
+    if not kind.has_tenant:
+        return
+    for event in batch:
+        row = present.get(event.subject_id)
+        if row is not None and row.tenant != event.tenant:
+            yield event, (f"tenant mismatch: the event says {safe_text(event.tenant, TENANT_SHOWN)!r}, "
+                          f"the business row says {safe_text(row.tenant, TENANT_SHOWN)!r}")
 
 
 def external_effect(kind: CleanupKind) -> ExternalEffect:
@@ -171,37 +240,59 @@ def external_effect(kind: CleanupKind) -> ExternalEffect:
     return kind.external_effect
 
 
-def lease_external(scope: BatchScope, effect: ExternalEffect, events: list[ExpiryEvent],
-                   subjects: Mapping[str, Any], before: Mapping[str, LedgerRow]) -> None:
+def lease_external(scope: BatchScope, kind: CleanupKind, events: list[ExpiryEvent],
+                   subjects: Mapping[str, Any], before: Mapping[str, LedgerRow]) -> set[str]:
     """Keep the claims of subjects that still have a target (their business row still eligible
     and due): they go to `leased` with the row's values and the attempt the call runs (the ledger's
-    count of attempts so far + 1), and the lease is recorded as a transition."""
-    targets = effect.targets(scope.conn, list(subjects.values()), scope.now)
+    count of attempts so far + 1), and the lease is recorded as a transition. Returns the op keys
+    handled here (leased, or failed as below); the rest have no target and are recorded as done.
+
+    A row taken over from an expired lease (`before` says claimed) had its lost attempt counted by
+    the claim, so the call runs one attempt higher, with the same op key. A kind whose effect is not
+    idempotent is not called again then: the lost call may have landed, so it is recorded as an
+    ambiguous failure (a dead letter for a person to check); nor is one whose lost attempt was its
+    last (`exhausted`), so a call that kills its worker every time ends."""
+    targets = external_effect(kind).targets(scope.conn, list(subjects.values()), scope.now)
+    lost: list[FailedAttempt] = []
     for event in events:
         if event.subject_id in targets:
             row = before[event.op_key]
+            taken_over = row.state == CLAIMED
+            if taken_over and (not kind.idempotent_effect or row.attempt + 1 >= kind.max_attempts):
+                lost.append(FailedAttempt(event, EffectFailure(
+                    AMBIGUOUS, f"the lease of {row.claim_owner} ran out while its call may have run"),
+                    CLAIMED, row.attempt))
+                continue
+            attempt = row.attempt + taken_over  # the attempts so far, a lost one included
             scope.result.leased.append(event)
             scope.result.targets[event.op_key] = targets[event.subject_id]
-            scope.result.attempts[event.op_key] = row.attempt + 1
-            scope.writes.event_transition(event, row.state, CLAIMED, row.attempt)
+            scope.result.attempts[event.op_key] = attempt + 1
+            scope.writes.event_transition(event, row.state, CLAIMED, attempt)
+    record_failures(scope, lost)
+    return {event.op_key for event in events if event.subject_id in targets}
 
 
 def record_run(scope: BatchScope, run: KindRun, before: Mapping[str, LedgerRow]
-               ) -> list[tuple[ExpiryEvent, datetime]]:
+               ) -> tuple[list[tuple[ExpiryEvent, datetime]], list[ExpiryEvent]]:
     """Step 5 for one kind: applied where the effect changed the subject, else skipped; returns
-    the events whose business row turned out to be due later (with that due time)."""
+    the events whose business row turned out to be due later (with that due time), and those
+    whose business row does not exist (yet)."""
     unchanged = [subject for e, subject in run.to_record if e.subject_id not in run.changed]
     moved = run.kind.not_yet_due(scope.conn, unchanged, scope.now) if unchanged else {}
     later: list[tuple[ExpiryEvent, datetime]] = []
+    missing: list[ExpiryEvent] = []
     for event, _ in run.to_record:
         if event.subject_id in moved:
             later.append((event, moved[event.subject_id]))
+            continue
+        if event.subject_id not in run.changed and event.subject_id not in run.present:
+            missing.append(event)
             continue
         status = APPLIED if event.subject_id in run.changed else SKIPPED
         (scope.result.applied if status == APPLIED else scope.result.skipped).append(event.op_key)
         row = before[event.op_key]
         scope.writes.finish(event, row.state, status, row.attempt + 1)
-    return later
+    return later, missing
 
 
 def reschedule(scope: BatchScope, later: list[tuple[ExpiryEvent, datetime]],
@@ -214,6 +305,35 @@ def reschedule(scope: BatchScope, later: list[tuple[ExpiryEvent, datetime]],
         scope.writes.reschedule(event, due_at, attempt)
         wake_up(scope, event, due_at, attempt, source="reschedule")
         scope.result.rescheduled.append(event.op_key)
+
+
+def await_subjects(scope: BatchScope, missing: list[tuple[ExpiryEvent, CleanupKind]],
+                   before: Mapping[str, LedgerRow]) -> None:
+    """Work whose business row does not exist (yet: an event may overtake the row it is about)
+    waits rather than finishing: back to `pending`, due at now + the kind's `retry_cap_s` (the
+    bounded recheck), with a wake-up then. Each recheck counts an attempt so that a subject that
+    never appears (or was deleted) ends `skipped` after `max_attempts` rechecks instead of waking
+    up for ever. Meanwhile the sweep emits the subject as soon as its row exists and is due (the
+    row waits past its due time), so the wait rarely runs out."""
+    for event, kind in missing:
+        row = before[event.op_key]
+        attempt = row.attempt + 1
+        if attempt >= kind.max_attempts:
+            scope.writes.finish(event, row.state, SKIPPED, attempt,
+                                reason=f"no business row after {attempt} checks")
+            scope.result.skipped.append(event.op_key)
+            continue
+        due_at = recheck_at(kind, scope.now)
+        scope.writes.reschedule(event, due_at, attempt,
+                                reason=f"waiting: no business row yet; rechecked at {due_at.isoformat()}")
+        wake_up(scope, event, due_at, attempt, source=RECHECK_SOURCE)
+        scope.result.rescheduled.append(event.op_key)
+
+
+def recheck_at(kind: CleanupKind, now: datetime) -> datetime:
+    """When work whose business row did not exist looks for it again: now + the kind's
+    `retry_cap_s`, the longest any of its retries waits."""
+    return now + timedelta(seconds=kind.retry_cap_s)
 
 
 def dead_letter_invalid(scope: BatchScope, invalid: list[Invalid], before: Mapping[str, LedgerRow]) -> None:

@@ -1,5 +1,9 @@
 """The sweep: find due business rows with no ledger row, record them `pending`, emit their events.
 
+A due row whose ledger row is `pending` but waiting past now (an event's own far-off due time, or a
+subject that did not exist when its event came) is work too: its row is brought forward to now and
+its event emitted again; the ledger absorbs the duplicate if one was in flight.
+
 Pages are bounded and walked by a keyset cursor (due time, id). Each page is committed to the
 ledger first and then produced and flushed before the next page starts, so a produce failure
 leaves `pending` rows the reconciler will find, never a silent gap.
@@ -7,6 +11,7 @@ leaves `pending` rows the reconciler will find, never a silent gap.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -17,12 +22,22 @@ from sqlalchemy import Engine
 from lapse.kernel.codec import Codec
 from lapse.kernel.kafka_clients import DeliveryTracker
 from lapse.kernel.kinds import CleanupKind
-from lapse.kernel.ledger import expiry_event, insert_pending
+from lapse.kernel.ledger import (
+    PENDING,
+    LedgerWrites,
+    bring_forward,
+    event_for_row,
+    expiry_event,
+    insert_pending,
+)
 from lapse.kernel.logs import get_logger
 from lapse.kernel.settings import Settings
 from lapse.producers.emit import emit_events
 
 log = get_logger("sweep")
+
+ACTOR = "sweep"
+WAITED_PAST_DUE = "brought forward by the sweep: the business row is due"
 
 
 @dataclass
@@ -34,10 +49,12 @@ class SweepReport:
 
 
 def sweep_kind(engine: Engine, producer: Producer, codec: Codec, settings: Settings,
-               kind: CleanupKind, now: datetime, report: SweepReport, *, source: str = "sweep") -> None:
+               kind: CleanupKind, now: datetime, report: SweepReport, *, source: str = "sweep",
+               stop: threading.Event | None = None) -> None:
+    """Emit one kind's due rows page by page; a set `stop` ends it between pages."""
     delivery = DeliveryTracker()
     cursor = None
-    while True:
+    while not (stop and stop.is_set()):
         with engine.begin() as conn:
             rows = [kind.to_eligible(r) for r in conn.execute(kind.eligible_page(
                 now, cursor, settings.producer.sweep_page_size, without_ledger=True))]
@@ -45,7 +62,14 @@ def sweep_kind(engine: Engine, producer: Producer, codec: Codec, settings: Setti
                 return
             events = [expiry_event(kind.name, r.subject_id, r.tenant, r.due_at, source=source) for r in rows]
             created = set(insert_pending(conn, events, now))
-        fresh = [e for e in events if e.op_key in created]
+            moved = bring_forward(conn, [e.op_key for e in events if e.op_key not in created], now)
+            writes = LedgerWrites(ACTOR, now)
+            for row in moved:
+                writes.transition(row.op_key, PENDING, PENDING, row.attempt, reason=WAITED_PAST_DUE,
+                                  replay_id=row.replay_id, correlation_id=row.correlation_id)
+            writes.flush(conn)
+        # A brought-forward row's event carries the row's attempt, so it is not taken for a stale one.
+        fresh = [e for e in events if e.op_key in created] + [event_for_row(r, source=source) for r in moved]
         emit_events(producer, codec, delivery, settings.topology.expiry, fresh, now)
         cursor = rows[-1].cursor
         report.pages += 1
@@ -57,10 +81,11 @@ def sweep_kind(engine: Engine, producer: Producer, codec: Codec, settings: Setti
 
 def sweep_once(engine: Engine, producer: Producer, codec: Codec, settings: Settings,
                kinds: dict[str, CleanupKind],
-               clock: Callable[[], datetime] = lambda: datetime.now(UTC)) -> SweepReport:
-    """One full pass over every kind's due rows."""
+               clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+               stop: threading.Event | None = None) -> SweepReport:
+    """One full pass over every kind's due rows; a set `stop` ends it between pages."""
     report = SweepReport()
     now = clock()
     for kind in kinds.values():
-        sweep_kind(engine, producer, codec, settings, kind, now, report)
+        sweep_kind(engine, producer, codec, settings, kind, now, report, stop=stop)
     return report

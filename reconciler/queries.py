@@ -25,32 +25,37 @@ from sqlalchemy import (
 )
 
 from lapse.kernel.kinds import CleanupKind, EligibleRow
-from lapse.kernel.ledger import APPLIED, SKIPPED, ledger_state_of
+from lapse.kernel.ledger import APPLIED, SKIPPED, ledger_state_of, waits_past
 
 # Ledger states of an eligible business row that the reconciler acts on: none (a gap), or a
-# terminal state while the business row still looks eligible (an anomaly).
+# terminal state while the business row still looks eligible (an anomaly); and, reported as
+# WAITING_PAST_DUE, a `pending` row still waiting past now while its business row is due.
 NEEDS_ATTENTION = (APPLIED, SKIPPED)
+WAITING_PAST_DUE = "waiting_past_due"
 
 
-def eligible_statement(kind: CleanupKind, cutoff: datetime, after: tuple[Any, ...] | None, limit: int
-                       ) -> CompoundSelect[Any]:
+def eligible_statement(kind: CleanupKind, cutoff: datetime, after: tuple[Any, ...] | None, limit: int,
+                       now: datetime) -> CompoundSelect[Any]:
     """One page of business rows of `kind` due at or before `cutoff`, in (due, id) order after
-    `after`. Only the rows that need attention come back (no ledger row, or a terminal one), with
-    their ledger state; the last row of the page always comes back too, flagged `last`, with the
-    page's row count, so the scan moves on without reading every row into Python."""
+    `after`. Only the rows that need attention come back (no ledger row, a terminal one, or a
+    `pending` one waiting past `now`), with their ledger state and whether it waits; the last row
+    of the page always comes back too, flagged `last`, with the page's row count, so the scan moves
+    on without reading every row into Python."""
     page = kind.eligible_page(cutoff, after, limit, without_ledger=False).cte("page")
     cols = [page.c[kind.id_column.name], page.c[kind.tenant_column.name],
             page.c[kind.due_column.name]]
     # A correlated lookup, not a join: one probe of ix_cleanup_ledger_kind_subject per page row,
     # whatever the planner believes about the page's size.
     state = ledger_state_of(kind.name, page.c[kind.id_column.name])
-    probed = select(*cols, state.label("state")).subquery("probed")
+    waiting = waits_past(kind.name, page.c[kind.id_column.name], now)
+    probed = select(*cols, state.label("state"), waiting.label("waiting")).subquery("probed")
     attention = (
-        select(*probed.c[:3], probed.c.state, literal(False).label("last"), literal(0).label("n"))
-        .where(or_(probed.c.state.is_(None), probed.c.state.in_(NEEDS_ATTENTION)))
+        select(*probed.c[:3], probed.c.state, probed.c.waiting, literal(False).label("last"),
+               literal(0).label("n"))
+        .where(or_(probed.c.state.is_(None), probed.c.state.in_(NEEDS_ATTENTION), probed.c.waiting))
     )
     last = (
-        select(*cols, null().label("state"), literal(True).label("last"),
+        select(*cols, null().label("state"), literal(False).label("waiting"), literal(True).label("last"),
                select(func.count()).select_from(page).scalar_subquery().label("n"))
         .order_by(page.c[kind.due_column.name].desc(), page.c[kind.id_column.name].desc())
         .limit(1)
@@ -68,14 +73,16 @@ class EligiblePage:
 
 
 def eligible_page(conn: Connection, kind: CleanupKind, cutoff: datetime, after: tuple[Any, ...] | None,
-                  limit: int) -> EligiblePage:
-    """One page: rows scanned, the cursor after it, and the (row, ledger state) needing attention."""
+                  limit: int, now: datetime) -> EligiblePage:
+    """One page: rows scanned, the cursor after it, and the (row, ledger state) needing attention,
+    WAITING_PAST_DUE standing for the state of a `pending` row waiting past `now`."""
     found: list[tuple[EligibleRow, str | None]] = []
     cursor: tuple[Any, ...] | None = None
     scanned = 0
-    for subject, tenant, due, state, is_last, n in conn.execute(eligible_statement(kind, cutoff, after, limit)):
+    statement = eligible_statement(kind, cutoff, after, limit, now)
+    for subject, tenant, due, state, waiting, is_last, n in conn.execute(statement):
         if is_last:
             scanned, cursor = n, (due, subject)
         else:
-            found.append((kind.to_eligible((subject, tenant, due)), state))
+            found.append((kind.to_eligible((subject, tenant, due)), WAITING_PAST_DUE if waiting else state))
     return EligiblePage(scanned, cursor, found)

@@ -1,14 +1,17 @@
 """The reconciler: rescan business tables and the ledger for work that lapsed but was forgotten.
 
 Independently of the sweep's cursor it finds, past a grace period: eligible rows with no ledger row,
-and ledger rows stuck in `pending`, `claimed` (lease long expired) or `retry_scheduled` (due long
-ago). It re-emits them with `source=reconciler` the normal way (ledger first, then produce to
-lapse.expiry and flush), paced by a token bucket. An `applied` or `skipped` row whose business
+eligible rows whose `pending` ledger row waits past now (an event's own far-off due time, or a
+subject that did not exist when its event came: brought forward to now), and ledger rows stuck in
+`pending`, `claimed` (lease long expired) or `retry_scheduled` (due long ago). It re-emits them
+with `source=reconciler` the normal way (ledger first, then produce to lapse.expiry and flush),
+paced by a token bucket. An `applied` or `skipped` row whose business
 record still looks eligible is an anomaly: reported, never fixed here.
 """
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -28,6 +31,7 @@ from lapse.kernel.ledger import (
     SKIPPED,
     ExpiryEvent,
     LedgerWrites,
+    bring_forward,
     event_for_row,
     expiry_event,
     insert_pending,
@@ -45,6 +49,7 @@ log = get_logger("reconciler")
 SOURCE = "reconciler"
 ACTOR = "reconciler"
 NO_LEDGER = "no_ledger"
+WAITING_PAST_DUE = queries.WAITING_PAST_DUE  # a due row whose pending ledger row waits past now
 ANOMALY_REASONS = {APPLIED: "applied_but_eligible", SKIPPED: "skipped_but_eligible"}
 # The ledger states the reconciler re-emits when stuck, with the reason it reports for each.
 STUCK_REASONS = {PENDING: "stuck_pending", CLAIMED: "stuck_claimed", RETRY_SCHEDULED: "stuck_retry"}
@@ -78,16 +83,21 @@ class Reconciler:
     def __init__(self, engine: Engine, producer: Producer, codec: Codec, settings: Settings,
                  kinds: dict[str, CleanupKind], *,
                  clock: Callable[[], datetime] = lambda: datetime.now(UTC),
-                 bucket: TokenBucket | None = None) -> None:
+                 bucket: TokenBucket | None = None, stop: threading.Event | None = None) -> None:
         self.engine = engine
+        self.stop = stop or threading.Event()  # set: the pass ends between pages
         self.producer = producer
         self.codec = codec
         self.settings = settings
         self.kinds = kinds
         self.clock = clock
-        self.bucket = bucket or TokenBucket(settings.reconciler.rate)
+        self.bucket = bucket or TokenBucket(settings.reconciler.rate, sleep=self._pause)
         self.delivery = DeliveryTracker()
         self.page_size = settings.reconciler.page_size
+
+    def _pause(self, seconds: float) -> None:
+        """The rate limit's wait, cut short by a stop."""
+        self.stop.wait(seconds)
 
     def run_once(self) -> ReconcileReport:
         """One full pass: every kind's business table, then the stuck ledger states."""
@@ -104,21 +114,25 @@ class Reconciler:
     def _scan_kind(self, kind: CleanupKind, cutoff: datetime, now: datetime,
                    report: ReconcileReport) -> None:
         cursor = None
-        while True:
+        while not self.stop.is_set():
             with self.engine.connect() as conn:
-                page = queries.eligible_page(conn, kind, cutoff, cursor, self.page_size)
+                page = queries.eligible_page(conn, kind, cutoff, cursor, self.page_size, now)
             if not page.rows_scanned:
                 return
             report.pages += 1
             report.scanned += page.rows_scanned
-            missing = []
+            missing, waiting = [], []
             for row, state in page.attention:
                 if state is None:
                     missing.append(row)
+                elif state == WAITING_PAST_DUE:
+                    waiting.append(kind.op_key(row.subject_id))
                 elif state in ANOMALY_REASONS:
                     self._anomaly(report, ANOMALY_REASONS[state], kind.op_key(row.subject_id))
             if missing:
                 self._reemit_missing(kind, missing, now, report)
+            if waiting:
+                self._reemit_waiting(waiting, now, report)
             cursor = page.cursor
             if page.rows_scanned < self.page_size:
                 return
@@ -145,10 +159,24 @@ class Reconciler:
         report.count(report.gaps, NO_LEDGER, len(fresh))
         self._produce(fresh, now, report)
 
+    def _reemit_waiting(self, op_keys: list[str], now: datetime, report: ReconcileReport) -> None:
+        """Bring forward the `pending` rows of due subjects still waiting past now, and emit their
+        events again (with the row's attempt); a row claimed meanwhile is left to its claimer."""
+        self.bucket.acquire(len(op_keys))
+        with self.engine.begin() as conn:
+            rows = bring_forward(conn, op_keys, now)
+            writes = LedgerWrites(ACTOR, now)
+            for r in rows:
+                writes.transition(r.op_key, PENDING, PENDING, r.attempt, reason=WAITING_PAST_DUE,
+                                  replay_id=r.replay_id, correlation_id=r.correlation_id)
+            writes.flush(conn)
+        report.count(report.gaps, WAITING_PAST_DUE, len(rows))
+        self._produce([event_for_row(r, source=SOURCE) for r in rows], now, report)
+
     def _scan_stuck(self, state: str, cutoff: datetime, now: datetime, report: ReconcileReport) -> None:
         reason = STUCK_REASONS[state]
         cursor = None
-        while True:
+        while not self.stop.is_set():
             with self.engine.begin() as conn:
                 rows = mark_stuck(conn, state, cutoff, cursor, self.page_size, now)
                 writes = LedgerWrites(ACTOR, now)

@@ -47,7 +47,7 @@ def test_a_bad_deploy_pauses_the_partition_instead_of_dead_lettering_everything(
                            correlation_id=f"c{i}")
         producer.produce(settings.topology.expiry, partition=0, key=bad.op_key.encode(),
                          value=pipeline.codec.encode("expiry_event", expiry_record(bad, now)))
-    ids = seed(pipeline, 5)
+    ids = seed(pipeline, 5, tenant="t")  # the good events' tenant
     for rid in ids:
         good = expiry_event("release-reservation", rid, "t", now - timedelta(minutes=1), source="sweep",
                             correlation_id=f"g{rid}")

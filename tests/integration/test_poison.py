@@ -24,7 +24,7 @@ def record(codec, kind, subject, tenant="t1", **tampered) -> bytes:
 def test_unknown_fingerprint_wrong_schema_bad_key_unknown_kind_and_oversized_field_go_to_dlq(pipeline):
     s, codec = pipeline.settings, pipeline.codec
     with pipeline.engine.begin() as conn:
-        (rid,) = add_reservations(conn, 1, expires_at=NOW - timedelta(minutes=10))
+        (rid,) = add_reservations(conn, 1, tenant="t1", expires_at=NOW - timedelta(minutes=10))
     good = record(codec, "release-reservation", rid)
     outcome = {"outcome_id": 1, "op_key": "x:1", "kind": "x", "tenant": "t", "subject_id": "1",
                "status": "applied", "attempt": 1, "failure_class": None, "reason": None, "due_at": 0,

@@ -21,11 +21,12 @@ from tests.fixtures.topology import repo_topology, tier_covering
 
 NOW = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
 LEASE = timedelta(seconds=30)
+TENANT = "t1"  # the events' tenant: a reservation of another tenant would be a dead letter
 TOPOLOGY = repo_topology()
 
 
 def event(rid: int | str, due_at: datetime = NOW - timedelta(minutes=5)) -> ExpiryEvent:
-    return expiry_event("release-reservation", rid, "t1", due_at, source="sweep", correlation_id=f"c-{rid}")
+    return expiry_event("release-reservation", rid, TENANT, due_at, source="sweep", correlation_id=f"c-{rid}")
 
 
 def run(engine, events, worker="w1", now=NOW):
@@ -43,7 +44,7 @@ def ledger(engine, rid):
 def test_duplicates_in_and_across_batches_apply_once(db_url):
     engine = make_engine(db_url)
     with engine.begin() as conn:
-        (rid,) = add_reservations(conn, 1, expires_at=NOW - timedelta(minutes=10))
+        (rid,) = add_reservations(conn, 1, tenant=TENANT, expires_at=NOW - timedelta(minutes=10))
     first = run(engine, [event(rid), event(rid)])
     second = run(engine, [event(rid)])
     assert (first.applied, first.duplicates) == ([f"release-reservation:{rid}"], 1)
@@ -59,7 +60,7 @@ def test_duplicates_in_and_across_batches_apply_once(db_url):
 def test_payment_that_won_the_race_is_skipped(db_url):
     engine = make_engine(db_url)
     with engine.begin() as conn:
-        (rid,) = add_reservations(conn, 1, expires_at=NOW - timedelta(minutes=10))
+        (rid,) = add_reservations(conn, 1, tenant=TENANT, expires_at=NOW - timedelta(minutes=10))
         conn.execute(update(reservations).values(status="paid"))
     result = run(engine, [event(rid)])
     assert result.skipped == [f"release-reservation:{rid}"]
@@ -83,9 +84,11 @@ def test_malformed_subject_is_dead_lettered_with_reason(db_url):
 
 
 def test_future_wakeup_is_handed_back_not_applied(db_url):
+    """A wake-up that came early for a reservation not due either waits for the delay tier. (One
+    whose reservation is due is applied: tests/integration/test_waiting_subjects.py.)"""
     engine = make_engine(db_url)
     with engine.begin() as conn:
-        (rid,) = add_reservations(conn, 1, expires_at=NOW - timedelta(minutes=10))
+        (rid,) = add_reservations(conn, 1, tenant=TENANT, expires_at=NOW + timedelta(minutes=1))
     early = event(rid, due_at=NOW + timedelta(minutes=1))
     result = run(engine, [early])
     assert [e.op_key for e in result.not_due] == [early.op_key]
@@ -96,7 +99,7 @@ def test_two_workers_racing_on_one_batch_apply_once(pg_url):
     """Two transactions claim the same keys at once on PostgreSQL: each key applies exactly once."""
     engine = make_engine(pg_url)
     with engine.begin() as conn:
-        ids = add_reservations(conn, 200, expires_at=NOW - timedelta(minutes=10))
+        ids = add_reservations(conn, 200, tenant=TENANT, expires_at=NOW - timedelta(minutes=10))
     events = [event(i) for i in ids]
     results = {}
     barrier = threading.Barrier(2)
@@ -120,7 +123,7 @@ def test_hold_extended_after_its_event_is_rescheduled_not_skipped(db_url):
     engine = make_engine(db_url)
     extended = NOW + timedelta(minutes=20)
     with engine.begin() as conn:
-        (rid,) = add_reservations(conn, 1, expires_at=extended)
+        (rid,) = add_reservations(conn, 1, tenant=TENANT, expires_at=extended)
     result = run(engine, [event(rid)])
     assert result.rescheduled == [f"release-reservation:{rid}"] and not result.skipped
     row = ledger(engine, rid)
@@ -141,7 +144,7 @@ def test_an_event_that_breaks_the_batch_transaction_is_dead_lettered_alone(pg_ur
     is redone event by event and only that event is dead-lettered, with the database's reason."""
     engine = make_engine(pg_url)
     with engine.begin() as conn:
-        ids = add_reservations(conn, 15, expires_at=NOW - timedelta(minutes=10))
+        ids = add_reservations(conn, 15, tenant=TENANT, expires_at=NOW - timedelta(minutes=10))
     release = demo_kinds(engine)["release-reservation"]
 
     def release_unless_thirteen(conn, ids, now):

@@ -77,8 +77,8 @@ def test_million_row_table_is_scanned_in_bounded_memory_with_indexes_only(pipeli
 
     with p.engine.connect() as conn:
         statements = {
-            "eligible": queries.eligible_statement(release, cutoff, (DUE - timedelta(minutes=30), 5), PAGE),
-            "eligible_first": queries.eligible_statement(release, cutoff, None, PAGE),
+            "eligible": queries.eligible_statement(release, cutoff, (DUE - timedelta(minutes=30), 5), PAGE, NOW),
+            "eligible_first": queries.eligible_statement(release, cutoff, None, PAGE, NOW),
         }
         for state in (PENDING, CLAIMED, RETRY_SCHEDULED):
             statements[f"stuck_{state}"] = mark_stuck_statement(state, cutoff, None, PAGE, NOW)

@@ -18,7 +18,7 @@ errors        the one-line KindsFileError (file, kind, field, what is wrong)
 from lapse.kernel.kinds.checks import KindCheck, check_kinds, describe
 from lapse.kernel.kinds.declarations import KindsFile, declared_names, read_kinds_file
 from lapse.kernel.kinds.errors import KindsFileError
-from lapse.kernel.kinds.kind import CleanupKind, EligibleRow, ExternalEffect
+from lapse.kernel.kinds.kind import CleanupKind, EligibleRow, ExternalEffect, SubjectRow
 from lapse.kernel.kinds.loading import compile_kinds, load_kind, load_kinds
 
 __all__ = [
@@ -28,6 +28,7 @@ __all__ = [
     "KindCheck",
     "KindsFile",
     "KindsFileError",
+    "SubjectRow",
     "check_kinds",
     "compile_kinds",
     "declared_names",

@@ -11,11 +11,12 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Column, ColumnElement, Connection, Select, Table, select, tuple_
+from sqlalchemy import Column, ColumnElement, Connection, Select, Table, case, false, select, true, tuple_
 from sqlalchemy.sql.elements import NamedColumn
+from sqlalchemy.sql.util import find_tables
 
 from lapse.kernel.kinds.effects import EffectCall, HttpEffect, ObjectStoreEffect
-from lapse.kernel.ledger import has_ledger_row, op_key
+from lapse.kernel.ledger import has_settled_row, op_key
 
 
 @dataclass(frozen=True, slots=True)
@@ -26,6 +27,16 @@ class EligibleRow:
     tenant: str
     due_at: datetime
     cursor: tuple[Any, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class SubjectRow:
+    """A business row as it stands, due or not: the processor checks an event against it (the
+    tenant must match; the row, not the event, says when the work is due)."""
+
+    tenant: str
+    due_at: datetime
+    eligible: bool  # the kind's business condition holds (the due time aside)
 
 
 @dataclass(frozen=True)
@@ -65,6 +76,9 @@ class CleanupKind:
     retry_cap_s: float = 3600.0
     idempotent_effect: bool = True
     effect_rate_per_s: float = 100.0  # token-bucket rate of external effects, per worker
+    # How long an operation may keep being rate-limited (429s burn no attempt), from its first
+    # failed attempt: past it, the next rate-limited failure is a dead letter (`rate_limited`).
+    rate_limited_for_s: float = 86_400.0
 
     def op_key(self, subject_id: Any) -> str:
         return op_key(self.name, subject_id)
@@ -72,8 +86,10 @@ class CleanupKind:
     def eligible_page(
         self, now: datetime, after: tuple[Any, ...] | None, limit: int, *, without_ledger: bool
     ) -> Select[Any, Any, Any]:
-        """Due rows in keyset order (due time, id) after `after`; optionally only those with no
-        ledger row yet (the sweep), or all of them (the reconciler's anomaly checks)."""
+        """Due rows in keyset order (due time, id) after `after`; optionally only those the sweep
+        must emit (no ledger row yet, or a `pending` one still waiting past `now`: an event's own
+        far-off due time, or a subject that did not exist when its event came), or all of them
+        (the reconciler's anomaly checks)."""
         cols = (self.due_column, self.id_column)
         stmt = select(self.id_column, self.tenant_column, self.due_column).where(
             self.still_eligible, self.due_column <= now
@@ -81,7 +97,7 @@ class CleanupKind:
         if after is not None:
             stmt = stmt.where(tuple_(*cols) > tuple_(*after))
         if without_ledger:
-            stmt = stmt.where(~has_ledger_row(self.name, self.id_column))
+            stmt = stmt.where(~has_settled_row(self.name, self.id_column, now))
         return stmt.order_by(*cols).limit(limit)
 
     def not_yet_due(self, conn: Connection, subjects: list[Any], now: datetime) -> dict[str, datetime]:
@@ -90,6 +106,22 @@ class CleanupKind:
         stmt = select(self.id_column, self.due_column).where(
             self.id_column.in_(subjects), self.still_eligible, self.due_column > now)
         return {str(subject): due for subject, due in conn.execute(stmt)}
+
+    @property
+    def has_tenant(self) -> bool:
+        """Whether the tenant is read from the table (a constant stands in when it has none)."""
+        return bool(find_tables(self.tenant_column, check_columns=True))
+
+    def subject_rows(self, conn: Connection, subjects: list[Any]) -> dict[str, SubjectRow]:
+        """The business rows of `subjects` that exist, eligible or not: subject id → tenant, due
+        time, eligibility. A subject left out has no business row (yet)."""
+        if not subjects:
+            return {}
+        eligible = case((self.still_eligible, true()), else_=false())
+        stmt = select(self.id_column, self.tenant_column, self.due_column, eligible).where(
+            self.id_column.in_(subjects))
+        return {str(subject): SubjectRow(str(tenant), due, bool(ok))
+                for subject, tenant, due, ok in conn.execute(stmt)}
 
     def to_eligible(self, row: Sequence[Any]) -> EligibleRow:
         subject, tenant, due = row

@@ -15,6 +15,7 @@ This module is the package's face: every other module imports the ledger from he
 
 from lapse.kernel.ledger.keys import InvalidEvent, InvalidOpKey, new_correlation_id, op_key, parse_op_key
 from lapse.kernel.ledger.queries import (
+    bring_forward,
     claim,
     dead_letters,
     failure_history,
@@ -32,10 +33,12 @@ from lapse.kernel.ledger.reads import (
     counts_by_state_and_kind,
     expired_claims,
     has_ledger_row,
+    has_settled_row,
     ledger_state_of,
     oldest_unfinished_due,
     op_keys_moved_between,
     transitions_between,
+    waits_past,
 )
 from lapse.kernel.ledger.records import (
     ATTEMPT_CAP,
@@ -119,6 +122,7 @@ __all__ = [
     "StateKindCount",
     "TransitionCount",
     "allowed",
+    "bring_forward",
     "check",
     "claim",
     "clip_original",
@@ -131,6 +135,7 @@ __all__ = [
     "expiry_record",
     "failure_history",
     "has_ledger_row",
+    "has_settled_row",
     "insert_pending",
     "ledger_state_of",
     "lock_claims",
@@ -151,4 +156,5 @@ __all__ = [
     "stuck_cursor",
     "time_problem",
     "transitions_between",
+    "waits_past",
 ]

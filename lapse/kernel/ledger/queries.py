@@ -19,6 +19,7 @@ from sqlalchemy import (
     Select,
     and_,
     bindparam,
+    case,
     or_,
     select,
     tuple_,
@@ -93,13 +94,13 @@ def failure_history(conn: Connection, op_keys: Sequence[str]) -> dict[str, list[
     if not op_keys:
         return {}
     rows = conn.execute(
-        select(T.c.op_key, T.c.attempt, T.c.failure_class, T.c.reason, T.c.at)
+        select(T.c.op_key, T.c.attempt, T.c.failure_class, T.c.reason, T.c.at, T.c.replay_id)
         .where(T.c.op_key.in_(op_keys), T.c.failure_class.is_not(None))
         .order_by(T.c.id)
     )
     out: dict[str, list[FailureEntry]] = {}
-    for key, attempt, cls, reason, at in rows:
-        out.setdefault(key, []).append(FailureEntry(attempt, cls, reason or "", at))
+    for key, attempt, cls, reason, at, replay_id in rows:
+        out.setdefault(key, []).append(FailureEntry(attempt, cls, reason or "", at, replay_id))
     return out
 
 
@@ -136,13 +137,18 @@ def claimable(now: datetime) -> ColumnElement[bool]:
 def claim(conn: Connection, op_keys: Sequence[str], owner: str, now: datetime, until: datetime
           ) -> set[str]:
     """pending | retry_scheduled | expired claimed → claimed by `owner` until `until`, for the
-    claimable rows among `op_keys`; returns the op keys claimed."""
+    claimable rows among `op_keys`; returns the op keys claimed.
+
+    Taking over an expired claim counts the lost holder's attempt (its effect may have run): the
+    attempt goes up by one, so the new holder's call carries a higher attempt and a worker that dies
+    on every try still runs out of attempts."""
     if not op_keys:
         return set()
     stmt = (
         update(L)
         .where(any_of(conn, L.c.op_key, op_keys), claimable(now))
-        .values(state=states.CLAIMED, claim_owner=owner, claim_until=until, updated_at=now)
+        .values(state=states.CLAIMED, claim_owner=owner, claim_until=until, updated_at=now,
+                attempt=case((L.c.state == states.CLAIMED, L.c.attempt + 1), else_=L.c.attempt))
         .returning(L.c.op_key)
     )
     return set(conn.execute(stmt).scalars())
@@ -201,6 +207,25 @@ def move_claimed(conn: Connection, moves: Sequence[ClaimedMove], owner: str, now
                "failure_class": m.failure_class, "failure": m.failure,
                "new_finished_at": m.finished_at} for m in moves]
     return conn.execute(stmt, params).rowcount
+
+
+def bring_forward(conn: Connection, op_keys: Sequence[str], now: datetime) -> list[LedgerRow]:
+    """pending → pending, due now: the rows among `op_keys` still `pending` and waiting past `now`
+    although their business row says the work is due (or due sooner); returns them as moved.
+
+    Only the business row says when work is due; an event's own due time (2100, or a recheck of a
+    subject that did not exist yet) must not hold it back. `retry_scheduled` rows keep their
+    backoff. Re-checking the state and due time in the UPDATE lets a concurrent claim win."""
+    if not op_keys:
+        return []
+    states.check(states.PENDING, states.PENDING)
+    stmt = (
+        update(L)
+        .where(any_of(conn, L.c.op_key, op_keys), L.c.state == states.PENDING, L.c.due_at > now)
+        .values(due_at=now, updated_at=now)
+        .returning(*ROW_COLUMNS)
+    )
+    return [LedgerRow(*row) for row in conn.execute(stmt)]
 
 
 def release_dead_letters(conn: Connection, selection: Selection, limit: int, replay_id: str,

@@ -1,5 +1,5 @@
 """Ledger reads made outside the state machine: the probes a business-table select embeds (the
-sweep's "no ledger row yet", the reconciler's state per page row) and the aggregates that
+sweep's "no ledger row yet, or one waiting too long", the reconciler's state per page row) and the aggregates that
 `lapse status` and the daily report show. The state machine's own reads (rows by key, claims,
 dead letters) are in `queries`.
 
@@ -13,7 +13,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import ColumnElement, Connection, ScalarSelect, and_, exists, func, select
+from sqlalchemy import ColumnElement, Connection, ScalarSelect, and_, exists, func, or_, select
 
 from lapse.kernel.ledger import states
 from lapse.kernel.ledger.rows import ExpiredClaims, StateKindCount, TransitionCount
@@ -32,6 +32,22 @@ def has_ledger_row(kind_name: str, subject_column: ColumnElement[Any]) -> Column
     """EXISTS a ledger row for the business row whose id is `subject_column`, correlated to the
     caller's select; the sweep negates it to emit only rows with no ledger row yet."""
     return exists().where(_subject_is(kind_name, subject_column))
+
+
+def has_settled_row(kind_name: str, subject_column: ColumnElement[Any], now: datetime) -> ColumnElement[bool]:
+    """EXISTS a ledger row for the business row whose id is `subject_column` that someone is on: any
+    row but a `pending` one still waiting past `now` (an event's own far-off due time, or a subject
+    that did not exist when its event came). The sweep negates it on due rows: no ledger row yet,
+    or one waiting past its subject's due time, both need an event. Retries keep their backoff."""
+    return exists().where(_subject_is(kind_name, subject_column),
+                          or_(L.c.state != states.PENDING, L.c.due_at <= now))
+
+
+def waits_past(kind_name: str, subject_column: ColumnElement[Any], now: datetime) -> ColumnElement[bool]:
+    """EXISTS a `pending` ledger row for the business row whose id is `subject_column` still
+    waiting past `now` (the reconciler's probe for a due subject whose row waits too long)."""
+    return exists().where(_subject_is(kind_name, subject_column), L.c.state == states.PENDING,
+                          L.c.due_at > now)
 
 
 def ledger_state_of(kind_name: str, subject_column: ColumnElement[Any]) -> ScalarSelect[Any]:

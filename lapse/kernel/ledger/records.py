@@ -254,12 +254,14 @@ def outcome_record(event: ExpiryEvent, status: str, attempt: int, worker: str, a
 
 @dataclass(frozen=True, slots=True)
 class FailureEntry:
-    """One failed attempt, as a dead letter's history lists it."""
+    """One failed attempt, as a dead letter's history lists it; `replay_id` tells the attempts of
+    a replay from those before it (the retry policy's rate-limit deadline counts the current run)."""
 
     attempt: int
     failure_class: str
     reason: str
     at: datetime
+    replay_id: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -29,7 +29,8 @@ ALLOWED: Mapping[str | None, frozenset[str]] = {
     # sweep, publish, reconciler (a gap) and processor create the row
     None: frozenset({PENDING}),
     PENDING: frozenset({
-        PENDING,        # reconciler: stuck pending, re-emitted
+        PENDING,        # reconciler: stuck pending, re-emitted; sweep, reconciler, processor:
+                        # waiting past its due subject's time, brought forward to now
         CLAIMED,        # processor: leased for an external effect
         APPLIED,        # processor: in-database effect applied
         SKIPPED,        # processor: the business row no longer qualified
@@ -41,7 +42,8 @@ ALLOWED: Mapping[str | None, frozenset[str]] = {
     }),
     CLAIMED: frozenset({
         CLAIMED,          # lease taken over after it expired; reconciler: stuck claim, re-emitted
-        PENDING,          # processor: rescheduled, the business row is due later now
+        PENDING,          # processor: rescheduled, the business row is due later now, or does not
+                          # exist yet (rechecked later; never a terminal state for it)
         APPLIED, SKIPPED,  # effect done (or a claim whose lease expired, redone in the database)
         RETRY_SCHEDULED,  # processor: failed attempt, retried later
         DEAD_LETTER,      # processor: invalid, exhausted or ambiguous

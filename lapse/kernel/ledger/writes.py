@@ -72,12 +72,14 @@ class LedgerWrites:
         self.transition(event.op_key, from_state, to_state, attempt, failure_class=failure_class,
                         reason=reason, replay_id=event.replay_id, correlation_id=event.correlation_id)
 
-    def finish(self, event: ExpiryEvent, from_state: str, state: str, attempt: int) -> None:
+    def finish(self, event: ExpiryEvent, from_state: str, state: str, attempt: int,
+               reason: str | None = None) -> None:
         """The claimed operation reached applied or skipped at `attempt`: its transition from
-        `from_state` (as read before the claim), the finishing update and the outcome."""
+        `from_state` (as read before the claim, with `reason` if any), the finishing update and
+        the outcome."""
         if state not in self.finished:
             raise ValueError(f"finish is for applied or skipped, not {state}")
-        self.event_transition(event, from_state, state, attempt)
+        self.event_transition(event, from_state, state, attempt, reason=reason)
         self.finished[state].append(event.op_key)
         self.outcome(event, state, attempt)
 
@@ -91,10 +93,12 @@ class LedgerWrites:
                                       self.now if state == DEAD_LETTER else None))
         self.outcome(event, state, attempt, failure_class, reason)
 
-    def reschedule(self, event: ExpiryEvent, due_at: datetime, attempt: int) -> None:
-        """The claimed operation is not due yet after all: back to pending at `due_at`."""
+    def reschedule(self, event: ExpiryEvent, due_at: datetime, attempt: int,
+                   reason: str | None = None) -> None:
+        """The claimed operation is not due yet after all (or its subject does not exist yet, as
+        `reason` says): back to pending at `due_at`."""
         self.event_transition(event, CLAIMED, PENDING, attempt,
-                              reason=f"rescheduled: not due until {due_at.isoformat()}")
+                              reason=reason or f"rescheduled: not due until {due_at.isoformat()}")
         self.moves.append(ClaimedMove(event.op_key, PENDING, attempt, due_at, None, None, None))
 
     def outcome(self, event: ExpiryEvent, status: str, attempt: int,
