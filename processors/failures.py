@@ -4,6 +4,13 @@ An effect reports a failure by raising `EffectFailure` with one of four classes;
 raises is classified here, and so is a far side's status code (HTTP, or an S3 error's status) and
 its Retry-After. `decide` turns a failure into the next ledger step: a retry at a persisted time
 (full-jitter exponential backoff, or exactly the server's Retry-After), or a dead letter.
+
+A rate-limited failure burns no attempt, so attempts alone would never end an operation that is
+rate-limited for ever. Its end is a deadline instead: the kind's `rate_limited_for_s`, measured
+from the operation's first failed attempt (of its current replay: a replay starts a new run).
+Past it, the next rate-limited failure is a dead letter of class `rate_limited` whose reason says
+how many deferrals since when. So every operation ends within `max_attempts` attempt-burning
+failures plus the deadline.
 """
 
 from __future__ import annotations
@@ -122,11 +129,28 @@ def to_millis(ts: datetime) -> datetime:
     return ts.replace(microsecond=ts.microsecond // 1000 * 1000)
 
 
+@dataclass(frozen=True)
+class Deferrals:
+    """An operation's failures so far in its current run, as the rate-limit deadline needs them:
+    how many were rate-limited, and when the first failed attempt was (None: this is the first)."""
+
+    rate_limited: int = 0
+    since: datetime | None = None
+
+
+NO_DEFERRALS = Deferrals()
+
+
 def decide(kind: CleanupKind, attempt_before: int, failure: EffectFailure, now: datetime,
-           rng: random.Random) -> Decision:
+           rng: random.Random, deferrals: Deferrals = NO_DEFERRALS) -> Decision:
     """What to do after `failure` on the attempt following `attempt_before` earlier ones."""
     cls, reason = failure.failure_class, failure.reason
     if cls == RATE_LIMITED:
+        since = deferrals.since or now
+        if (now - since).total_seconds() >= kind.rate_limited_for_s:
+            return Decision(False, attempt_before, cls, excerpt(
+                f"rate limited {deferrals.rate_limited + 1} times since {since.isoformat()}, past the "
+                f"kind's {kind.rate_limited_for_s:g} s deadline; last: {reason}", 500))
         wait = failure.retry_after if failure.retry_after is not None else backoff_seconds(
             kind, attempt_before, rng)
         return Decision(True, attempt_before, cls, reason, to_millis(now + timedelta(seconds=wait)))

@@ -13,7 +13,7 @@ from datetime import datetime
 
 from lapse.kernel.delays import delay_record
 from lapse.kernel.ledger import DEAD_LETTER, RETRY_SCHEDULED, ExpiryEvent, FailureEntry, failure_history
-from lapse.processors.failures import EffectFailure, decide
+from lapse.processors.failures import RATE_LIMITED, Deferrals, EffectFailure, decide
 from lapse.processors.scope import BatchScope
 
 
@@ -35,6 +35,13 @@ def wake_up(scope: BatchScope, event: ExpiryEvent, due_at: datetime, attempt: in
                         {key: value.decode() for key, value in headers})
 
 
+def deferrals(history: list[FailureEntry], replay_id: str | None) -> Deferrals:
+    """The current run's failures (those under the event's replay id; a replay starts afresh) as
+    the rate-limit deadline counts them: the rate-limited ones, and the first failure's time."""
+    run = [h for h in history if h.replay_id == replay_id]
+    return Deferrals(sum(h.failure_class == RATE_LIMITED for h in run), run[0].at if run else None)
+
+
 def record_failures(scope: BatchScope, failed: list[FailedAttempt]) -> None:
     """Move rows this worker has claimed to retry_scheduled or dead_letter, each as the retry policy
     decides, and add them to the result's `retried` or `dead_lettered`. The caller must hold the
@@ -44,7 +51,8 @@ def record_failures(scope: BatchScope, failed: list[FailedAttempt]) -> None:
     past = failure_history(scope.conn, [f.event.op_key for f in failed])
     for f in failed:
         event = f.event
-        d = decide(scope.kinds[event.kind], f.attempt_before, f.failure, scope.now, scope.rng)
+        d = decide(scope.kinds[event.kind], f.attempt_before, f.failure, scope.now, scope.rng,
+                   deferrals(past.get(event.op_key, []), event.replay_id))
         due_at = d.due_at or event.due_at
         if d.retry:
             scope.writes.fail(event, f.from_state, RETRY_SCHEDULED, d.attempt, due_at, d.failure_class, d.reason)
@@ -53,7 +61,8 @@ def record_failures(scope: BatchScope, failed: list[FailedAttempt]) -> None:
             continue
         scope.writes.fail(event, f.from_state, DEAD_LETTER, d.attempt, due_at, d.failure_class, d.reason)
         history = [*past.get(event.op_key, []),
-                   FailureEntry(d.attempt, f.failure.failure_class, f.failure.reason, scope.now)]
+                   FailureEntry(d.attempt, f.failure.failure_class, f.failure.reason, scope.now,
+                                event.replay_id)]
         scope.writes.dead_letter(scope.topics.dlq, event, d.failure_class, d.reason, d.attempt, history,
                                  scope.positions.get(event.op_key))
         scope.result.dead_lettered.append(event.op_key)

@@ -208,9 +208,11 @@ def _configuration(exc: BaseException, _settings: Settings | None) -> tuple[Exit
     from lapse.kernel.kinds import KindsFileError
     from lapse.kernel.kinds.errors import KindError
     from lapse.kernel.settings import UnknownSetting
+    from lapse.kernel.startup_checks import StartupRefused
     from lapse.kernel.topology import TopicsFileError
 
-    if isinstance(exc, (UnknownSetting, ConfigFileError, KindsFileError, KindError, TopicsFileError)):
+    if isinstance(exc, (UnknownSetting, ConfigFileError, KindsFileError, KindError, TopicsFileError,
+                        StartupRefused)):
         return ExitCode.CONFIG, "", str(exc)  # their messages name the setting or file themselves
     if isinstance(exc, ValidationError):
         errors = exc.errors()

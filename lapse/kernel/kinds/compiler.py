@@ -167,7 +167,7 @@ def compile_declared(name: str, decl: DeclaredKind, bind: Bind, metadata: MetaDa
         "due_column": due_column, "still_eligible": eligible,
         "parse_subject": subject_parser(id_column, dialect),
         "max_attempts": decl.retry.max_attempts, "retry_base_s": decl.retry.base_s,
-        "retry_cap_s": decl.retry.cap_s,
+        "retry_cap_s": decl.retry.cap_s, "rate_limited_for_s": decl.retry.rate_limited_for_s,
     }
     if effect.update is not None:
         values = set_values(table, effect.update.set_, "effect.update.set", id_column, dialect)

@@ -117,11 +117,14 @@ class EffectDecl(_Strict):
 
 
 class RetryDecl(_Strict):
-    """The retry policy of an effect that can fail: attempts, then a capped, jittered backoff."""
+    """The retry policy of an effect that can fail: attempts, then a capped, jittered backoff;
+    rate-limited tries burn no attempt, so they end after `rate_limited_for_s` from the first
+    failed attempt instead (then a dead letter of class `rate_limited`)."""
 
     max_attempts: int = Field(6, ge=1, le=100)
     base_s: float = Field(5.0, gt=0, le=86_400)
     cap_s: float = Field(3600.0, gt=0, le=7 * 86_400)
+    rate_limited_for_s: float = Field(86_400.0, gt=0, le=30 * 86_400)
 
     @model_validator(mode="after")
     def _cap_over_base(self) -> RetryDecl:

@@ -1,0 +1,141 @@
+"""Start-up checks as an operator meets them: `lapse` subprocesses that refuse in one line with exit 3
+before any work, on Apache Kafka and PostgreSQL.
+
+The database one migration behind is built honestly: the real previous revision (0003, in the
+layout before Lapse's namespace) made by the frozen migrations the fixtures keep, exactly what a
+deployment that skipped `lapse db upgrade` has. Today's only migration (0004) is the one it lacks.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from confluent_kafka import KafkaException
+from sqlalchemy import text
+
+from lapse.kernel.codec import Codec
+from lapse.kernel.database import VERSION_TABLE, make_engine
+from lapse.kernel.settings import REPO_ROOT, env_var, load_settings
+from lapse.kernel.startup_checks import StartupRefused, check_database
+from lapse.shell.error_boundary import ExitCode
+from tests.fixtures.db import build_legacy_layout
+from tests.fixtures.kafka import committed, end_offsets
+from tests.fixtures.pipeline import (
+    EXPIRY_PARTITIONS,
+    Pipeline,
+    connection_env,
+    expiry_event,
+    make_pipeline_settings,
+    produce,
+)
+from tests.fixtures.polling import eventually
+
+BOUND_S = 60.0  # every refusal comes long before this; a role that starts instead runs past it
+
+
+@dataclass(frozen=True)
+class Finished:
+    args: list[str]
+    code: int
+    stdout: str
+    stderr: list[str]
+
+
+def run_lapse(args: list[str], env: dict[str, str], cwd: Path) -> Finished:
+    """`lapse ARGS` in a clean environment (no LAPSE_* of the caller but `env`), bounded."""
+    base = {k: v for k, v in os.environ.items() if not k.startswith("LAPSE_")}
+    done = subprocess.run([sys.executable, "-m", "lapse", *args], env={**base, **env}, cwd=cwd, text=True,
+                          capture_output=True, timeout=BOUND_S)
+    return Finished(args, done.returncode, done.stdout, done.stderr.splitlines())
+
+
+def committed_offsets(bootstrap: str, group: str, topic: str) -> set[int]:
+    """The group's committed offsets on `topic`, asked again while the coordinator is still loading
+    (a fresh group's first look-up can answer NOT_COORDINATOR)."""
+
+    def ask() -> set[int] | None:
+        try:
+            return set(committed(bootstrap, group, topic, EXPIRY_PARTITIONS).values())
+        except KafkaException:
+            return None
+
+    return eventually(ask, timeout_s=60, interval_s=1, what="the committed offsets")
+
+
+def assert_refused(done: Finished, *parts: str) -> None:
+    what = f"lapse {' '.join(done.args)}"
+    assert (done.code, len(done.stderr)) == (ExitCode.CONFIG, 1), f"{what}: exit {done.code}, {done.stderr}"
+    for part in parts:
+        assert part in done.stderr[0], f"{what}: {done.stderr[0]}"
+
+
+@pytest.mark.slow
+def test_a_database_one_migration_behind_is_refused_by_every_role_before_any_batch(
+        kafka_bootstrap, pg_empty_url, unique, tmp_path):
+    build_legacy_layout(pg_empty_url, "0003")
+    settings = make_pipeline_settings(kafka_bootstrap, pg_empty_url, unique)
+    engine = make_engine(pg_empty_url)
+    try:
+        produce(Pipeline(settings, engine, Codec.from_settings(settings)), [expiry_event(1), expiry_event(2)])
+    finally:
+        engine.dispose()
+    env = connection_env(settings)
+    for args in (["process", "--exit-when-idle", "5"], ["relay", "--exit-when-idle", "1"], ["sweep", "--once"],
+                 ["sweep"], ["run", "--workers", "1"]):
+        assert_refused(run_lapse(args, env, tmp_path),
+                       "lapse: database at revision legacy 0003, this Lapse needs 0004: run `lapse db upgrade`")
+    topic, group = settings.topology.expiry, settings.topology.groups.cleanup
+    assert sum(end_offsets(kafka_bootstrap, topic, EXPIRY_PARTITIONS).values()) == 2  # both still there
+    assert committed_offsets(kafka_bootstrap, group, topic) == {-1001}  # none consumed
+
+
+def copied_schemas(tmp_path: Path) -> Path:
+    target = tmp_path / "schemas"
+    shutil.copytree(REPO_ROOT / "schemas", target)
+    return target
+
+
+def test_an_incompatible_schema_edit_is_refused_naming_the_schema(kafka_bootstrap, pg_url, unique, tmp_path):
+    settings = make_pipeline_settings(kafka_bootstrap, pg_url, unique)
+    folder = copied_schemas(tmp_path)
+    path = folder / "dead_letter.avsc"
+    schema = json.loads(path.read_text())
+    schema["fields"].append({"name": "severity", "type": "int"})  # no default: old records cannot fill it
+    path.write_text(json.dumps(schema))
+    env = {**connection_env(settings), env_var("schemas.dir"): str(folder)}
+    for args in (["process", "--exit-when-idle", "5"], ["relay", "--exit-when-idle", "1"]):
+        assert_refused(run_lapse(args, env, tmp_path),
+                       "lapse: schema dead_letter.avsc cannot read dead_letter.v1.avsc in history/: ",
+                       "severity: a field the old schema lacks, with no default")
+    topic, group = settings.topology.expiry, settings.topology.groups.cleanup
+    assert committed_offsets(kafka_bootstrap, group, topic) == {-1001}
+
+
+def test_a_topic_prefix_too_long_for_kafka_is_refused(pg_url, tmp_path):
+    env = {env_var("database.url"): pg_url, env_var("topics.prefix"): "p" * 240,
+           env_var("kafka.bootstrap_servers"): "127.0.0.1:9"}  # never reached: refused before
+    for args in (["process", "--exit-when-idle", "1"], ["run", "--workers", "1"]):
+        assert_refused(run_lapse(args, env, tmp_path),
+                       "lapse: topics.prefix (LAPSE_TOPICS__PREFIX) is 240 characters: with ", "over Kafka's 249")
+
+
+def test_a_database_a_newer_lapse_migrated_is_refused_without_advising_an_upgrade(pg_url):
+    """A revision this Lapse's migrations do not know (stamped here, as a newer release would
+    leave it): `lapse db upgrade` could not help, so the refusal says which version to run."""
+    engine = make_engine(pg_url)
+    try:
+        with engine.begin() as conn:
+            conn.execute(text(f"UPDATE lapse.{VERSION_TABLE} SET version_num = '0005'"))
+    finally:
+        engine.dispose()
+    with pytest.raises(StartupRefused) as refused:
+        check_database(load_settings(database={"url": pg_url}))
+    assert str(refused.value) == ("database at revision 0005, unknown to this Lapse (it needs 0004): "
+                                  "a newer Lapse migrated it; run that version")
