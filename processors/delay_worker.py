@@ -22,10 +22,9 @@ from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, Message, TopicPartition
 
-from lapse.kernel.codec import Codec, SchemaRegistryError
+from lapse.kernel.codec import Codec
 from lapse.kernel.delays import InvalidWakeUp, read_wake_up
 from lapse.kernel.kafka_clients import (
-    DeliveryFailed,
     DeliveryTracker,
     make_consumer,
     make_producer,
@@ -34,16 +33,14 @@ from lapse.kernel.kafka_clients import (
 )
 from lapse.kernel.ledger import OriginalBudget
 from lapse.kernel.logs import get_logger
+from lapse.kernel.outages import Outage, is_transient
 from lapse.kernel.settings import Settings
 from lapse.processors.commit import commit_offsets
 from lapse.processors.dead_letters import send_poison
 from lapse.processors.decode import Poison, poison_of, position_of
+from lapse.processors.rewind import rewind_and_back_off
 
 log = get_logger("delay")
-
-# Failures outside the records: the batch is rewound and retried after a capped backoff.
-TRANSIENT = (DeliveryFailed, KafkaException, SchemaRegistryError)
-RETRY_CAP_S = 30
 
 
 class DelayWorker:
@@ -67,6 +64,7 @@ class DelayWorker:
         self.delivery = DeliveryTracker()
         self.codec = Codec.from_settings(settings)
         self.budget = OriginalBudget.under(message_max_bytes(settings))
+        self.outage = Outage("delay", log)
 
     def _on_assign(self, consumer, partitions) -> None:
         self.owned |= {(p.topic, p.partition) for p in partitions}
@@ -81,7 +79,6 @@ class DelayWorker:
         """Forward due records until stopped; returns how many were forwarded."""
         self.consumer.subscribe(self.topics, on_assign=self._on_assign, on_revoke=self._on_revoke,
                                 on_lost=self._on_revoke)
-        failures = 0
         try:
             while not self.stop.is_set():
                 self._release_due()
@@ -91,10 +88,11 @@ class DelayWorker:
                     continue
                 try:
                     self._process(usable)
-                    failures = 0
-                except TRANSIENT as exc:
-                    failures += 1
-                    self._retry_later(usable, exc, failures)
+                    self.outage.over()
+                except Exception as exc:
+                    if not is_transient(exc):
+                        raise
+                    self._retry_later(usable, exc)
         finally:
             self.close()
         return self.forwarded
@@ -171,25 +169,18 @@ class DelayWorker:
         self.consumer.seek(part)
         self.held[tp] = due
 
-    def _retry_later(self, messages: list[Message], exc: Exception, failures: int) -> None:
-        """The batch failed for a reason outside its records (the broker or the registry): nothing
-        of it was committed, so rewind its partitions to the batch's first offsets, release any
-        hold taken in it, and retry after a capped backoff. Records already forwarded come again
-        (at least once; the processor absorbs duplicates)."""
-        first: dict[tuple[str, int], int] = {}
-        for msg in messages:
-            topic, partition, offset = position_of(msg)
-            first[(topic, partition)] = min(first.get((topic, partition), offset), offset)
-        for (topic, partition), offset in first.items():
-            if (topic, partition) in self.owned:
-                self.held.pop((topic, partition), None)
-                part = TopicPartition(topic, partition, offset)
-                self.consumer.resume([part])
-                self.consumer.seek(part)
-        delay = min(RETRY_CAP_S, 2 ** (failures - 1))
-        log.error("delay batch failed, rewound to retry", extra={
-            "records": len(messages), "retry_in_s": delay, "error": str(exc).splitlines()[0][:300]})
-        self.stop.wait(delay)
+    def _retry_later(self, messages: list[Message], exc: Exception) -> None:
+        """The batch failed for a reason outside its records (`is_transient`: the broker or the
+        registry away): nothing of it was committed, so its partitions are rewound to the batch's
+        first offsets, any hold taken in it released, and it is retried after the outage's backoff.
+        Records already forwarded come again (at least once; the processor absorbs duplicates)."""
+        rewind_and_back_off(self.consumer, self.owned, messages, exc, self.outage, self.stop,
+                            release=self._release)
+
+    def _release(self, tp: tuple[str, int]) -> None:
+        """Drop the hold on `tp`, if any, and resume it (a rewind replaces the hold's seek)."""
+        self.held.pop(tp, None)
+        self.consumer.resume([TopicPartition(tp[0], tp[1])])
 
     def close(self) -> None:
         try:

@@ -11,24 +11,22 @@ import time
 from dataclasses import dataclass, field
 
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
-from sqlalchemy.exc import InterfaceError, OperationalError
 
 from lapse.kernel.codec import Codec
 from lapse.kernel.database import engine_from_settings
-from lapse.kernel.kafka_clients import DeliveryFailed, DeliveryTracker, make_consumer, make_producer
+from lapse.kernel.kafka_clients import DeliveryTracker, make_consumer, make_producer
 from lapse.kernel.kinds import load_kinds
 from lapse.kernel.logs import get_logger
+from lapse.kernel.outages import Outage, is_transient
 from lapse.kernel.settings import Settings
 from lapse.processors.circuit import CircuitPolicy, DeadLetterCircuit
 from lapse.processors.commit import BatchContext, commit_batch
 from lapse.processors.decode import decode_batch, partition_of, position_of
 from lapse.processors.metrics import observe_batch
+from lapse.processors.rewind import rewind_and_back_off
 
 log = get_logger("processor")
 
-# Failures outside the batch itself: retried in place after a rewind (see _retry_later).
-TRANSIENT = (OperationalError, InterfaceError, DeliveryFailed, KafkaException)
-RETRY_CAP_S = 30
 # How long a worker that never got an assignment waits for the broker's metadata before it
 # reports the broker unreachable (`run(exit_when_idle=…)` only).
 BROKER_PROBE_S = 10.0
@@ -73,6 +71,7 @@ class CleanupWorker:
             threshold=settings.processor.circuit_threshold, min_events=settings.processor.circuit_min_events,
             window=settings.processor.circuit_window, cooldown_s=settings.processor.circuit_cooldown_s))
         self.next_offset: dict[tuple[str, int], int] = {}
+        self.outage = Outage("processor", log)
 
     def _on_assign(self, consumer, partitions) -> None:
         self.reached_broker = True
@@ -94,7 +93,6 @@ class CleanupWorker:
             on_revoke=self._on_revoke, on_lost=self._on_revoke,
         )
         last_activity = time.monotonic()
-        failures = 0
         try:
             while not self.stop.is_set():
                 self._close_circuits()
@@ -103,34 +101,23 @@ class CleanupWorker:
                     last_activity = time.monotonic()
                     try:
                         self._process(messages)
-                        failures = 0
-                    except TRANSIENT as exc:
-                        failures += 1
-                        self._retry_later(messages, exc, failures)
+                        self.outage.over()
+                    except Exception as exc:
+                        if not is_transient(exc):
+                            raise
+                        self._retry_later(messages, exc)
                 elif exit_when_idle is not None and self._idle(last_activity, exit_when_idle):
                     break
         finally:
             self.close()
         return self.stats
 
-    def _retry_later(self, messages: list, exc: Exception, failures: int) -> None:
-        """A batch failed for a reason outside it (database or broker unreachable): nothing of it
-        was committed to Kafka, so rewind its partitions to the batch's first offsets and try
-        again after a capped backoff. Work already made durable comes back as duplicates."""
-        if isinstance(exc, KafkaException) and exc.args and exc.args[0].fatal():
-            raise exc
-        first: dict[tuple[str, int], int] = {}
-        for msg in messages:
-            topic, partition, offset = position_of(msg)
-            first[(topic, partition)] = min(first.get((topic, partition), offset), offset)
-        for (topic, partition), offset in first.items():
-            if (topic, partition) in self.owned:
-                self.consumer.seek(TopicPartition(topic, partition, offset))
-        delay = min(RETRY_CAP_S, 2 ** (failures - 1))
+    def _retry_later(self, messages: list, exc: Exception) -> None:
+        """A batch failed for a reason outside it (`is_transient`: the database, the broker or the
+        schema registry away): nothing of it was committed, so it is rewound and tried again after
+        the outage's backoff (`rewind_and_back_off`)."""
         self.stats.batch_failures += 1
-        log.error("batch failed, rewound to retry", extra={
-            "records": len(messages), "retry_in_s": delay, "error": str(exc).splitlines()[0][:300]})
-        self.stop.wait(delay)
+        rewind_and_back_off(self.consumer, self.owned, messages, exc, self.outage, self.stop)
 
     def _idle(self, last_activity: float, idle_s: float) -> bool:
         """Caught up on every owned partition for `idle_s`; a worker with no partitions waits a

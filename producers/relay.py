@@ -3,7 +3,8 @@
 Rows are locked while they are produced and flushed, and marked sent in the same transaction, so
 two relays never publish a row twice at once; a crash between flush and commit republishes the
 batch (at-least-once). Each outcome carries its outbox id as `outcome_id`, which lets readers drop
-such repeats.
+such repeats. `run_relay` waits out a database, broker or registry outage (`lapse.kernel.outages`)
+rather than exit.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from sqlalchemy import Engine
 from lapse.kernel.codec import Codec
 from lapse.kernel.kafka_clients import DeliveryTracker
 from lapse.kernel.logs import get_logger
+from lapse.kernel.outages import Outage, is_transient
 from lapse.producers import relay_queries
 
 log = get_logger("relay")
@@ -57,21 +59,32 @@ def relay_until_empty(engine: Engine, producer: Producer, codec: Codec, limit: i
 def run_relay(engine: Engine, producer: Producer, codec: Codec, *, limit: int, idle_s: float,
               stop: threading.Event, exit_when_idle: float | None = None,
               keep_sent: timedelta = timedelta(days=1)) -> int:
-    """Relay until stopped; sent rows older than `keep_sent` are purged now and then."""
+    """Relay until stopped; sent rows older than `keep_sent` are purged now and then. A transient
+    failure (`is_transient`) is waited out with backoff; the batch it hit is relayed again."""
     delivery = DeliveryTracker()
+    outage = Outage("relay", log)
     total, idle_since, last_purge = 0, time.monotonic(), 0.0
     while not stop.is_set():
-        n = relay_batch(engine, producer, codec, delivery, limit)
+        try:
+            n = relay_batch(engine, producer, codec, delivery, limit)
+            now = time.monotonic()
+            if not n and now - last_purge > 60:
+                with engine.begin() as conn:
+                    relay_queries.purge_sent(conn, datetime.now(UTC) - keep_sent)
+                last_purge = now
+        except Exception as exc:
+            if not is_transient(exc):
+                raise
+            delivery.failures.clear()  # reports of the failed batch; it is relayed again
+            outage.wait(exc, stop)
+            idle_since = time.monotonic()
+            continue
+        outage.over()
         total += n
-        now = time.monotonic()
         if n:
             idle_since = now
             continue
         if exit_when_idle is not None and now - idle_since >= exit_when_idle:
             break
-        if now - last_purge > 60:
-            with engine.begin() as conn:
-                relay_queries.purge_sent(conn, datetime.now(UTC) - keep_sent)
-            last_purge = now
         stop.wait(idle_s)
     return total

@@ -9,6 +9,7 @@ explicitly (passed in the Alembic config's attributes), so offline SQL is right 
 from __future__ import annotations
 
 import io
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -36,6 +37,10 @@ LEGACY_VERSION_TABLE = "alembic_version"
 LEGACY_LEDGER = "cleanup_ledger"
 LEGACY_REVISIONS = ("0001", "0002", "0003")
 LEGACY_HEAD = "0003"
+# The defaults of `database.connect_timeout_s` and `database.statement_timeout_s`, for engines
+# made from a URL alone.
+CONNECT_TIMEOUT_S = 10.0
+STATEMENT_TIMEOUT_S = 60.0
 
 
 class DatabaseNotConfigured(ValueError):
@@ -52,9 +57,14 @@ def effective_schema(url: str, schema: str) -> str | None:
     return None if make_url(url).get_backend_name() == "sqlite" else schema
 
 
-def make_engine(url: str, *, schema: str = DEFAULT_SCHEMA, pool_size: int = 5) -> Engine:
+def make_engine(url: str, *, schema: str = DEFAULT_SCHEMA, pool_size: int = 5,
+                connect_timeout_s: float = CONNECT_TIMEOUT_S,
+                statement_timeout_s: float | None = STATEMENT_TIMEOUT_S) -> Engine:
     """An engine tuned per dialect (SQLite gets WAL, a busy timeout and immediate write locks) that
-    maps the models' placeholder schema to Lapse's effective schema at `url`."""
+    maps the models' placeholder schema to Lapse's effective schema at `url`. On PostgreSQL a
+    connection attempt gives up after `connect_timeout_s` and a statement after
+    `statement_timeout_s` (None: no limit), so a database that accepts connections and never
+    answers fails fast instead of hanging; a URL that sets either itself keeps its own."""
     options = {"schema_translate_map": {SCHEMA: effective_schema(url, schema)}}
     parsed = make_url(url)
     if parsed.get_backend_name() == "sqlite":
@@ -78,7 +88,20 @@ def make_engine(url: str, *, schema: str = DEFAULT_SCHEMA, pool_size: int = 5) -
 
         return engine
     return create_engine(url, pool_size=pool_size, max_overflow=pool_size, pool_pre_ping=True,
-                         execution_options=options)
+                         execution_options=options,
+                         connect_args=_timeouts(parsed.query, connect_timeout_s, statement_timeout_s))
+
+
+def _timeouts(query: Mapping[str, Any], connect_timeout_s: float,
+              statement_timeout_s: float | None) -> dict[str, Any]:
+    """libpq's connect_timeout (whole seconds, at least 2 as libpq counts it) and a session
+    statement_timeout, unless the URL's query already sets them."""
+    args: dict[str, Any] = {}
+    if "connect_timeout" not in query:
+        args["connect_timeout"] = max(2, math.ceil(connect_timeout_s))
+    if statement_timeout_s is not None and "options" not in query:
+        args["options"] = f"-c statement_timeout={max(1, round(statement_timeout_s * 1000))}"
+    return args
 
 
 def configured_url(settings: Settings) -> str:
@@ -91,7 +114,10 @@ def configured_url(settings: Settings) -> str:
 
 
 def engine_from_settings(settings: Settings, *, pool_size: int = 5) -> Engine:
-    return make_engine(configured_url(settings), schema=settings.database.schema_name, pool_size=pool_size)
+    """The engine of the configured database, with its schema and timeouts from `settings`."""
+    db = settings.database
+    return make_engine(configured_url(settings), schema=db.schema_name, pool_size=pool_size,
+                       connect_timeout_s=db.connect_timeout_s, statement_timeout_s=db.statement_timeout_s)
 
 
 def qualified_name(bind: Connection | Engine, table: Table) -> str:
@@ -180,7 +206,8 @@ class RevisionChange:
         return asdict(self)
 
 
-def upgrade_url(url: str, revision: str = "head", *, schema: str = DEFAULT_SCHEMA) -> RevisionChange:
+def upgrade_url(url: str, revision: str = "head", *, schema: str = DEFAULT_SCHEMA,
+                connect_timeout_s: float = CONNECT_TIMEOUT_S) -> RevisionChange:
     """Run the Alembic migrations up to `revision` on the database at `url`, with Lapse's tables in
     `schema` (PostgreSQL). A database in the previous layout at its last revision is moved in place;
     at an earlier one it is refused (UpgradeRefused) before anything changes."""
@@ -188,7 +215,8 @@ def upgrade_url(url: str, revision: str = "head", *, schema: str = DEFAULT_SCHEM
 
     cfg = alembic_config(url, schema)
     effective = cfg.attributes["schema"]
-    engine = make_engine(url, schema=schema)
+    # No statement timeout: a migration may rightly run long on a big table.
+    engine = make_engine(url, schema=schema, connect_timeout_s=connect_timeout_s, statement_timeout_s=None)
     try:
         with engine.connect() as conn:
             before = version_context(conn, effective).get_current_revision()
@@ -209,7 +237,8 @@ def upgrade_url(url: str, revision: str = "head", *, schema: str = DEFAULT_SCHEM
 
 
 def upgrade(settings: Settings, revision: str = "head") -> RevisionChange:
-    return upgrade_url(configured_url(settings), revision, schema=settings.database.schema_name)
+    return upgrade_url(configured_url(settings), revision, schema=settings.database.schema_name,
+                       connect_timeout_s=settings.database.connect_timeout_s)
 
 
 def offline_sql(url: str, schema: str = DEFAULT_SCHEMA, revision: str = "head") -> str:
@@ -235,7 +264,8 @@ def history(url: str, schema: str = DEFAULT_SCHEMA) -> list[dict[str, Any]]:
             for s in scripts.walk_revisions()]
 
 
-def current(url: str, schema: str = DEFAULT_SCHEMA) -> dict[str, Any]:
+def current(url: str, schema: str = DEFAULT_SCHEMA, *, connect_timeout_s: float = CONNECT_TIMEOUT_S,
+            statement_timeout_s: float = STATEMENT_TIMEOUT_S) -> dict[str, Any]:
     """The database's revision of Lapse's tables against the head of the migrations; a database
     in the previous layout shows its legacy revision."""
     from alembic.script import ScriptDirectory  # function-local: alembic is slow to import
@@ -243,7 +273,8 @@ def current(url: str, schema: str = DEFAULT_SCHEMA) -> dict[str, Any]:
     cfg = alembic_config(url, schema)
     effective = cfg.attributes["schema"]
     head = ScriptDirectory.from_config(cfg).get_current_head()
-    engine = make_engine(url, schema=schema)
+    engine = make_engine(url, schema=schema, connect_timeout_s=connect_timeout_s,
+                         statement_timeout_s=statement_timeout_s)
     try:
         with engine.connect() as conn:
             revision = version_context(conn, effective).get_current_revision()

@@ -1,8 +1,9 @@
 """A small Confluent schema registry client: register a schema, fetch a schema by id.
 
 Only the two calls the codec needs, over urllib so Lapse takes no extra dependency. Results are
-cached (a schema id never changes its schema), and every HTTP or network failure becomes one
-`SchemaRegistryError` with a one-line message.
+cached (a schema id never changes its schema); so, for `NOT_FOUND_TTL_S`, is an id the registry
+does not know, so a run of records with one unknown id costs one request, not one each. Every HTTP
+or network failure becomes one `SchemaRegistryError` with a one-line message.
 """
 
 from __future__ import annotations
@@ -10,12 +11,20 @@ from __future__ import annotations
 import base64
 import json
 import threading
+import time
 import urllib.error
 import urllib.parse
 import urllib.request
+from collections.abc import Callable
 from typing import Any
 
 CONTENT_TYPE = "application/vnd.schemaregistry.v1+json"
+# How long an id the registry answered 404 for is taken as unknown without asking again (seconds):
+# long enough to absorb a burst of records with that id, short enough that an id registered
+# afterwards is found soon.
+NOT_FOUND_TTL_S = 60.0
+# At most this many unknown ids are remembered (hostile records can carry any id); the oldest goes.
+NOT_FOUND_MAX = 10_000
 
 
 class SchemaRegistryError(Exception):
@@ -39,15 +48,20 @@ class SchemaRegistryError(Exception):
 class SchemaRegistryClient:
     """Registers schemas under a subject and resolves schema ids, caching both directions."""
 
-    def __init__(self, url: str, auth: str | None = None, timeout_s: float = 5.0):
+    def __init__(self, url: str, auth: str | None = None, timeout_s: float = 5.0, *,
+                 not_found_ttl_s: float = NOT_FOUND_TTL_S, clock: Callable[[], float] = time.monotonic):
         self.url = url.rstrip("/")
         self.timeout_s = timeout_s
+        self.not_found_ttl_s = not_found_ttl_s
+        self.clock = clock
+        self.requests = 0  # HTTP requests made (each cache miss is one)
         self._headers = {"Accept": CONTENT_TYPE, "Content-Type": CONTENT_TYPE}
         if auth:
             token = base64.b64encode(auth.encode()).decode("ascii")
             self._headers["Authorization"] = f"Basic {token}"
         self._ids: dict[tuple[str, str], int] = {}
         self._schemas: dict[int, str] = {}
+        self._not_found: dict[int, tuple[float, SchemaRegistryError]] = {}  # id → (until, the 404)
         self._lock = threading.Lock()
 
     def register(self, subject: str, schema_json: str) -> int:
@@ -71,17 +85,31 @@ class SchemaRegistryClient:
         cached = self._schemas.get(schema_id)
         if cached is not None:
             return cached
+        missing = self._not_found.get(schema_id)
+        if missing is not None and self.clock() < missing[0]:
+            raise SchemaRegistryError(str(missing[1]), missing[1].status, missing[1].error_code)
         path = f"/schemas/ids/{schema_id}"
-        schema_json = self._call("GET", path, None).get("schema")
+        try:
+            schema_json = self._call("GET", path, None).get("schema")
+        except SchemaRegistryError as exc:
+            if exc.not_found:
+                with self._lock:
+                    self._not_found.pop(schema_id, None)
+                    if len(self._not_found) >= NOT_FOUND_MAX:
+                        del self._not_found[next(iter(self._not_found))]
+                    self._not_found[schema_id] = (self.clock() + self.not_found_ttl_s, exc)
+            raise
         if not isinstance(schema_json, str):
             raise SchemaRegistryError(f"schema registry: no schema in the answer to GET {path}")
         with self._lock:
             self._schemas[schema_id] = schema_json
+            self._not_found.pop(schema_id, None)
         return schema_json
 
     def _call(self, method: str, path: str, payload: dict[str, Any] | None) -> dict[str, Any]:
         data = json.dumps(payload).encode() if payload is not None else None
         request = urllib.request.Request(self.url + path, data=data, method=method, headers=self._headers)
+        self.requests += 1
         try:
             with urllib.request.urlopen(request, timeout=self.timeout_s) as response:
                 answer = json.loads(response.read() or b"{}")

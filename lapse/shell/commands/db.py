@@ -62,7 +62,7 @@ def db_upgrade(settings: Settings, offline: bool, as_json: bool) -> None:
         click.echo(offline_sql(url, schema), nl=False)
         return
     try:
-        change = upgrade_url(url, schema=schema)
+        change = upgrade_url(url, schema=schema, connect_timeout_s=settings.database.connect_timeout_s)
     except UpgradeRefused as exc:
         raise click.ClickException(str(exc)) from None
     except SQLAlchemyError as exc:
@@ -83,7 +83,8 @@ def db_current(settings: Settings, as_json: bool) -> None:
 
     url = _configured_url(settings)
     try:
-        data = current(url, settings.database.schema_name)
+        data = current(url, settings.database.schema_name, connect_timeout_s=settings.database.connect_timeout_s,
+                       statement_timeout_s=settings.database.statement_timeout_s)
     except SQLAlchemyError as exc:
         raise _failure(url, exc) from None
     emit(data, as_json, _current_text)

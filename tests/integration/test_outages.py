@@ -1,0 +1,223 @@
+"""Outages with every role running (`lapse run`, a subprocess): the schema registry down for 10 s,
+every database connection terminated in a loop for 10 s, a database that accepts connections and
+never answers. No role exits (the supervisor restarts none), nothing is lost, nothing is applied
+twice, and each role logs one warning per outage, not one per retry."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+from sqlalchemy import func, select
+
+from lapse.devtools.demo_kinds import packaged_kinds_file
+from lapse.kernel.codec import Codec
+from lapse.kernel.kafka_clients import DeliveryTracker, make_producer
+from lapse.kernel.ledger import expiry_record
+from lapse.kernel.models import cleanup_ledger, ledger_transitions, outbox
+from lapse.kernel.settings import Settings, env_var
+from lapse.producers.emit import emit_events
+from lapse.shell.error_boundary import ExitCode
+from tests.fixtures.faults import ConnectionKiller, schema_registry, silent_listener
+from tests.fixtures.pipeline import (
+    Pipeline,
+    all_committed,
+    applied,
+    connection_env,
+    expiry_event,
+    seed,
+)
+from tests.fixtures.polling import eventually
+
+OUTAGE_S = 10.0
+WORKERS = 2
+ROLES = WORKERS + 5  # sweep, relay, delay, reconcile, monitor
+# A command facing a hung database ends within its connect timeout plus this after its first
+# connection attempt (a busy machine; a second attempt at the default 10 s timeout would not fit).
+MARGIN_S = 6.0
+
+pytestmark = pytest.mark.slow
+
+
+class RunningPipeline:
+    """`lapse run` in a subprocess, its JSON log lines in a file."""
+
+    def __init__(self, proc: subprocess.Popen, log_path: Path) -> None:
+        self.proc = proc
+        self.log_path = log_path
+
+    def lines(self) -> list[dict]:
+        out = []
+        for line in self.log_path.read_text(errors="replace").splitlines():
+            try:
+                out.append(json.loads(line))
+            except ValueError:
+                out.append({"msg": line, "level": "raw"})
+        return out
+
+    def logged(self, text: str) -> int:
+        return sum(text in str(line.get("msg")) for line in self.lines())
+
+    def assert_alive(self) -> None:
+        assert self.proc.poll() is None, f"lapse run exited {self.proc.returncode}: {self.lines()[-5:]}"
+        died = [line for line in self.lines() if "role died" in str(line.get("msg"))]
+        assert not died, f"roles died: {died}"
+
+
+@contextmanager
+def lapse_run(settings: Settings, tmp_path: Path, **extra: str) -> Iterator[RunningPipeline]:
+    """Every role (`lapse run --workers 2`) on the test's topics and database, short intervals."""
+    base = {k: v for k, v in os.environ.items() if not k.startswith("LAPSE_")}
+    env = {**base, **connection_env(settings),
+           env_var("processor.session_timeout_ms"): "6000", env_var("processor.poll_timeout_s"): "0.1",
+           env_var("producer.sweep_interval_s"): "1", env_var("reconciler.interval_s"): "2",
+           env_var("runtime.log_format"): "json", **extra}
+    log_path = tmp_path / "run.log"
+    with log_path.open("w") as log_file:
+        proc = subprocess.Popen([sys.executable, "-m", "lapse", "run", "--workers", str(WORKERS)], env=env,
+                                cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=log_file)
+    running = RunningPipeline(proc, log_path)
+    try:
+        yield running
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(90)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+            pytest.fail("lapse run did not stop within 90 s of SIGTERM")
+
+
+def outbox_drained(p: Pipeline, at_least: int) -> bool:
+    with p.engine.connect() as conn:
+        unsent = conn.execute(select(func.count()).where(outbox.c.sent_at.is_(None))).scalar()
+        total = conn.execute(select(func.count()).select_from(outbox)).scalar()
+    return unsent == 0 and total >= at_least
+
+
+def settled(p: Pipeline, running: RunningPipeline, n: int) -> bool:
+    """All `n` applied, every outcome relayed, every expiry offset committed."""
+    running.assert_alive()
+    return applied(p) == n and outbox_drained(p, n) and all_committed(p)
+
+
+def assert_applied_once_each(p: Pipeline, n: int) -> None:
+    """`n` op keys, every ledger row applied, each by exactly one `applied` transition, and every
+    expiry offset committed. (With all roles running, the reconciler may record a row `pending`
+    before the sweep does: a transition of its own, so the transitions are not counted whole as
+    `assert_each_applied_once` does.)"""
+    with p.engine.connect() as conn:
+        states = Counter(conn.execute(select(cleanup_ledger.c.state)).scalars())
+        applied_by_key = Counter(conn.execute(select(ledger_transitions.c.op_key).where(
+            ledger_transitions.c.to_state == "applied")).scalars())
+    assert states == {"applied": n}
+    assert len(applied_by_key) == n and set(applied_by_key.values()) == {1}
+    assert all_committed(p)
+
+
+def warnings_by_role(running: RunningPipeline) -> Counter[str]:
+    """The outage warnings logged, by role ("processor", "sweep", …)."""
+    return Counter(str(line["msg"]).split(":")[0] for line in running.lines()
+                   if "dependency unavailable" in str(line.get("msg")))
+
+
+def met_outage(running: RunningPipeline) -> bool:
+    roles = set(warnings_by_role(running))
+    return "processor" in roles and bool(roles & {"sweep", "reconcile"})
+
+
+def test_every_role_rides_out_a_schema_registry_outage(pipeline, tmp_path):
+    with schema_registry() as registry:
+        settings = pipeline.settings.with_(schemas={"registry_url": registry.url})
+        codec = Codec.from_settings(settings)
+        codec.encode("expiry_event", expiry_record(expiry_event(0), datetime.now(UTC)))  # registers its id
+        with lapse_run(settings, tmp_path, **{env_var("schemas.registry_url"): registry.url}) as running:
+            eventually(lambda: running.logged("partitions assigned") >= WORKERS, timeout_s=90,
+                       what="both processors assigned")
+            registry.stop()
+            stopped = time.monotonic()
+            # Events in registry format while it is down: from the test (an outside producer) and
+            # from the sweep or the reconciler (whichever records the rows first), which cannot
+            # register their schema until the registry is back.
+            rows = seed(pipeline, 100, tenant="t1")
+            emit_events(make_producer(settings), codec, DeliveryTracker(), settings.topology.expiry,
+                        [expiry_event(i) for i in rows], datetime.now(UTC))
+            eventually(lambda: met_outage(running), timeout_s=60,
+                       what="the processors, and the sweep or the reconciler, meet the outage")
+            time.sleep(max(0.0, OUTAGE_S - (time.monotonic() - stopped)))  # the fault lasts 10 s
+            running.assert_alive()
+            assert applied(pipeline) == 0
+            registry.start()  # the same port
+            eventually(lambda: settled(pipeline, running, 100), timeout_s=120,
+                       what="100 applied, outcomes relayed, offsets committed after the outage")
+            running.assert_alive()
+            warned = warnings_by_role(running)
+    # One warning per role and outage, not one per try (a role whose next pass has nothing to emit
+    # ends its outage early, and may meet it again).
+    assert warned["processor"] <= WORKERS and warned["sweep"] + warned["reconcile"] <= 4, warned
+    assert_applied_once_each(pipeline, 100)
+
+
+def test_every_role_rides_out_database_connections_terminated_in_a_loop(pipeline, tmp_path):
+    first = seed(pipeline, 50, tenant="t1")
+    with lapse_run(pipeline.settings, tmp_path) as running:
+        eventually(lambda: settled(pipeline, running, 50), timeout_s=120, what="the first 50 applied")
+        # Due while the connections are being killed: swept, applied and relayed through the fault.
+        second = seed(pipeline, 150, tenant="t1", expires_at=datetime.now(UTC) + timedelta(seconds=2))
+        killer = ConnectionKiller(pipeline.settings.database.url_plain(), every_s=0.2)
+        try:
+            # Also events straight onto the topic, as an outside producer would (no database needed).
+            emit_events(make_producer(pipeline.settings), pipeline.codec, DeliveryTracker(),
+                        pipeline.settings.topology.expiry, [expiry_event(i) for i in first[:25]],
+                        datetime.now(UTC))
+            time.sleep(OUTAGE_S)  # the fault lasts 10 s
+        finally:
+            killer.stop()
+        assert killer.terminated > 0
+        running.assert_alive()
+        eventually(lambda: settled(pipeline, running, 200), timeout_s=120,
+                   what="all 200 applied, outcomes relayed, offsets committed after the fault")
+        running.assert_alive()
+    assert len(second) == 150
+    assert_applied_once_each(pipeline, 200)
+
+
+def test_a_database_that_never_answers_fails_every_command_within_the_connect_timeout(kafka_bootstrap, tmp_path):
+    """One command at a time, so each is timed from its own connection attempt (interpreter
+    start-up before it varies with the machine's load; the connect timeout must not)."""
+    timeout_s = 2
+    with silent_listener() as db:
+        env = {**{k: v for k, v in os.environ.items() if not k.startswith("LAPSE_")},
+               env_var("kafka.bootstrap_servers"): kafka_bootstrap,
+               env_var("database.url"): f"postgresql+psycopg://lapse:s3cret-Pw@127.0.0.1:{db.port}/lapse",
+               env_var("database.connect_timeout_s"): str(timeout_s),
+               env_var("kinds.file"): str(packaged_kinds_file())}
+        for args in (["status"], ["db", "current"], ["sweep", "--once"], ["process", "--exit-when-idle", "1"]):
+            seen = len(db.arrivals)
+            proc = subprocess.Popen([sys.executable, "-m", "lapse", *args], env=env, cwd=tmp_path, text=True,
+                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+            try:
+                _, err = proc.communicate(timeout=timeout_s + MARGIN_S + 60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.communicate()
+                pytest.fail(f"lapse {' '.join(args)} hung on a database that never answers")
+            ended = time.monotonic()
+            lines = err.splitlines()
+            what = f"lapse {' '.join(args)}: exit {proc.returncode}, stderr {lines}"
+            assert (proc.returncode, len(lines)) == (ExitCode.UNREACHABLE, 1), what
+            assert lines[0].startswith("lapse: database ") and "s3cret-Pw" not in lines[0], what
+            assert len(db.arrivals) > seen, f"{what}: never connected"
+            took = ended - db.arrivals[seen]
+            assert took < timeout_s + MARGIN_S, f"{what}: {took:.1f}s after it connected"
