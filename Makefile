@@ -5,13 +5,14 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cksum pyproject.toml | cut -d' ' -f1)
 JARS := build/kafka/libs/.resolved
 
-.PHONY: help demo check lint test bench broker venv postgres kafka-jars clean
+.PHONY: help demo check lint test storm bench broker venv postgres kafka-jars clean
 
 help:
 	@echo "make demo       - the pipeline end to end on the embedded broker and SQLite"
 	@echo "make check      - the fast loop: ruff, mypy, import contracts, then tests/unit (no broker)"
 	@echo "make lint       - ruff, mypy and the import contracts only"
 	@echo "make test       - ruff, mypy, import contracts, then the whole suite on Apache Kafka and PostgreSQL"
+	@echo "make storm      - the kill storm: random SIGKILLs of workers and relays for 60 s over 20,000 events"
 	@echo "make bench      - the benchmark (JSON on stdout)"
 	@echo "make broker     - a Kafka broker on loopback in the foreground (embedded tansu)"
 	@echo "make venv       - the virtual environment in .venv with the test and check extras"
@@ -48,7 +49,10 @@ check: lint
 	$(BIN)/pytest -q tests/unit
 
 test: lint postgres kafka-jars
-	$(BIN)/pytest -m "not bench" -q
+	$(BIN)/pytest -m "not bench and not storm" -q
+
+storm: venv postgres kafka-jars
+	$(BIN)/pytest -m storm -q -s tests/system/test_kill_storm.py
 
 bench: venv postgres kafka-jars
 	$(BIN)/lapse bench --json

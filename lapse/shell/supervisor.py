@@ -1,7 +1,8 @@
 """A small process tree: each role runs in its own process and is restarted if it dies.
 
 `lapse run` and `lapse demo` use it; production deployments usually run each role as its own
-service instead (see compose/).
+service instead (see compose/). Shutdown forwards SIGTERM to every role, waits a bounded grace
+for each to finish its step and leave, then SIGKILLs the stragglers.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from multiprocessing.connection import wait
 from multiprocessing.process import BaseProcess
 from typing import Any
 
@@ -24,6 +26,9 @@ log = get_logger("supervisor")
 
 # A role's body: `target(settings, kwargs)`, run in the role's own process (its result is ignored).
 RoleTarget = Callable[[Settings, dict[str, Any]], object]
+# How long shutdown waits after SIGTERM for the roles to finish their batch, commit and leave:
+# under the 30 s a deployment usually allows, above a batch plus a consumer close.
+SHUTDOWN_GRACE_S = 25.0
 
 
 @dataclass
@@ -46,13 +51,16 @@ def _child(target: RoleTarget, settings: Settings, kwargs: dict[str, Any], role_
 class Supervisor:
     """Starts roles as spawned processes, restarts crashed ones, stops them all on request."""
 
-    def __init__(self, settings: Settings, roles: list[Role], restart_delay_s: float = 1.0) -> None:
+    def __init__(self, settings: Settings, roles: list[Role], restart_delay_s: float = 1.0,
+                 grace_s: float = SHUTDOWN_GRACE_S) -> None:
         self.settings = settings
         self.roles = roles
         self.restart_delay_s = restart_delay_s
+        self.grace_s = grace_s
         self.ctx = mp.get_context("spawn")
         self.procs: dict[str, BaseProcess] = {}
-        self.stop = threading.Event()
+        self.stop = threading.Event()  # set: stop watching and shut down
+        self.hurry = threading.Event()  # set (a second signal): end the shutdown grace now
 
     def _start(self, role: Role) -> None:
         proc = self.ctx.Process(target=_child, args=(role.target, self.settings, role.kwargs, role.name),
@@ -76,13 +84,24 @@ class Supervisor:
                     self._start(role)
             self.stop.wait(poll_s)
 
-    def shutdown(self, timeout_s: float = 20.0) -> None:
+    def shutdown(self, grace_s: float | None = None) -> list[str]:
+        """SIGTERM every running role (each finishes its step, commits what it owns and leaves),
+        wait up to `grace_s` (default: the supervisor's) or until `hurry` is set, then SIGKILL the
+        roles still running. Returns the names of the roles that had to be killed."""
+        grace = self.grace_s if grace_s is None else grace_s
         for proc in self.procs.values():
             if proc.is_alive():
-                proc.terminate()  # SIGTERM: finish the batch, commit, leave the group
-        deadline = time.monotonic() + timeout_s
+                proc.terminate()
+        deadline = time.monotonic() + grace
+        while (any(p.is_alive() for p in self.procs.values()) and time.monotonic() < deadline
+               and not self.hurry.is_set()):
+            wait([p.sentinel for p in self.procs.values() if p.is_alive()], timeout=0.2)
+        killed = [name for name, proc in self.procs.items() if proc.is_alive()]
+        for name in killed:
+            self.procs[name].kill()
+            self.procs[name].join()
+            log.warning("role killed: it did not stop within the shutdown grace",
+                        extra={"role": name, "grace_s": grace, "hurried": self.hurry.is_set()})
         for proc in self.procs.values():
-            proc.join(max(0.1, deadline - time.monotonic()))
-            if proc.is_alive():
-                proc.kill()
-                proc.join()
+            proc.join()
+        return killed

@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+import os
+import signal
+import threading
+import time
 from pathlib import Path
 
 from lapse.kernel.settings import load_settings
+from lapse.kernel.signals import stop_on_signals
 from lapse.shell.supervisor import Role, Supervisor
+from tests.fixtures.polling import eventually
 
 
 def write_worker_id(settings, kwargs) -> None:
@@ -22,3 +28,52 @@ def test_each_role_process_is_its_own_claim_owner(tmp_path):
     owners = {(tmp_path / f"{i}.txt").read_text() for i in range(2)}
     assert len(owners) == 2
     assert all(owner.startswith("host-1/process-") for owner in owners)
+
+
+def stop_on_sigterm(settings, kwargs) -> None:
+    stop = stop_on_signals()
+    Path(kwargs["ready"]).write_text("ready")
+    stop.wait(120)
+
+
+def ignore_sigterm(settings, kwargs) -> None:
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    Path(kwargs["ready"]).write_text("ready")
+    time.sleep(120)
+
+
+def started(tmp_path, roles: list[Role], grace_s: float) -> Supervisor:
+    sup = Supervisor(load_settings(), roles, grace_s=grace_s)
+    sup.start()
+    eventually(lambda: all(Path(r.kwargs["ready"]).exists() for r in roles), timeout_s=60, what="roles ready")
+    return sup
+
+
+def test_shutdown_forwards_sigterm_and_kills_only_the_roles_that_outlive_the_grace(tmp_path):
+    roles = [Role("polite", stop_on_sigterm, {"ready": str(tmp_path / "polite")}),
+             Role("deaf", ignore_sigterm, {"ready": str(tmp_path / "deaf")})]
+    sup = started(tmp_path, roles, grace_s=1.0)
+    assert sup.shutdown() == ["deaf"]
+    assert sup.procs["polite"].exitcode == 0
+    assert sup.procs["deaf"].exitcode == -signal.SIGKILL
+
+
+def test_a_second_signal_ends_the_grace(tmp_path):
+    sup = started(tmp_path, [Role("deaf", ignore_sigterm, {"ready": str(tmp_path / "deaf")})], grace_s=600)
+    sup.hurry.set()  # what a second SIGTERM or Ctrl-C does (stop_on_signals(sup.stop, hurry=sup.hurry))
+    assert sup.shutdown() == ["deaf"]
+    assert sup.procs["deaf"].exitcode == -signal.SIGKILL
+
+
+def test_the_first_signal_stops_and_later_ones_hurry():
+    stop, hurry = threading.Event(), threading.Event()
+    previous = signal.getsignal(signal.SIGTERM)
+    try:
+        stop_on_signals(stop, hurry=hurry)
+        os.kill(os.getpid(), signal.SIGTERM)
+        assert stop.is_set() and not hurry.is_set()
+        os.kill(os.getpid(), signal.SIGTERM)
+        assert hurry.is_set()
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        signal.signal(signal.SIGINT, signal.default_int_handler)

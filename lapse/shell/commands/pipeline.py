@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import signal
 from collections.abc import Callable
 from dataclasses import asdict
 from typing import Any
@@ -34,6 +33,7 @@ def sweep(settings: Settings, once: bool, as_json: bool) -> None:
     from lapse.kernel.database import engine_from_settings
     from lapse.kernel.kafka_clients import make_producer
     from lapse.kernel.kinds import load_kinds
+    from lapse.kernel.startup_checks import check_startup
     from lapse.producers import sweep_once
     from lapse.shell.commands.kinds import kinds_file_errors
     from lapse.shell.roles import run_sweep_role
@@ -46,6 +46,7 @@ def sweep(settings: Settings, once: bool, as_json: bool) -> None:
         with kinds_file_errors():
             run_sweep_role(settings, {})
         return
+    check_startup(settings)  # the role does its own (above)
     engine = engine_from_settings(settings)
     try:
         with kinds_file_errors():
@@ -70,16 +71,18 @@ def process(settings: Settings, exit_when_idle: float | None, as_json: bool) -> 
     # function-local: keeps `lapse --help` fast
     from lapse.kernel.kafka_logs import leave_connection_failures_to_caller
     from lapse.kernel.signals import stop_on_signals
+    from lapse.kernel.startup_checks import check_startup
     from lapse.processors import CleanupWorker
     from lapse.shell.commands.kinds import kinds_file_errors
     from lapse.shell.metrics import serve
 
+    check_startup(settings)  # before any record is consumed
     if exit_when_idle is not None:  # a bounded run: an unreachable broker is its one error line (exit 4)
         leave_connection_failures_to_caller()
     serve(settings)
+    stop = stop_on_signals()  # before the worker connects: a SIGTERM during start-up is a clean stop too
     with kinds_file_errors():
-        worker = CleanupWorker(settings)
-    stop_on_signals(worker.stop)
+        worker = CleanupWorker(settings, stop=stop)
     stats = worker.run(exit_when_idle=exit_when_idle)
     data = {k: v for k, v in asdict(stats).items() if k != "started"}
     emit(data, as_json, lambda d: " ".join(f"{k}={v}" for k, v in d.items()))
@@ -114,10 +117,14 @@ def run(settings: Settings, workers: int) -> None:
     # function-local: keeps `lapse --help` fast
     from lapse.kernel.database import engine_from_settings
     from lapse.kernel.kinds import load_kinds
+    from lapse.kernel.signals import stop_on_signals
+    from lapse.kernel.startup_checks import check_startup
     from lapse.shell.commands.kinds import kinds_file_errors
+    from lapse.shell.error_boundary import CommandFailed, ExitCode
     from lapse.shell.roles import pipeline_roles, run_monitor_role
     from lapse.shell.supervisor import Role, Supervisor
 
+    check_startup(settings)  # refused here, in one line, rather than by every role in a restart loop
     engine = engine_from_settings(settings)
     try:
         with kinds_file_errors():  # refused here, in one line, rather than in every role
@@ -128,10 +135,13 @@ def run(settings: Settings, workers: int) -> None:
     # The status gauges (oldest eligible age, expired claims, lag) come from one monitor role.
     roles.append(Role("monitor", run_monitor_role, {"metrics_offset": len(roles)}))
     sup = Supervisor(settings, roles)
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: sup.stop.set())
+    stop_on_signals(sup.stop, hurry=sup.hurry)  # SIGTERM/Ctrl-C: stop; a second one: no more grace
     sup.start()
     try:
         sup.watch()
     finally:
-        sup.shutdown()
+        killed = sup.shutdown()
+    if killed:
+        hurried = " (a second signal ended the grace)" if sup.hurry.is_set() else ""
+        raise CommandFailed(ExitCode.INTERRUPTED, f"run: killed {', '.join(killed)}: not stopped within "
+                            f"{sup.grace_s:g} s of SIGTERM{hurried}")
