@@ -6,13 +6,7 @@ says "invariants hold"."""
 from __future__ import annotations
 
 import json
-import os
 import socket
-import subprocess
-import sys
-import time
-from dataclasses import dataclass
-from pathlib import Path
 
 import pytest
 
@@ -20,6 +14,7 @@ from lapse.devtools.demo_kinds import packaged_kinds_file
 from lapse.kernel.settings import env_var
 from lapse.shell.error_boundary import ExitCode
 from tests.fixtures.pipeline import connection_env, make_pipeline_settings
+from tests.fixtures.processes import Finished, run_lapse
 from tests.fixtures.readers import READER_TOPICS
 
 # Each command must end well within this (the readers wait 15 s for metadata, the worker 10 s).
@@ -27,39 +22,11 @@ BOUND_S = 45.0
 SECRET = "s3cret-Pw"
 
 
-@dataclass(frozen=True)
-class Finished:
-    args: list[str]
-    code: int
-    stdout: str
-    stderr: list[str]
-    seconds: float
-
-
 def closed_port() -> int:
     """A local port where nothing listens (bound, then released)."""
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
-
-
-def run_lapse(*commands: list[str], env: dict[str, str], cwd: Path) -> list[Finished]:
-    """Run each `lapse` command line at once, in a clean environment (no LAPSE_* of the caller but
-    `env`), and wait for all, each bounded by BOUND_S."""
-    base = {k: v for k, v in os.environ.items() if not k.startswith("LAPSE_")}
-    started = [(args, time.monotonic(), subprocess.Popen(
-        [sys.executable, "-m", "lapse", *args], env={**base, **env}, cwd=cwd, text=True,
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE)) for args in commands]
-    finished = []
-    for args, t0, proc in started:
-        try:
-            out, err = proc.communicate(timeout=BOUND_S - (time.monotonic() - t0))
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.communicate()
-            pytest.fail(f"lapse {' '.join(args)} ran longer than {BOUND_S:.0f}s")
-        finished.append(Finished(args, proc.returncode, out, err.splitlines(), time.monotonic() - t0))
-    return finished
 
 
 def assert_one_line(done: Finished, code: ExitCode, start: str) -> None:
@@ -75,7 +42,7 @@ def test_a_broker_with_nothing_listening_is_one_line_and_exit_4(pg_url, tmp_path
     env = {env_var("kafka.bootstrap_servers"): bootstrap, env_var("database.url"): pg_url,
            env_var("kinds.file"): str(packaged_kinds_file())}
     for done in run_lapse(["status"], ["topics", "apply", "--dry-run"], ["process", "--exit-when-idle", "1"],
-                          ["audit", "--from-beginning"], env=env, cwd=tmp_path):
+                          ["audit", "--from-beginning"], env=env, cwd=tmp_path, bound_s=BOUND_S):
         assert_one_line(done, ExitCode.UNREACHABLE, f"lapse: kafka at {bootstrap} unreachable: ")
         assert done.stdout == ""
 
@@ -86,7 +53,7 @@ def test_a_database_with_nothing_listening_is_one_line_and_exit_4(tmp_path):
            env_var("kafka.bootstrap_servers"): f"127.0.0.1:{closed_port()}",
            env_var("kinds.file"): str(packaged_kinds_file())}
     for done in run_lapse(["status"], ["dlq", "list"], ["process", "--exit-when-idle", "1"], ["db", "current"],
-                          env=env, cwd=tmp_path):
+                          env=env, cwd=tmp_path, bound_s=BOUND_S):
         assert_one_line(done, ExitCode.UNREACHABLE, "")
         assert f"postgresql+psycopg://lapse:********@127.0.0.1:{port}/lapse" in done.stderr[0]
         assert "Connection refused" in done.stderr[0]
@@ -108,13 +75,13 @@ def test_wrong_configuration_is_one_line_and_exit_3(tmp_path):
         (["db", "current"], {}, "lapse: no database configured: "),
     ]
     for (args, env, start) in cases:
-        (done,) = run_lapse(args, env=env, cwd=tmp_path)
+        (done,) = run_lapse(args, env=env, cwd=tmp_path, bound_s=BOUND_S)
         assert_one_line(done, ExitCode.CONFIG, start)
 
 
 def test_an_audit_window_that_ends_before_it_starts_is_a_usage_error(tmp_path):
     (done,) = run_lapse(["audit", "--since", "2026-11-30T12:00:00Z", "--until", "2026-11-30T11:00:00Z"],
-                        env={}, cwd=tmp_path)
+                        env={}, cwd=tmp_path, bound_s=BOUND_S)
     assert_one_line(done, ExitCode.USAGE, "lapse: audit: --since 2026-11-30T12:00:00+00:00 is not before --until ")
     assert done.stdout == ""
 
@@ -123,7 +90,7 @@ def test_an_audit_of_empty_topics_checks_nothing_and_says_so(kafka_bootstrap, pg
     settings = make_pipeline_settings(kafka_bootstrap, pg_url, unique, **READER_TOPICS)
     env = {**connection_env(settings), env_var("runtime.log_level"): "WARNING"}
     text, as_json = run_lapse(["audit", "--from-beginning"], ["audit", "--from-beginning", "--json"],
-                              env=env, cwd=tmp_path)
+                              env=env, cwd=tmp_path, bound_s=BOUND_S)
     assert (text.code, text.stderr) == (ExitCode.OK, [])
     assert text.stdout.splitlines()[-1] == "nothing to audit: no records in the window"
     assert "invariants hold" not in text.stdout
@@ -134,6 +101,6 @@ def test_an_audit_of_empty_topics_checks_nothing_and_says_so(kafka_bootstrap, pg
 
 def test_an_audit_of_topics_that_do_not_exist_is_one_line_and_exit_3(kafka_bootstrap, unique, tmp_path):
     env = {env_var("kafka.bootstrap_servers"): kafka_bootstrap, env_var("topics.prefix"): unique("absent") + "."}
-    (done,) = run_lapse(["audit", "--from-beginning"], env=env, cwd=tmp_path)
+    (done,) = run_lapse(["audit", "--from-beginning"], env=env, cwd=tmp_path, bound_s=BOUND_S)
     assert_one_line(done, ExitCode.CONFIG, "lapse: audit: topic ")
     assert "does not exist" in done.stderr[0] and done.stdout == ""

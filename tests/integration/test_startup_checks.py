@@ -9,11 +9,7 @@ deployment that skipped `lapse db upgrade` has. Today's only migration (0004) is
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import subprocess
-import sys
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -36,24 +32,9 @@ from tests.fixtures.pipeline import (
     produce,
 )
 from tests.fixtures.polling import eventually
+from tests.fixtures.processes import Finished, run_lapse
 
 BOUND_S = 60.0  # every refusal comes long before this; a role that starts instead runs past it
-
-
-@dataclass(frozen=True)
-class Finished:
-    args: list[str]
-    code: int
-    stdout: str
-    stderr: list[str]
-
-
-def run_lapse(args: list[str], env: dict[str, str], cwd: Path) -> Finished:
-    """`lapse ARGS` in a clean environment (no LAPSE_* of the caller but `env`), bounded."""
-    base = {k: v for k, v in os.environ.items() if not k.startswith("LAPSE_")}
-    done = subprocess.run([sys.executable, "-m", "lapse", *args], env={**base, **env}, cwd=cwd, text=True,
-                          capture_output=True, timeout=BOUND_S)
-    return Finished(args, done.returncode, done.stdout, done.stderr.splitlines())
 
 
 def committed_offsets(bootstrap: str, group: str, topic: str) -> set[int]:
@@ -89,7 +70,7 @@ def test_a_database_one_migration_behind_is_refused_by_every_role_before_any_bat
     env = connection_env(settings)
     for args in (["process", "--exit-when-idle", "5"], ["relay", "--exit-when-idle", "1"], ["sweep", "--once"],
                  ["sweep"], ["run", "--workers", "1"]):
-        assert_refused(run_lapse(args, env, tmp_path),
+        assert_refused(run_lapse(args, env=env, cwd=tmp_path, bound_s=BOUND_S)[0],
                        "lapse: database at revision legacy 0003, this Lapse needs 0004: run `lapse db upgrade`")
     topic, group = settings.topology.expiry, settings.topology.groups.cleanup
     assert sum(end_offsets(kafka_bootstrap, topic, EXPIRY_PARTITIONS).values()) == 2  # both still there
@@ -111,7 +92,7 @@ def test_an_incompatible_schema_edit_is_refused_naming_the_schema(kafka_bootstra
     path.write_text(json.dumps(schema))
     env = {**connection_env(settings), env_var("schemas.dir"): str(folder)}
     for args in (["process", "--exit-when-idle", "5"], ["relay", "--exit-when-idle", "1"]):
-        assert_refused(run_lapse(args, env, tmp_path),
+        assert_refused(run_lapse(args, env=env, cwd=tmp_path, bound_s=BOUND_S)[0],
                        "lapse: schema dead_letter.avsc cannot read dead_letter.v1.avsc in history/: ",
                        "severity: a field the old schema lacks, with no default")
     topic, group = settings.topology.expiry, settings.topology.groups.cleanup
@@ -122,7 +103,7 @@ def test_a_topic_prefix_too_long_for_kafka_is_refused(pg_url, tmp_path):
     env = {env_var("database.url"): pg_url, env_var("topics.prefix"): "p" * 240,
            env_var("kafka.bootstrap_servers"): "127.0.0.1:9"}  # never reached: refused before
     for args in (["process", "--exit-when-idle", "1"], ["run", "--workers", "1"]):
-        assert_refused(run_lapse(args, env, tmp_path),
+        assert_refused(run_lapse(args, env=env, cwd=tmp_path, bound_s=BOUND_S)[0],
                        "lapse: topics.prefix (LAPSE_TOPICS__PREFIX) is 240 characters: with ", "over Kafka's 249")
 
 
