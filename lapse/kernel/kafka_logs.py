@@ -34,7 +34,8 @@ MAX_REMEMBERED = 256
 CONNECTION_FACILITIES = frozenset({"FAIL", "CONNECT", "BROKERFAIL", "REQTMOUT", "TIMEOUT"})
 # Parts of a line that change between repeats of the same event (a connect attempt's duration,
 # librdkafka's own suppression count): not part of what makes two lines "the same".
-_VOLATILE = re.compile(r"\b\d+(?:\.\d+)?\s*(?:ms|s)\b|,?\s*\d+ identical error\(s\) suppressed")
+_DURATION = re.compile(r"\b\d+(?:\.\d+)?\s*(?:ms|s)\b")
+_SUPPRESSED = re.compile(r",?\s*\d+ identical error\(s\) suppressed")
 
 
 # Whether the command running in this context reports an unreachable broker itself. A context
@@ -50,7 +51,7 @@ def leave_connection_failures_to_caller() -> None:
 
 
 def _shape(text: str) -> str:
-    return _VOLATILE.sub("#", text)
+    return _DURATION.sub("#", _SUPPRESSED.sub("", text))
 
 
 class KafkaLogSink:

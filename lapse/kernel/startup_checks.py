@@ -220,7 +220,7 @@ def _show(schema: Any) -> str:
 def check_settings(settings: Settings) -> None:
     """Settings written to a ledger column or into a topic or group name fit it."""
     prefix = settings.topics.prefix
-    if not _TOPIC_CHARS.match(prefix):
+    if not _TOPIC_CHARS.fullmatch(prefix):
         raise StartupRefused(f"topics.prefix ({env_var('topics.prefix')}) {prefix[:40]!r}: a topic prefix "
                              "uses only letters, digits, '.', '_' and '-'")
     bare = load_topology(settings.topics.file)

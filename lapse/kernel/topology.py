@@ -149,7 +149,7 @@ def _topic(path: Path, declared: Any, body: Any, prefix: str, default_rf: int,
            default_config: dict[str, str], replication_factor: int | None) -> TopicSpec:
     where = f"topics.{declared}"
     name = f"{prefix}{declared}"
-    if not isinstance(declared, str) or not _NAME.match(name):
+    if not isinstance(declared, str) or not _NAME.fullmatch(name):
         raise _fail(path, where, "topic names use only letters, digits, '.', '_' and '-'")
     if not isinstance(body, dict):
         raise _fail(path, where, "must be a mapping with at least 'partitions'")
@@ -196,7 +196,7 @@ def _groups(path: Path, doc: dict[str, Any], prefix: str) -> Groups:
     if not isinstance(declared, dict) or set(declared) != set(GROUP_ROLES):
         raise _fail(path, "groups", f"must name the group of each role: {', '.join(GROUP_ROLES)}")
     for role, name in declared.items():
-        if not isinstance(name, str) or not _NAME.match(prefix + name):
+        if not isinstance(name, str) or not _NAME.fullmatch(prefix + name):
             raise _fail(path, f"groups.{role}", "group names use only letters, digits, '.', '_' and '-'")
     return Groups(**{role: prefix + name for role, name in declared.items()})
 

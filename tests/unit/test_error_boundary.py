@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 from sqlalchemy import create_engine, text
 
 from lapse.kernel.config_file import ConfigFileError
-from lapse.kernel.kafka_logs import CONNECTION_LOGGER, LOGGER, KafkaLogSink
+from lapse.kernel.kafka_logs import CONNECTION_LOGGER, LOGGER, KafkaLogSink, _shape
 from lapse.kernel.kinds import KindsFileError
 from lapse.kernel.schema_registry import SchemaRegistryClient
 from lapse.kernel.settings import check_environment, load_settings
@@ -290,3 +290,12 @@ def test_a_real_clients_log_lines_reach_python_logging_rate_limited(caplog) -> N
         consumer.close()
     failures = [r for r in caplog.records if r.name == CONNECTION_LOGGER]
     assert len(failures) == 1 and "Connection refused" in failures[0].getMessage()
+
+
+def test_librdkafkas_own_suppression_count_does_not_make_a_line_new() -> None:
+    """librdkafka appends ", N identical error(s) suppressed" to a repeated line; that is still the
+    same line, held back within the window."""
+    sink = KafkaLogSink(window_s=30, clock=lambda: 0.0)
+    line = "127.0.0.1:1/bootstrap: Connect to 127.0.0.1:1 failed: Connection refused (after 0ms in state CONNECT{})"
+    assert sink._admit(("FAIL", _shape(line.format("")))) == 0
+    assert sink._admit(("FAIL", _shape(line.format(", 1 identical error(s) suppressed")))) is None
