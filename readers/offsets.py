@@ -29,7 +29,7 @@ from lapse.kernel.kafka_clients import make_consumer
 from lapse.kernel.ledger import millis
 from lapse.kernel.settings import Settings
 
-TIMEOUT_S = 15.0
+TIMEOUT_S = 10.0  # a metadata or admin answer; an unreachable broker is reported after this
 _COORDINATOR_MOVING = {KafkaError.NOT_COORDINATOR, KafkaError.COORDINATOR_LOAD_IN_PROGRESS,
                        KafkaError.COORDINATOR_NOT_AVAILABLE}
 

@@ -73,7 +73,7 @@ def _error_text(exc: BaseException) -> str:
     return err.str() if isinstance(err, KafkaError) else str(exc)
 
 
-def plan(admin: AdminClient, declared: list[TopicSpec], timeout: float = 15.0) -> list[Action]:
+def plan(admin: AdminClient, declared: list[TopicSpec], timeout: float = 10.0) -> list[Action]:
     """What `apply` would do to make the cluster match `declared`; an empty list means no change."""
     metadata = admin.list_topics(timeout=timeout)
     existing = [spec for spec in declared if spec.name in metadata.topics]

@@ -17,7 +17,7 @@ from tests.fixtures.pipeline import connection_env, make_pipeline_settings
 from tests.fixtures.processes import Finished, run_lapse
 from tests.fixtures.readers import READER_TOPICS
 
-# Each command must end well within this (the readers wait 15 s for metadata, the worker 10 s).
+# Each command must end well within this (the readers wait 10 s for metadata, the worker 10 s).
 BOUND_S = 45.0
 SECRET = "s3cret-Pw"
 

@@ -78,7 +78,7 @@ def delaying(kafka_bootstrap, pg_url, unique) -> Iterator[Delaying]:
 
 
 @pytest.mark.slow
-@settings(max_examples=10, deadline=None, database=None, phases=[Phase.generate],
+@settings(max_examples=6, deadline=None, database=None, phases=[Phase.generate],
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow,
                                  HealthCheck.data_too_large, HealthCheck.large_base_example])
 @given(data=st.data())
