@@ -6,7 +6,9 @@ A role is `target(settings, kwargs)`, run in its own process by the supervisor.
 
 from __future__ import annotations
 
-from typing import Any
+import threading
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from lapse.kernel.codec import Codec
 from lapse.kernel.database import engine_from_settings
@@ -24,13 +26,53 @@ from lapse.shell.metrics import monitor
 from lapse.shell.supervisor import Role
 
 log = get_logger("roles")
+T = TypeVar("T")
+
+
+def _is_outage(exc: BaseException) -> bool:
+    """An outage, or an error raised while meeting one (a kinds file that could not read its table
+    because the database was away)."""
+    seen: BaseException | None = exc
+    for _ in range(5):
+        if seen is None:
+            return False
+        if is_transient(seen):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
+
+
+def when_reachable(role: str, stop: threading.Event, start: Callable[[], T]) -> T | None:
+    """The role's start-up (`start`: checks, kinds, clients), waiting out an outage with backoff
+    instead of exiting, so a role started while the database or broker is away starts once it is
+    back; anything else is raised. None when stopped first."""
+    outage = Outage(role, log)
+    while not stop.is_set():
+        try:
+            started = start()
+        except Exception as exc:
+            if not _is_outage(exc):
+                raise
+            outage.wait(exc, stop)
+            continue
+        outage.over()
+        return started
+    return None
 
 
 def run_worker(settings: Settings, kwargs: dict[str, Any]) -> None:
     """A cleanup worker in group lapse-cleanup until stopped (or idle for `exit_when_idle` s)."""
-    check_startup(settings)
-    worker = CleanupWorker(settings, stop=stop_on_signals())
-    worker.run(exit_when_idle=kwargs.get("exit_when_idle"))
+    stop = stop_on_signals()
+    exit_when_idle = kwargs.get("exit_when_idle")
+
+    def start() -> CleanupWorker:
+        check_startup(settings)
+        return CleanupWorker(settings, stop=stop)
+
+    # A bounded run reports an unreachable dependency at once; a service waits for it.
+    worker = start() if exit_when_idle is not None else when_reachable("process", stop, start)
+    if worker is not None:
+        worker.run(exit_when_idle=exit_when_idle)
 
 
 def run_delay_role(settings: Settings, kwargs: dict[str, Any]) -> None:
@@ -42,8 +84,16 @@ def run_delay_role(settings: Settings, kwargs: dict[str, Any]) -> None:
 
 def run_relay_role(settings: Settings, kwargs: dict[str, Any]) -> int:
     """Relay until stopped (or idle for kwargs["exit_when_idle"] seconds); returns rows relayed."""
-    check_startup(settings)
     stop = stop_on_signals()
+
+    def start() -> bool:
+        check_startup(settings)
+        return True
+
+    if kwargs.get("exit_when_idle") is not None:  # a bounded run reports an outage at once
+        start()
+    elif when_reachable("relay", stop, start) is None:
+        return 0
     engine = engine_from_settings(settings)
     producer = make_producer(settings)
     try:
@@ -58,12 +108,19 @@ def run_relay_role(settings: Settings, kwargs: dict[str, Any]) -> int:
 def run_sweep_role(settings: Settings, kwargs: dict[str, Any]) -> None:
     """A sweep pass every `sweep_interval_s` until stopped; an outage (`is_transient`) is waited
     out with backoff, then the pass runs again."""
-    check_startup(settings)
     stop = stop_on_signals()
     engine = engine_from_settings(settings)
+
+    def start() -> dict[str, Any]:
+        check_startup(settings)
+        return load_kinds(settings, engine)
+
+    kinds = when_reachable("sweep", stop, start)
+    if kinds is None:
+        engine.dispose()
+        return
     producer = make_producer(settings)
     codec = Codec.from_settings(settings)
-    kinds = load_kinds(settings, engine)
     try:
         outage = Outage("sweep", log)
         while not stop.is_set():
@@ -84,12 +141,19 @@ def run_sweep_role(settings: Settings, kwargs: dict[str, Any]) -> None:
 def run_reconcile_role(settings: Settings, kwargs: dict[str, Any]) -> None:
     """A reconciler pass every `reconcile_interval_s` until stopped; an outage (`is_transient`) is
     waited out with backoff, any other failed pass is logged and retried next time."""
-    check_startup(settings)
     stop = stop_on_signals()
     engine = engine_from_settings(settings)
+
+    def start() -> dict[str, Any]:
+        check_startup(settings)
+        return load_kinds(settings, engine)
+
+    kinds = when_reachable("reconcile", stop, start)
+    if kinds is None:
+        engine.dispose()
+        return
     producer = make_producer(settings)
-    reconciler = Reconciler(engine, producer, Codec.from_settings(settings), settings,
-                            load_kinds(settings, engine), stop=stop)
+    reconciler = Reconciler(engine, producer, Codec.from_settings(settings), settings, kinds, stop=stop)
     try:
         outage = Outage("reconcile", log)
         while not stop.is_set():
