@@ -10,10 +10,12 @@ import threading
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+from sqlalchemy import Engine
+
 from lapse.kernel.codec import Codec
 from lapse.kernel.database import engine_from_settings
 from lapse.kernel.kafka_clients import make_producer
-from lapse.kernel.kinds import load_kinds
+from lapse.kernel.kinds import CleanupKind, load_kinds
 from lapse.kernel.logs import get_logger
 from lapse.kernel.outages import Outage, is_transient
 from lapse.kernel.settings import Settings
@@ -58,6 +60,13 @@ def when_reachable(role: str, stop: threading.Event, start: Callable[[], T]) -> 
         outage.over()
         return started
     return None
+
+
+def checked_kinds(settings: Settings, engine: Engine) -> dict[str, CleanupKind]:
+    """The start-up checks, then the kinds compiled against the database: what the sweep and the
+    reconciler need before their first pass."""
+    check_startup(settings)
+    return load_kinds(settings, engine)
 
 
 def run_worker(settings: Settings, kwargs: dict[str, Any]) -> None:
@@ -110,12 +119,7 @@ def run_sweep_role(settings: Settings, kwargs: dict[str, Any]) -> None:
     out with backoff, then the pass runs again."""
     stop = stop_on_signals()
     engine = engine_from_settings(settings)
-
-    def start() -> dict[str, Any]:
-        check_startup(settings)
-        return load_kinds(settings, engine)
-
-    kinds = when_reachable("sweep", stop, start)
+    kinds = when_reachable("sweep", stop, lambda: checked_kinds(settings, engine))
     if kinds is None:
         engine.dispose()
         return
@@ -143,12 +147,7 @@ def run_reconcile_role(settings: Settings, kwargs: dict[str, Any]) -> None:
     waited out with backoff, any other failed pass is logged and retried next time."""
     stop = stop_on_signals()
     engine = engine_from_settings(settings)
-
-    def start() -> dict[str, Any]:
-        check_startup(settings)
-        return load_kinds(settings, engine)
-
-    kinds = when_reachable("reconcile", stop, start)
+    kinds = when_reachable("reconcile", stop, lambda: checked_kinds(settings, engine))
     if kinds is None:
         engine.dispose()
         return
