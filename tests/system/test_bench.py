@@ -4,12 +4,21 @@ shape and its correctness figures (not speeds); the full benchmark runs only wit
 from __future__ import annotations
 
 import json
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
 from sqlalchemy import create_engine, text
 
+from lapse.devtools.bench.databases import seed_held
+from lapse.devtools.bench.end_state import verify_end_state
+from lapse.devtools.bench.events import reservation_event
+from lapse.devtools.bench.lean import LeanSql, apply_many, apply_one, driver_connection
+from lapse.devtools.bench.report import summarize
+from lapse.kernel.database import engine_from_settings, qualified_name
+from lapse.kernel.models import cleanup_ledger, outbox
+from lapse.kernel.settings import load_settings
 from lapse.shell.app import main
 from tests.fixtures.db import admin_url
 
@@ -38,19 +47,29 @@ def test_quick_bench_reports_every_stage_and_cleans_up(kafka_bootstrap, tmp_path
     out = run_bench(kafka_bootstrap, "--quick", "--events", "200", "--batch-sizes", "100",
                     "--plot", str(plot))
 
-    for key in ("lapse_vs_naive", "lapse_vs_faust", "lapse_vs_limit", "lapse_1worker_vs_limit",
-                "lapse_vs_copy", "lapse_1worker_events_per_s"):
+    # Every baseline and every Lapse run reached the same end state (business rows released,
+    # ledger rows applied, one outcome per op key in the outbox), so every ratio counts.
+    for stage in ("naive", "faust", "batched_naive"):
+        assert out[stage]["verified"] is True, (stage, out[stage].get("reason"))
+        assert out[stage]["reason"] is None
+        assert out[stage]["events"] > 0 and isinstance(out[stage]["events_per_s"], RATE)
+    assert out["batched_naive"]["events"] == 200
+    assert out["unverified"] == []
+    for key in ("lapse_vs_copy", "lapse_vs_consumer", "lapse_vs_naive", "lapse_vs_faust",
+                "lapse_vs_batched_naive", "lapse_2w_vs_1w", "lapse_1worker_events_per_s"):
         assert isinstance(out[key], RATE) and out[key] > 0, key
+    for gone in ("lapse_vs_limit", "lapse_1worker_vs_limit", "limit"):
+        assert gone not in out
     assert out["events"] == 200 and out["partitions"] >= 2
-    assert [r["batch_size"] for r in out["limit"]] == [100]
-    assert isinstance(out["limit"][0]["events_per_s"], RATE)
+    assert [r["batch_size"] for r in out["transaction_alone"]] == [100]
+    assert isinstance(out["transaction_alone"][0]["events_per_s"], RATE)
     assert out["copy"]["rows"] == 200 and isinstance(out["copy"]["rows_per_s"], RATE)
+    assert out["consumer"]["events"] == 200 and isinstance(out["consumer"]["events_per_s"], RATE)
     assert sorted(r["workers"] for r in out["lapse"]) == [1, 2]
     for run in out["lapse"]:
         assert isinstance(run["events_per_s"], RATE) and isinstance(run["startup_s"], RATE)
         assert run["released"] == 200 and run["offsets_committed"] is True
-    for stage in ("naive", "faust"):
-        assert out[stage]["events"] > 0 and isinstance(out[stage]["events_per_s"], RATE)
+        assert run["verified"] is True, run["reason"]
     latency = out["latency"]
     for key in ("p50_ms", "p95_ms", "p99_ms", "observed_p99_ms", "offered_events_per_s"):
         assert isinstance(latency[key], RATE), key
@@ -58,12 +77,95 @@ def test_quick_bench_reports_every_stage_and_cleans_up(kafka_bootstrap, tmp_path
     assert "latencies_ms" not in latency
     assert out["reconciler_scan"]["rows"] >= 20_000 and isinstance(out["reconciler_scan"]["rows_per_s"], RATE)
     assert out["audit_replay"]["records"] == 200
-    assert set(out["targets_met"]) >= {"lapse_vs_naive", "lapse_vs_faust", "lapse_vs_limit", "latency_p99_ms"}
+    assert set(out["targets_met"]) >= {"lapse_vs_copy", "lapse_vs_naive", "lapse_vs_faust", "lapse_vs_batched_naive",
+                                       "lapse_2w_vs_1w", "latency_p99_ms"}
     assert all(isinstance(v, bool) for v in out["targets_met"].values())
     assert {"date", "cpus", "python"} <= set(out["machine"])
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert bench_databases(out["run_id"]) == []
     assert not list(Path.cwd().glob("bench-faust-*"))  # Faust's data dir stays out of the work tree
+
+
+@pytest.fixture
+def lean_db(pg_url):
+    """A migrated database with 10 held reservations past due, its settings, the engine and the
+    lean statements; events for reservations 1..10."""
+    settings = load_settings(database={"url": pg_url})
+    engine = engine_from_settings(settings)
+    due = datetime.now(UTC) - timedelta(minutes=5)
+    seed_held(engine, 10, due)
+    yield settings, engine, LeanSql.for_engine(engine), [reservation_event(i, due) for i in range(1, 11)]
+    engine.dispose()
+
+
+@pytest.mark.parametrize("path", ["one", "many"])
+def test_the_lean_baseline_statements_reach_lapse_end_state(lean_db, path):
+    settings, engine, sql, events = lean_db
+    outcomes = settings.topology.outcomes
+    raw, conn = driver_connection(engine)
+    try:
+        for _ in range(2):  # a redelivery of everything is a duplicate: nothing more is written
+            now = datetime.now(UTC)
+            if path == "one":
+                for event in events:
+                    apply_one(conn, sql, event, worker="t", outcomes_topic=outcomes, now=now)
+            else:
+                apply_many(conn, sql, events + events[:3], worker="t", outcomes_topic=outcomes, now=now)
+            conn.commit()
+    finally:
+        raw.close()
+    assert verify_end_state(settings, events) == {"verified": True, "reason": None}
+
+
+def test_end_state_verification_names_what_is_missing(lean_db):
+    settings, engine, sql, events = lean_db
+    raw, conn = driver_connection(engine)
+    try:
+        apply_many(conn, sql, events, worker="t", outcomes_topic=settings.topology.outcomes, now=datetime.now(UTC))
+        conn.commit()
+    finally:
+        raw.close()
+    assert verify_end_state(settings, events[:9])["reason"].startswith("1 reservations released without an event")
+    box, ledger = qualified_name(engine, outbox), qualified_name(engine, cleanup_ledger)
+    with engine.begin() as c:
+        c.execute(text(f"INSERT INTO {box} (topic, key, schema, payload, headers, created_at)"
+                       f" SELECT topic, key, schema, payload, headers, created_at FROM {box} WHERE key = :k"),
+                  {"k": events[0].op_key})
+    assert "other than one outcome row" in verify_end_state(settings, events)["reason"]
+    with engine.begin() as c:
+        c.execute(text(f"DELETE FROM {box} WHERE key = :k"), {"k": events[0].op_key})
+    assert "no outcome in the outbox" in verify_end_state(settings, events)["reason"]
+    with engine.begin() as c:
+        c.execute(text(f"UPDATE {ledger} SET state = 'claimed', finished_at = NULL WHERE op_key = :k"),
+                  {"k": events[1].op_key})
+    assert "not applied and finished" in verify_end_state(settings, events)["reason"]
+    with engine.begin() as c:
+        c.execute(text("UPDATE reservations SET status = 'held' WHERE id = 3"))
+    result = verify_end_state(settings, events)
+    assert result["verified"] is False and result["reason"].startswith("1 of 10 reservations not released")
+
+
+def test_an_unverified_stage_has_no_ratio_and_misses_its_target():
+    def run(workers: int, rate: float) -> dict:
+        return {"workers": workers, "batch_size": 500, "events_per_s": rate, "verified": True, "reason": None}
+
+    out = {"lapse": [run(1, 1000.0), run(2, 1500.0)], "copy": {"rows_per_s": 2000.0},
+           "consumer": {"events_per_s": 10_000.0},
+           "naive": {"events_per_s": 10.0, "verified": True, "reason": None},
+           "faust": {"events_per_s": 20.0, "verified": False, "reason": "3 of 10 reservations not released"},
+           "batched_naive": {"events_per_s": None, "verified": False, "reason": "the stage failed: boom"},
+           "latency": {"p99_ms": 400.0}, "reconciler_scan": {"rows_per_s": 1.0},
+           "audit_replay": {"records_per_s": 1.0}}
+    result = summarize(out, 500)
+    assert (result["lapse_vs_copy"], result["lapse_vs_consumer"], result["lapse_vs_naive"]) == (0.5, 0.1, 100.0)
+    assert result["lapse_2w_vs_1w"] == 1.5
+    assert result["lapse_vs_faust"] is None and result["lapse_vs_batched_naive"] is None
+    assert result["unverified"] == ["faust", "batched_naive"]
+    met = result["targets_met"]
+    assert met["lapse_vs_copy"] and met["lapse_vs_naive"] and met["lapse_2w_vs_1w"] and met["latency_p99_ms"]
+    assert not met["lapse_vs_faust"] and not met["lapse_vs_batched_naive"]
+    out["lapse"][0]["verified"] = False  # Lapse itself unverified: no ratio of it counts
+    assert all(summarize(out, 500)[k] is None for k in ("lapse_vs_copy", "lapse_vs_naive", "lapse_2w_vs_1w"))
 
 
 @pytest.mark.bench
@@ -73,4 +175,5 @@ def test_full_bench(kafka_bootstrap, request):
         pytest.skip("the full benchmark runs only when selected with -m bench")
     out = run_bench(kafka_bootstrap, "--events", "20000")
     print(json.dumps(out, indent=2, sort_keys=True))
-    assert all(run["offsets_committed"] for run in out["lapse"])
+    assert all(run.get("offsets_committed") for run in out["lapse"])
+    assert out["unverified"] == []  # every cleanup stage reached the same end state (reasons printed above)

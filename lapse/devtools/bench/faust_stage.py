@@ -1,5 +1,6 @@
-"""The Faust baseline: the same cleanup as an idiomatic faust-streaming agent, one event at a time
-(apply_batch of one event per record, commits managed by Faust), in a worker subprocess.
+"""The Faust baseline: an idiomatic faust-streaming agent doing the same lean per-event work as the
+naive consumer (lapse.devtools.bench.lean: one transaction of the hand-written statements per
+record, never `apply_batch`; offsets committed by Faust), in a worker subprocess.
 
 Run as `python -m lapse.devtools.bench.faust_stage ARGS_JSON`; `run_faust` starts it and watches the ledger.
 """
@@ -13,17 +14,16 @@ import subprocess
 import sys
 import tempfile
 import time
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
+from lapse.devtools.bench.lean import LeanSql, apply_one, driver_connection
 from lapse.devtools.bench.ledger_watch import StageFailed, ledger_span, wait_terminal
 from lapse.devtools.brokers import terminate_process
-from lapse.devtools.demo_kinds import load_demo_kinds
 from lapse.kernel.codec import Codec
 from lapse.kernel.database import engine_from_settings
 from lapse.kernel.ledger import ExpiryEvent
 from lapse.kernel.settings import Settings, load_settings
-from lapse.processors import BatchScope, apply_batch
 
 if TYPE_CHECKING:
     import faust
@@ -36,7 +36,7 @@ def run_faust(settings: Settings, events: int) -> dict[str, Any]:
     args = {"bootstrap": settings.kafka.bootstrap_servers, "database_url": settings.database.url_plain(),
             "schemas_dir": str(settings.schemas.dir), "registry_url": settings.schemas.registry_url,
             "topics_file": str(settings.topics.file), "topic_prefix": settings.topics.prefix,
-            "datadir": datadir}
+            "schema_name": settings.database.schema_name, "datadir": datadir}
     engine = engine_from_settings(settings)
     proc = subprocess.Popen([sys.executable, "-m", "lapse.devtools.bench.faust_stage", json.dumps(args)],
                             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
@@ -70,12 +70,14 @@ def _worker(args: dict[str, Any]) -> None:
     import faust  # function-local: faust is slow to import and only this subprocess needs it
 
     settings = load_settings(
-        kafka={"bootstrap_servers": args["bootstrap"]}, database={"url": args["database_url"]},
+        kafka={"bootstrap_servers": args["bootstrap"]},
+        database={"url": args["database_url"], "schema_name": args["schema_name"]},
         schemas={"dir": args["schemas_dir"], "registry_url": args["registry_url"]},
         topics={"file": args["topics_file"], "prefix": args["topic_prefix"]})
     codec = Codec.from_settings(settings)
     engine = engine_from_settings(settings)
-    kinds, topology = load_demo_kinds(engine), settings.topology
+    _, conn = driver_connection(engine)  # held for the worker's life
+    sql, topology = LeanSql.for_engine(engine), settings.topology
     app = faust.App(topology.groups.cleanup, broker=f"kafka://{args['bootstrap']}", store="memory://",
                     datadir=args["datadir"],
                     web_enabled=False, topic_disable_leader=True, consumer_auto_offset_reset="earliest",
@@ -85,10 +87,14 @@ def _worker(args: dict[str, Any]) -> None:
     @app.agent(source)
     async def cleanup(stream: faust.StreamT[bytes]) -> None:
         async for value in stream:
+            now = datetime.now(UTC)
             event = ExpiryEvent.from_record(codec.decode_expected("expiry_event", value))
-            with engine.begin() as conn:
-                apply_batch(BatchScope(conn, kinds=kinds, topics=topology, worker="bench-faust",
-                                       now=datetime.now(UTC), lease=timedelta(seconds=30)), [event])
+            try:
+                apply_one(conn, sql, event, worker="bench-faust", outcomes_topic=topology.outcomes, now=now)
+                conn.commit()
+            except BaseException:
+                conn.rollback()
+                raise
 
     logging.getLogger("faust").setLevel(logging.WARNING)
     faust.Worker(app, loglevel="WARNING", quiet=True).execute_from_commandline()

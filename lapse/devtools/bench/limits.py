@@ -1,16 +1,21 @@
-"""The ceilings: the processor's batch transaction alone (no Kafka), and a raw COPY of the same
-ledger rows (the fastest any write path could put them in the table)."""
+"""The ceilings, measured in the same run as Lapse: a raw COPY of the same ledger rows (the fastest
+any write path could put them in the table) and the consumer alone (consume and decode, no
+database); and, for information, the processor's batch transaction alone (no Kafka)."""
 
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import psycopg
+from confluent_kafka import KafkaError, KafkaException
 
 from lapse.devtools.demo_kinds import load_demo_kinds
+from lapse.kernel.codec import Codec
 from lapse.kernel.database import engine_from_settings, make_engine, qualified_name
+from lapse.kernel.kafka_clients import make_consumer
 from lapse.kernel.ledger import APPLIED, ExpiryEvent
 from lapse.kernel.models import cleanup_ledger
 from lapse.kernel.settings import Settings
@@ -20,8 +25,8 @@ COPY_COLUMNS = ("op_key", "kind", "tenant", "subject_id", "state", "attempt", "d
                 "correlation_id", "source", "duplicates", "created_at", "updated_at", "finished_at")
 
 
-def batch_transaction_limit(settings: Settings, events: list[ExpiryEvent],
-                            worker: str = "bench-limit") -> dict[str, Any]:
+def batch_transaction_alone(settings: Settings, events: Sequence[ExpiryEvent],
+                            worker: str = "bench-txn") -> dict[str, Any]:
     """Run apply_batch over pre-decoded events, one transaction per batch of the stage's batch size,
     as the processor does (on the stage's database and topology)."""
     lease = timedelta(seconds=30)
@@ -41,7 +46,7 @@ def batch_transaction_limit(settings: Settings, events: list[ExpiryEvent],
             "events_per_s": round(len(events) / seconds, 1)}
 
 
-def copy_limit(database_url: str, events: list[ExpiryEvent]) -> dict[str, Any]:
+def copy_limit(database_url: str, events: Sequence[ExpiryEvent]) -> dict[str, Any]:
     """COPY one finished ledger row per event into the ledger table in one transaction."""
     now = datetime.now(UTC)
     rows = [(e.op_key, e.kind, e.tenant, e.subject_id, APPLIED, 1, e.due_at, e.correlation_id,
@@ -64,3 +69,43 @@ def copy_limit(database_url: str, events: list[ExpiryEvent]) -> dict[str, Any]:
         raw.close()
         engine.dispose()
     return {"rows": len(rows), "seconds": round(seconds, 3), "rows_per_s": round(len(rows) / seconds, 1)}
+
+
+def consumer_limit(settings: Settings, events: int, passes: int = 2) -> dict[str, Any]:
+    """Consume the stage's expiry topic and decode and validate every record as the processor does
+    (Codec, ExpiryEvent.from_record), in batches of the stage's batch size, until `events` are
+    decoded; no database. Each pass reads the whole topic in a group of its own (the stage's cleanup
+    group, then `-pass2`, …); the best pass counts, the first one warming the broker and the client
+    as the earlier stages warm them for Lapse. A pass is timed from its first record consumed to its
+    last decoded (joining the group is not reading)."""
+    runs = [_consume_and_decode(settings, settings.topology.groups.cleanup + (f"-pass{i + 1}" if i else ""), events)
+            for i in range(max(1, passes))]
+    done, seconds = max(runs, key=lambda run: run[0] / run[1] if run[1] else 0.0)
+    return {"events": done, "batch_size": settings.processor.batch_size, "seconds": round(seconds, 3),
+            "events_per_s": round(done / seconds, 1) if seconds else None,
+            "method": f"group consumer, consume() batches, Codec decode + ExpiryEvent.from_record; "
+                      f"best of {passes} passes"}
+
+
+def _consume_and_decode(settings: Settings, group: str, events: int) -> tuple[int, float]:
+    """(records decoded, seconds from the first consumed to the last decoded) reading the stage's
+    expiry topic in `group` until `events` are decoded."""
+    topology = settings.topology
+    codec = Codec.from_settings(settings)
+    batch, timeout = settings.processor.batch_size, settings.processor.poll_timeout_s
+    consumer = make_consumer(settings, group)
+    consumer.subscribe([topology.expiry])
+    done, started = 0, None
+    try:
+        while done < events:
+            for msg in consumer.consume(batch, timeout):
+                err = msg.error()
+                if err is None:
+                    started = started or time.perf_counter()
+                    ExpiryEvent.from_record(codec.decode_expected("expiry_event", msg.value() or b""))
+                    done += 1
+                elif err.code() != KafkaError._PARTITION_EOF:
+                    raise KafkaException(err)
+        return done, time.perf_counter() - (started or time.perf_counter())
+    finally:
+        consumer.close()

@@ -1,5 +1,10 @@
 """One bench run: a broker (ours or given), a seeded template database, then every stage in order
-in its own environment (topic prefix, database clone, expiry topic with its events)."""
+in its own environment (topic prefix, database clone, expiry topic with its events).
+
+Every cleanup stage (Lapse's and the baselines') has its end state checked in its database
+before its figure counts (lapse.devtools.bench.end_state); a stage that fails, or fails the
+check, is reported with `verified: false` and its reason, its ratio is null, and the run goes on
+(only the latency stage needs the one-worker Lapse run's rate)."""
 
 from __future__ import annotations
 
@@ -13,13 +18,18 @@ from typing import Any, TypeVar
 
 from lapse.devtools.bench import faust_stage, lapse_stage, latency, limits, naive, scans
 from lapse.devtools.bench.databases import BenchDatabases, admin_url_for
+from lapse.devtools.bench.end_state import verify_end_state
 from lapse.devtools.bench.environments import StageEnvironments
 from lapse.devtools.bench.events import reservation_event
+from lapse.devtools.bench.ledger_watch import StageFailed
 from lapse.devtools.bench.report import summarize
 from lapse.devtools.brokers import ApacheKafkaServer
 from lapse.devtools.demo_kinds import packaged_kinds_file
-from lapse.kernel.logs import configure_logging
+from lapse.kernel.ledger import ExpiryEvent
+from lapse.kernel.logs import configure_logging, get_logger
 from lapse.kernel.settings import Settings
+
+log = get_logger("bench")
 
 PARTITIONS = 4
 BASELINE_CAP = 3000
@@ -90,32 +100,42 @@ def _stages(envs: StageEnvironments, plan: BenchPlan, progress: Callable[[str], 
     out: dict[str, Any] = {"machine": machine(), "run_id": envs.dbs.run_id, "events": n,
                            "partitions": PARTITIONS}
 
-    progress("limit: batch transaction alone, then COPY")
-    out["limit"] = [_in(envs, f"limit{b}", lambda s: limits.batch_transaction_limit(s, events),
-                        expiry_topic=False, batch_size=b) for b in plan.batch_sizes]
+    progress("ceilings: COPY of the ledger rows, the consumer alone (no database)")
     out["copy"] = _in(envs, "copy", lambda s: limits.copy_limit(s.database.url_plain(), events),
                       expiry_topic=False)
+    out["consumer"] = _in(envs, "consumer", lambda s: limits.consumer_limit(s, n), events=events,
+                          batch_size=plan.default_batch)
+    progress("for information: the batch transaction alone (apply_batch, no Kafka)")
+    out["transaction_alone"] = [
+        _in(envs, f"txn{b}", lambda s: limits.batch_transaction_alone(s, events), expiry_topic=False,
+            batch_size=b) for b in plan.batch_sizes]
 
     runs = []
-    for workers in sorted({1, plan.workers}):
+    for workers in sorted({1, 2, plan.workers}):
         progress(f"lapse: {workers} worker(s), batch {plan.default_batch}")
-        runs.append(_in(envs, f"lapse{workers}w", partial(lapse_stage.run_lapse, events=n, workers=workers),
-                        events=events, batch_size=plan.default_batch))
+        runs.append(_checked(envs, f"lapse{workers}w", partial(lapse_stage.run_lapse, events=n, workers=workers),
+                             events, {"workers": workers, "batch_size": plan.default_batch}))
     for b in plan.batch_sizes:
         if b != plan.default_batch:
             progress(f"lapse: 1 worker, batch {b}")
-            runs.append(_in(envs, f"lapse_b{b}", lambda s: lapse_stage.run_lapse(s, n, 1),
-                            events=events, batch_size=b))
+            runs.append(_checked(envs, f"lapse_b{b}", lambda s: lapse_stage.run_lapse(s, n, 1), events,
+                                 {"workers": 1, "batch_size": b}))
     out["lapse"] = runs
 
     m = min(n, plan.baseline_cap)
     progress(f"naive consumer on {m} events")
-    out["naive"] = _in(envs, "naive", lambda s: naive.run_naive(s, m), events=events[:m])
+    out["naive"] = _checked(envs, "naive", lambda s: naive.run_naive(s, m), events[:m])
     if plan.faust:
         progress(f"faust agent on {m} events")
-        out["faust"] = _in(envs, "faust", lambda s: faust_stage.run_faust(s, m), events=events[:m])
+        out["faust"] = _checked(envs, "faust", lambda s: faust_stage.run_faust(s, m), events[:m])
+    progress(f"batched naive consumer on {n} events")
+    out["batched_naive"] = _checked(envs, "batched", lambda s: naive.run_batched_naive(s, n), events,
+                                    {"batch_size": naive.BATCHED_NAIVE_BATCH})
 
     one = _lapse_one_worker(out["lapse"], plan.default_batch)
+    if not one["events_per_s"]:
+        raise StageFailed(f"lapse with one worker at batch {plan.default_batch} has no rate to offer half of "
+                          f"for the latency stage: {one['reason']}")
     rate = one["events_per_s"] / 2
     count = max(20, min(n - 1, int(rate * plan.latency_seconds)))
     progress(f"latency at {rate:.0f} events/s offered, {count} events")
@@ -132,6 +152,23 @@ def _in(envs: StageEnvironments, stage: str, fn: Callable[[Settings], T], **envi
     """Run one stage in its own environment (see StageEnvironments.stage for `environment`)."""
     with envs.stage(stage, **environment) as settings:
         return fn(settings)
+
+
+def _checked(envs: StageEnvironments, stage: str, fn: Callable[[Settings], dict[str, Any]],
+             events: list[ExpiryEvent], identity: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Run a cleanup stage on `events` in its own environment (its batch size from `identity`),
+    then check its end state there. A stage that fails is reported unverified with the reason, not
+    raised: its figure does not count and the run goes on."""
+    identity = identity or {}
+    try:
+        with envs.stage(stage, events=events, batch_size=identity.get("batch_size")) as settings:
+            result = fn(settings)
+            return {**result, **verify_end_state(settings, events)}
+    except Exception as exc:  # any failure of the stage (StageFailed, Kafka, the database)
+        reason = f"the stage failed: {type(exc).__name__}: {exc}".splitlines()[0]
+        log.warning("bench stage failed", extra={"stage": stage, "error": reason})
+        return {**identity, "events": len(events), "seconds": None, "events_per_s": None, "verified": False,
+                "reason": reason}
 
 
 def _lapse_one_worker(runs: list[dict[str, Any]], batch: int) -> dict[str, Any]:

@@ -1,4 +1,5 @@
-"""`lapse bench`: Lapse against the naive consumer, Faust and the database's own limits."""
+"""`lapse bench`: Lapse against three baselines (naive, Faust, batched naive) and two ceilings (a
+raw COPY into the ledger, the consumer alone)."""
 
 from __future__ import annotations
 
@@ -29,7 +30,8 @@ def _batch_sizes(ctx: click.Context, param: click.Parameter, value: str) -> tupl
 @click.option("--workers", type=click.IntRange(1, 64), default=2, show_default=True,
               help="Most worker processes for the Lapse stage (it runs 1 and this many).")
 @click.option("--batch-sizes", default="100,500,2000", show_default=True, callback=_batch_sizes,
-              help="Batch sizes for the Lapse and limit stages; 500 (or the middle one) is the default run.")
+              help="Batch sizes for the Lapse and transaction-alone stages; 500 (or the middle one) "
+                   "is the default run.")
 @click.option("--scan-rows", type=click.IntRange(1000, 100_000_000), default=1_000_000, show_default=True,
               help="Rows in the business table of the reconciler scan.")
 @click.option("--no-faust", is_flag=True, help="Skip the Faust baseline.")
@@ -44,7 +46,7 @@ def _batch_sizes(ctx: click.Context, param: click.Parameter, value: str) -> tupl
 @pass_settings
 def bench(settings: Settings, events: int, workers: int, batch_sizes: tuple[int, ...], scan_rows: int,
           no_faust: bool, quick: bool, plot_path: Path | None, as_json: bool) -> None:
-    """Benchmark Lapse on Apache Kafka and PostgreSQL against a naive consumer, Faust and the limits.
+    """Benchmark Lapse on Apache Kafka and PostgreSQL against honest baselines and ceilings.
 
     Starts its own Apache Kafka from the cached jars unless --bootstrap-servers (or
     LAPSE_KAFKA__BOOTSTRAP_SERVERS) is given. Every stage runs in its own environment: a topic
