@@ -87,12 +87,21 @@ cleanup_ledger = Table(
     Column("created_at", UTCDateTime(), nullable=False),
     Column("updated_at", UTCDateTime(), nullable=False),
     Column("finished_at", UTCDateTime()),
+    # Only the indexes a query needs (migration 0005 has the measurements). A partial index takes
+    # an entry only for the rows its predicate keeps, and every ledger write is a non-HOT update.
+    # Probes of a business row's ledger row (sweep, reconciler, status).
     Index("ix_lapse_ledger_kind_subject", "kind", "subject_id", unique=True),
-    Index("ix_lapse_ledger_state_due", "state", "due_at"),
-    Index("ix_lapse_ledger_finished", "finished_at"),
-    Index("ix_lapse_ledger_state_due_key", "state", "due_at", "op_key"),  # reconciler keyset
-    Index("ix_lapse_ledger_claimed_until", "claim_until", "op_key",  # reconciler: expired leases
+    # The unfinished rows by state and due time: the reconciler's stuck keyset, the oldest
+    # unfinished due time, bring-forward. Partial on PostgreSQL only: SQLite's planner uses a
+    # partial index only when the query repeats its WHERE term.
+    Index("ix_lapse_ledger_unfinished_due", "state", "due_at", "op_key",
+          postgresql_where=text("state IN ('pending', 'claimed', 'retry_scheduled')")),
+    # Claims by lease end: the reconciler's stuck claims, expired claims in status.
+    Index("ix_lapse_ledger_claimed_until", "claim_until", "op_key",
           postgresql_where=text("state = 'claimed'"), sqlite_where=text("state = 'claimed'")),
+    # Dead letters oldest first: `lapse dlq` list and replay.
+    Index("ix_lapse_ledger_dead_letters", "finished_at", "op_key",
+          postgresql_where=text("state = 'dead_letter'"), sqlite_where=text("state = 'dead_letter'")),
     schema=SCHEMA,
 )
 
@@ -111,8 +120,10 @@ ledger_transitions = Table(
     Column("replay_id", String(64)),
     Column("correlation_id", String(64)),
     Column("at", UTCDateTime(), nullable=False),
-    Index("ix_lapse_transitions_op_key", "op_key", "id"),
-    Index("ix_lapse_transitions_at", "at"),
+    # A dead letter's failure history: the failed attempts of an op key, the only transitions read by key.
+    Index("ix_lapse_transitions_failures", "op_key", "id",
+          postgresql_where=text("failure_class IS NOT NULL"), sqlite_where=text("failure_class IS NOT NULL")),
+    Index("ix_lapse_transitions_at", "at"),  # the daily report's day
     schema=SCHEMA,
 )
 
@@ -128,8 +139,10 @@ outbox = Table(
     Column("headers", JSON, nullable=False),
     Column("created_at", UTCDateTime(), nullable=False),
     Column("sent_at", UTCDateTime()),
-    Index("ix_lapse_outbox_unsent", "id", postgresql_where=text("sent_at IS NULL"),
+    Index("ix_lapse_outbox_unsent", "id", postgresql_where=text("sent_at IS NULL"),  # the relay's next rows
           sqlite_where=text("sent_at IS NULL")),
+    Index("ix_lapse_outbox_sent", "sent_at", postgresql_where=text("sent_at IS NOT NULL"),  # the relay's purge
+          sqlite_where=text("sent_at IS NOT NULL")),
     schema=SCHEMA,
 )
 
