@@ -3,7 +3,7 @@ states. (Its ledger statements, such as marking stuck rows and the per-row state
 `lapse.kernel.ledger`.)
 
 Every page is bounded and walked by a keyset cursor, and served by indexes: the kind's due index
-(e.g. ix_reservations_held_due) and, through `ledger_state_of`, ix_cleanup_ledger_kind_subject.
+(e.g. ix_reservations_held_due) and, through `ledger_state_of`, ix_lapse_ledger_kind_subject.
 tests/system/test_reconcile_scale.py checks that with EXPLAIN.
 """
 
@@ -44,7 +44,7 @@ def eligible_statement(kind: CleanupKind, cutoff: datetime, after: tuple[Any, ..
     page = kind.eligible_page(cutoff, after, limit, without_ledger=False).cte("page")
     cols = [page.c[kind.id_column.name], page.c[kind.tenant_column.name],
             page.c[kind.due_column.name]]
-    # A correlated lookup, not a join: one probe of ix_cleanup_ledger_kind_subject per page row,
+    # A correlated lookup, not a join: one probe of ix_lapse_ledger_kind_subject per page row,
     # whatever the planner believes about the page's size.
     state = ledger_state_of(kind.name, page.c[kind.id_column.name])
     waiting = waits_past(kind.name, page.c[kind.id_column.name], now)

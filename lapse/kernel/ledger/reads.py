@@ -4,7 +4,7 @@ sweep's "no ledger row yet, or one waiting too long", the reconciler's state per
 dead letters) are in `queries`.
 
 A probe is an expression the caller composes into its own select, matching a ledger row by (kind,
-subject id) so it is one lookup of ix_cleanup_ledger_kind_subject per business row;
+subject id) so it is one lookup of ix_lapse_ledger_kind_subject per business row;
 tests/system/test_reconcile_scale.py checks the reconciler's probe with EXPLAIN.
 """
 
@@ -82,7 +82,7 @@ def expired_claims(conn: Connection, now: datetime) -> ExpiredClaims:
 
 def transitions_between(conn: Connection, start: datetime, end: datetime) -> list[TransitionCount]:
     """Transitions recorded in [start, end) by kind and the state they reached, with how many op
-    keys made them, in (kind, state) order; read through ix_ledger_transitions_at, joined to the
+    keys made them, in (kind, state) order; read through ix_lapse_transitions_at, joined to the
     ledger by op key for the kind."""
     stmt = (
         select(L.c.kind, T.c.to_state, func.count(), func.count(T.c.op_key.distinct()))
