@@ -12,6 +12,7 @@ import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 from confluent_kafka import Consumer, Message, Producer, TopicPartition
 from sqlalchemy import Connection, Engine
@@ -48,6 +49,10 @@ class BatchContext:
     clock: Callable[[], datetime] = lambda: datetime.now(UTC)
     effects: EffectRunner | None = None  # built from settings on first use
     rng: random.Random = field(default_factory=random.Random)  # retry jitter
+    commit_asynchronously: bool = False  # step 3 of commit_batch; the worker's loop sets it
+    # Where step 3 calls the consumer: inline, or handed to the consumer's own thread by a worker
+    # that runs batches on a batch thread (`lapse.processors.in_flight`).
+    on_consumer_thread: Callable[[Callable[[], Any]], Any] = lambda call: call()
 
     @property
     def topics(self) -> Topology:
@@ -84,25 +89,30 @@ def commit_batch(
 
     1. DB commit: one transaction claims the ledger rows, runs the in-database effects, and writes
        transitions and outbox rows (outcomes, ledger-backed dead letters, and the wake-up records
-       of scheduled retries); retried on deadlock. If it fails for another reason, the batch is
-       redone event by event, and an event whose own transaction fails is dead-lettered through
-       the ledger in a transaction of its own; an event whose values the ledger refuses even then
-       joins step 2's poison as its raw record (`isolate_failures`). Kinds with an external effect
-       are only claimed under a lease here; their effects then run outside any transaction and a
-       second transaction records them applied or schedules their retry / dead letter
-       (`lapse.processors.leased`). A crash between the two leaves the row claimed: the redelivered
-       record backs off until the lease ends, then redoes the idempotent effect and completes.
-       Retry wake-ups go through the outbox, not step 2, so the retry schedule and its wake-up
-       commit together: a crash after the commit cannot lose the wake-up (the relay sends it at
-       least once; the reconciler still re-emits retry rows past due as a backstop).
+       of scheduled retries); a due first delivery's row is written once, already applied, before
+       its effect (`lapse.processors.first_delivery`); retried on deadlock. If it fails for another
+       reason, the batch is redone event by event, and an event whose own transaction fails is
+       dead-lettered through the ledger in a transaction of its own; an event whose values the
+       ledger refuses even then joins step 2's poison as its raw record (`isolate_failures`). Kinds
+       with an external effect are only claimed under a lease here; their effects then run outside
+       any transaction and a second transaction records them applied or schedules their retry /
+       dead letter (`lapse.processors.leased`). A crash between the two leaves the row claimed:
+       the redelivered record backs off until the lease ends, then redoes the idempotent effect
+       and completes. Retry wake-ups go through the outbox, not step 2, so the retry schedule and
+       its wake-up commit together: a crash after the commit cannot lose the wake-up (the relay
+       sends it at least once; the reconciler still re-emits retry rows past due as a backstop).
     2. Produce what has no ledger change, and flush: first poison to `lapse.dlq` (the original
        bytes clipped to a budget under the producer's size limit; a dead letter the DLQ refuses
        for its size or form goes again without them), each logged as dead-lettered only once
        acknowledged; then early events back to a delay tier at the ledger's due time, and events
        held under another worker's lease back to a tier until that lease ends. Raise if any
        record was not acknowledged (offsets stay put).
-    3. Store and commit, synchronously, the next offset (last + 1) of every partition in the batch
-       that this consumer still owns; a revoked partition's offsets are never committed.
+    3. Commit, on the consumer's own thread, the next offset (last + 1) of every partition in
+       the batch that this consumer still owns; a revoked partition's offsets are never
+       committed. With `commit_asynchronously` the commit is sent without waiting for the
+       broker's answer: the effects are already durable, so a commit lost in a crash only means
+       redelivery, which the ledger absorbs; the worker commits synchronously when a partition is
+       revoked and on close.
     """
     now = ctx.clock()
     result = BatchResult()
@@ -123,7 +133,8 @@ def commit_batch(
         ctx.delivery.flush(ctx.producer)
     _crash_if("after_produce", ctx.settings)
 
-    commit_offsets(consumer, owned, messages)
+    ctx.on_consumer_thread(lambda: commit_offsets(consumer, owned, messages,
+                                                  asynchronous=ctx.commit_asynchronously))
     return result
 
 
@@ -211,17 +222,22 @@ def _one_line(exc: BaseException) -> str:
     return safe_text(f"{type(cause).__name__}: {first}", 500)
 
 
-def commit_offsets(consumer: Consumer, owned: set[tuple[str, int]], messages: list[Message]
-                   ) -> list[TopicPartition]:
-    """Store and commit last+1 per owned partition seen in `messages`; returns what was committed."""
+def commit_offsets(consumer: Consumer, owned: set[tuple[str, int]], messages: list[Message], *,
+                   asynchronous: bool = False) -> list[TopicPartition]:
+    """Commit last+1 per owned partition seen in `messages` (waiting for the broker unless
+    `asynchronous`); returns what was committed. The offsets are passed explicitly, never stored in
+    the consumer first: storing takes locks the consumer's thread holds during a rebalance
+    callback, where the worker waits for this batch."""
     nxt: dict[tuple[str, int], int] = {}
     for msg in messages:
         topic, partition, offset = position_of(msg)
         nxt[(topic, partition)] = max(nxt.get((topic, partition), -1), offset + 1)
     offsets = [TopicPartition(t, p, o) for (t, p), o in nxt.items() if (t, p) in owned]
     if offsets:
-        consumer.store_offsets(offsets=offsets)
-        consumer.commit(offsets=offsets, asynchronous=False)
+        if asynchronous:
+            consumer.commit(offsets=offsets, asynchronous=True)
+        else:
+            consumer.commit(offsets=offsets, asynchronous=False)
     return offsets
 
 

@@ -1,7 +1,10 @@
 """The cleanup worker: consume a batch, decode it, hand it to `commit_batch`, repeat.
 
-Partition ownership comes from the rebalance callbacks; a batch's offsets are committed before
-the next consume call, so a revoke (which only happens inside consume) finds nothing pending.
+A batch's `commit_batch` runs on a batch thread while the next batch is consumed and decoded
+(`lapse.processors.in_flight`, which argues why that keeps the commit order). Partition ownership
+comes from the rebalance callbacks, which settle the batch in flight before anything changes
+hands; a revoke then commits the revoked partitions' offsets synchronously, as does closing.
+Between batches offsets are committed without waiting for the broker's acknowledgement.
 """
 
 from __future__ import annotations
@@ -10,26 +13,32 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from confluent_kafka import KafkaError, KafkaException, TopicPartition
+from confluent_kafka import KafkaError, KafkaException, Message, TopicPartition
 
 from lapse.kernel.codec import Codec
 from lapse.kernel.database import engine_from_settings
 from lapse.kernel.kafka_clients import DeliveryTracker, make_consumer, make_producer
 from lapse.kernel.kinds import load_kinds
+from lapse.kernel.ledger import ExpiryEvent, Position
 from lapse.kernel.logs import get_logger
 from lapse.kernel.outages import Outage, is_transient
 from lapse.kernel.settings import Settings
 from lapse.processors.circuit import CircuitPolicy, DeadLetterCircuit
 from lapse.processors.commit import BatchContext, commit_batch
-from lapse.processors.decode import decode_batch, partition_of, position_of
+from lapse.processors.decode import Poison, decode_batch, partition_of, position_of
+from lapse.processors.in_flight import InFlight, Settled
 from lapse.processors.metrics import observe_batch
 from lapse.processors.rewind import rewind_and_back_off
+from lapse.processors.scope import BatchResult
 
 log = get_logger("processor")
 
 # How long a worker that never got an assignment waits for the broker's metadata before it
 # reports the broker unreachable (`run(exit_when_idle=…)` only).
 BROKER_PROBE_S = 10.0
+
+
+Decoded = tuple[list[ExpiryEvent], dict[str, Position], list[Poison]]  # what decode_batch returns
 
 
 @dataclass
@@ -47,6 +56,13 @@ class WorkerStats:
     started: float = field(default_factory=time.monotonic)
 
 
+def _on_commit(err: KafkaError | None, partitions: list[TopicPartition]) -> None:
+    """The broker's answer to an offset commit sent without waiting (served inside consume): a
+    refusal is logged; the offsets come again with the next batch, or redelivery is absorbed."""
+    if err is not None:
+        log.warning("offset commit refused", extra={"error": err.str()})
+
+
 class CleanupWorker:
     """One consumer in group `lapse-cleanup`; run several for more partitions in parallel."""
 
@@ -57,7 +73,9 @@ class CleanupWorker:
         self.owned: set[tuple[str, int]] = set()
         self.at_eof: set[tuple[str, int]] = set()
         self.reached_broker = False  # an assignment (even an empty one) or metadata came back
-        self.engine = engine_from_settings(settings)
+        # No ping before each batch (a round trip): a dead connection fails the batch as an outage,
+        # which rewinds it, and the pool replaces the connection.
+        self.engine = engine_from_settings(settings, pre_ping=False)
         self.ctx = BatchContext(
             settings=settings,
             engine=self.engine,
@@ -65,32 +83,66 @@ class CleanupWorker:
             kinds=load_kinds(settings, self.engine),
             producer=make_producer(settings),
             delivery=DeliveryTracker(),
+            commit_asynchronously=True,
         )
-        self.consumer = make_consumer(settings, settings.topology.groups.cleanup)
+        self.in_flight: InFlight[BatchResult] = InFlight("lapse-batch")
+        self.ctx.on_consumer_thread = self.in_flight.on_consumer_thread
+        self.consumer = make_consumer(settings, settings.topology.groups.cleanup, on_commit=_on_commit)
         self.circuit = DeadLetterCircuit(CircuitPolicy(
             threshold=settings.processor.circuit_threshold, min_events=settings.processor.circuit_min_events,
             window=settings.processor.circuit_window, cooldown_s=settings.processor.circuit_cooldown_s))
         self.next_offset: dict[tuple[str, int], int] = {}
         self.outage = Outage("processor", log)
+        self.closing = False  # set once close() has made its last commit
+        self.failed: Settled[BatchResult] | None = None  # a batch that failed, until the loop rewinds it
 
     def _on_assign(self, consumer, partitions) -> None:
+        self._settle()
         self.reached_broker = True
         self.owned |= {(p.topic, p.partition) for p in partitions}
         log.info("partitions assigned", extra={"partitions": sorted(p.partition for p in partitions)})
 
     def _on_revoke(self, consumer, partitions) -> None:
-        # Every batch commits before the next consume, so there is nothing done-but-uncommitted.
+        """Settle the batch in flight (it commits while the partitions are still ours), commit the
+        revoked partitions' offsets synchronously, then give them up."""
+        self._settle()
         revoked = {(p.topic, p.partition) for p in partitions}
-        self.owned -= revoked
-        self.at_eof -= revoked
-        self.circuit.forget(revoked)
-        log.info("partitions revoked", extra={"partitions": sorted(p for _, p in revoked)})
+        if not self.closing:  # close() has committed already: no commit while the group terminates
+            self._commit_now(revoked & self.owned)
+        self._give_up(revoked)
+
+    def _on_lost(self, consumer, partitions) -> None:
+        """Partitions already taken from us (the session expired): nothing may be committed."""
+        self._settle()
+        self._give_up({(p.topic, p.partition) for p in partitions})
+
+    def _give_up(self, partitions: set[tuple[str, int]]) -> None:
+        for tp in partitions:  # a later owner moves on: our offsets must not be committed again
+            self.next_offset.pop(tp, None)
+        self.owned -= partitions
+        self.at_eof -= partitions
+        self.circuit.forget(partitions)
+        log.info("partitions revoked", extra={"partitions": sorted(p for _, p in partitions)})
+
+    def _commit_now(self, partitions: set[tuple[str, int]]) -> None:
+        """Commit, waiting for the broker, the next offset of each of `partitions` a batch finished.
+        A refusal (the group already moved on) is logged: the next owner then redelivers, and the
+        ledger absorbs it."""
+        offsets = [TopicPartition(t, p, self.next_offset[(t, p)]) for t, p in sorted(partitions)
+                   if (t, p) in self.next_offset]
+        if not offsets:
+            return
+        try:
+            self.consumer.commit(offsets=offsets, asynchronous=False)
+        except KafkaException as exc:
+            log.warning("offset commit refused: the next owner redelivers from its last commit",
+                        extra={"error": str(exc)})
 
     def run(self, exit_when_idle: float | None = None) -> WorkerStats:
         """Process until stopped (SIGTERM/SIGINT or `stop`), or idle for `exit_when_idle` seconds."""
         self.consumer.subscribe(
             [self.settings.topology.expiry], on_assign=self._on_assign,
-            on_revoke=self._on_revoke, on_lost=self._on_revoke,
+            on_revoke=self._on_revoke, on_lost=self._on_lost,
         )
         last_activity = time.monotonic()
         try:
@@ -99,20 +151,41 @@ class CleanupWorker:
                 messages = self._consume()
                 if messages:
                     last_activity = time.monotonic()
-                    try:
-                        self._process(messages)
-                        self.outage.over()
-                    except Exception as exc:
-                        if not is_transient(exc):
-                            raise
-                        self._retry_later(messages, exc)
+                try:
+                    decoded = self._decode(messages)  # overlaps the batch in flight
+                except Exception as exc:
+                    self._settle()
+                    if self._rethrow_failure(messages):  # rewinds these records too
+                        continue
+                    if not is_transient(exc):
+                        raise
+                    self._retry_later(messages, exc)
+                    continue
+                self._settle()
+                if self._rethrow_failure(messages):
+                    continue
+                if messages:
+                    messages, decoded = self._without_open_circuits(messages, decoded)
+                if messages:
+                    self._hand_over(messages, decoded)
                 elif exit_when_idle is not None and self._idle(last_activity, exit_when_idle):
                     break
         finally:
             self.close()
         return self.stats
 
-    def _retry_later(self, messages: list, exc: Exception) -> None:
+    def _rethrow_failure(self, behind: list[Message]) -> bool:
+        """If the batch in flight failed: raise its error, or (for an outage) rewind it together
+        with the batch consumed behind it and wait the outage out. Returns whether it failed."""
+        failed, self.failed = self.failed, None
+        if failed is None or failed.error is None:
+            return False
+        if not is_transient(failed.error):
+            raise failed.error
+        self._retry_later([*failed.messages, *behind], failed.error)
+        return True
+
+    def _retry_later(self, messages: list, exc: BaseException) -> None:
         """A batch failed for a reason outside it (`is_transient`: the database, the broker or the
         schema registry away): nothing of it was committed, so it is rewound and tried again after
         the outage's backoff (`rewind_and_back_off`)."""
@@ -151,14 +224,44 @@ class CleanupWorker:
                 log.warning("consumer error", extra={"error": err.str()})
         return messages
 
-    def _process(self, messages: list) -> None:
-        started = time.monotonic()
-        events, positions, poison = decode_batch(messages, self.ctx.codec, self.ctx.kinds)
-        # Poison is logged as dead-lettered by commit_batch, once the DLQ has acknowledged it.
-        result = commit_batch(self.ctx, self.consumer, self.owned, messages, events, positions, poison)
+    def _decode(self, messages: list[Message]) -> Decoded:
+        if not messages:
+            return [], {}, []
+        return decode_batch(messages, self.ctx.codec, self.ctx.kinds)
+
+    def _without_open_circuits(self, messages: list[Message], decoded: Decoded) -> tuple[list[Message], Decoded]:
+        """Drop the records of partitions whose circuit the settled batch just opened (they are read
+        again from the next offset when it closes); the rest is decoded again only then."""
+        kept = [m for m in messages if not self.circuit.is_open(partition_of(m))]
+        if len(kept) == len(messages):
+            return messages, decoded
+        return kept, self._decode(kept)
+
+    def _hand_over(self, messages: list[Message], decoded: Decoded) -> None:
+        """Start the batch's `commit_batch` on the batch thread."""
+        events, positions, poison = decoded
+        self.in_flight.submit(messages, decoded, lambda: commit_batch(
+            self.ctx, self.consumer, self.owned, messages, events, positions, poison))
+
+    def _settle(self) -> None:
+        """Wait for the batch in flight and count it; a failure is kept for the loop to rewind."""
+        settled = self.in_flight.settle()
+        if settled is None:
+            return
+        if settled.error is not None:
+            self.failed = settled
+            return
+        self.outage.over()
+        self._count(settled)
+
+    def _count(self, settled: Settled[BatchResult]) -> None:
+        result, messages = settled.result, settled.messages
+        events, positions, poison = settled.decoded
+        assert result is not None
         for msg in messages:
             topic, partition, offset = position_of(msg)
             self.next_offset[(topic, partition)] = offset + 1
+        # Poison is logged as dead-lettered by commit_batch, once the DLQ has acknowledged it.
         self._feed_circuit(result, positions, poison)
         s = self.stats
         s.batches += 1
@@ -170,10 +273,10 @@ class CleanupWorker:
         s.conflicts += len(result.conflicts)
         s.poison += len(poison)
         s.delayed += len(result.not_due)
-        observe_batch(len(messages), result, events, len(poison), time.monotonic() - started)
+        observe_batch(len(messages), result, events, len(poison), settled.seconds)
         log.debug("batch committed", extra={
             "records": len(messages), "applied": len(result.applied),
-            "duplicates": result.duplicates, "ms": round((time.monotonic() - started) * 1000, 1)})
+            "duplicates": result.duplicates, "ms": round(settled.seconds * 1000, 1)})
 
     def _feed_circuit(self, result, positions, poison) -> None:
         """Count each partition's good and failed outcomes; pause the ones that trip."""
@@ -205,7 +308,12 @@ class CleanupWorker:
                         extra={"topic": tp[0], "partition": tp[1]})
 
     def close(self) -> None:
+        """Settle the batch in flight, commit what finished synchronously, and close every client."""
         try:
+            self._settle()
+            self.in_flight.close()
+            self._commit_now(set(self.owned))
+            self.closing = True
             self.consumer.close()
         finally:
             if self.ctx.effects is not None:  # HTTP clients and object-store sessions of the effects

@@ -59,12 +59,14 @@ def effective_schema(url: str, schema: str) -> str | None:
 
 def make_engine(url: str, *, schema: str = DEFAULT_SCHEMA, pool_size: int = 5,
                 connect_timeout_s: float = CONNECT_TIMEOUT_S,
-                statement_timeout_s: float | None = STATEMENT_TIMEOUT_S) -> Engine:
+                statement_timeout_s: float | None = STATEMENT_TIMEOUT_S, pre_ping: bool = True) -> Engine:
     """An engine tuned per dialect (SQLite gets WAL, a busy timeout and immediate write locks) that
     maps the models' placeholder schema to Lapse's effective schema at `url`. On PostgreSQL a
     connection attempt gives up after `connect_timeout_s` and a statement after
     `statement_timeout_s` (None: no limit), so a database that accepts connections and never
-    answers fails fast instead of hanging; a URL that sets either itself keeps its own."""
+    answers fails fast instead of hanging; a URL that sets either itself keeps its own. Without
+    `pre_ping` a pooled connection is not tested (a round trip) before each use: for a caller that
+    treats a dead connection's error as an outage and retries, such as the cleanup worker."""
     options = {"schema_translate_map": {SCHEMA: effective_schema(url, schema)}}
     parsed = make_url(url)
     if parsed.get_backend_name() == "sqlite":
@@ -87,7 +89,7 @@ def make_engine(url: str, *, schema: str = DEFAULT_SCHEMA, pool_size: int = 5,
             conn.exec_driver_sql("BEGIN IMMEDIATE")
 
         return engine
-    return create_engine(url, pool_size=pool_size, max_overflow=pool_size, pool_pre_ping=True,
+    return create_engine(url, pool_size=pool_size, max_overflow=pool_size, pool_pre_ping=pre_ping,
                          execution_options=options,
                          connect_args=_timeouts(parsed.query, connect_timeout_s, statement_timeout_s))
 
@@ -113,11 +115,12 @@ def configured_url(settings: Settings) -> str:
     return settings.database.url_plain()
 
 
-def engine_from_settings(settings: Settings, *, pool_size: int = 5) -> Engine:
+def engine_from_settings(settings: Settings, *, pool_size: int = 5, pre_ping: bool = True) -> Engine:
     """The engine of the configured database, with its schema and timeouts from `settings`."""
     db = settings.database
     return make_engine(configured_url(settings), schema=db.schema_name, pool_size=pool_size,
-                       connect_timeout_s=db.connect_timeout_s, statement_timeout_s=db.statement_timeout_s)
+                       connect_timeout_s=db.connect_timeout_s, statement_timeout_s=db.statement_timeout_s,
+                       pre_ping=pre_ping)
 
 
 def qualified_name(bind: Connection | Engine, table: Table) -> str:

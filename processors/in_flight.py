@@ -1,0 +1,115 @@
+"""One batch in flight: its `commit_batch` runs on a batch thread while the worker consumes and
+decodes the next batch, so the broker fetch and the decoding overlap the database round trips.
+
+Why this keeps every guarantee of the serial loop:
+1. Order. There is one batch thread and at most one batch on it. The worker hands batch N+1 over
+   only after N's `commit_batch` has returned and its outcome was settled, so effects, produced
+   records and offset commits follow consume order per partition exactly as before.
+2. Nothing is committed early. Consuming N+1 moves only the consumer's fetch position, never its
+   committed offset; N+1's offsets are committed by its own `commit_batch`, after its effects are
+   durable.
+3. Rebalances. They happen only inside `consume`, on the worker's thread, and the worker's
+   rebalance callbacks settle the batch in flight first: it finishes (and commits its offsets)
+   while its partitions are still owned, and only then are partitions given up. Records fetched
+   for a partition before its revoke are dropped by the ownership filter, as before.
+4. Failure. A batch that fails is never followed by the one consumed behind it: that one is not
+   handed over, and both are rewound together to the failed batch's first offsets.
+5. Circuits. A circuit opened by N's outcomes drops N+1's records of that partition before the
+   hand-over; they are read again from the partition's next offset when the circuit closes.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
+
+from confluent_kafka import Message
+
+T = TypeVar("T")
+R = TypeVar("R")
+
+
+@dataclass(frozen=True)
+class Settled(Generic[T]):
+    """A batch that left the batch thread: its records, what the worker decoded from them, and
+    its result or the error that ended it."""
+
+    messages: list[Message]
+    decoded: Any
+    result: T | None
+    error: BaseException | None
+    seconds: float  # the batch thread's own time for it
+
+
+class InFlight(Generic[T]):
+    """A one-slot batch thread: `submit` a batch's work, `settle` to wait for it and take it back.
+
+    The batch's work may need the consumer (step 3 of `commit_batch` commits offsets), but a
+    consumer is called from its own thread only: called from another thread while its own thread
+    serves a rebalance callback, it blocks, and the callback waits for the batch. So the batch
+    thread hands such calls over (`on_consumer_thread`) and `settle`, on the consumer's thread,
+    runs them while it waits; the batch thread waits for each call's answer.
+    """
+
+    def __init__(self, name: str) -> None:
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix=name)
+        self._batch: tuple[list[Message], Any, Future[tuple[T, float]]] | None = None
+        # Calls for the consumer's thread, then None when the batch's work has ended.
+        self._calls: queue.SimpleQueue[tuple[Callable[[], Any], Future[Any]] | None] = queue.SimpleQueue()
+        self._batch_thread: int | None = None
+
+    @property
+    def busy(self) -> bool:
+        return self._batch is not None
+
+    def submit(self, messages: list[Message], decoded: Any, work: Callable[[], T]) -> None:
+        """Start `work` for `messages` (decoded as `decoded`) on the batch thread; the slot must
+        be free."""
+        if self._batch is not None:
+            raise RuntimeError("a batch is already in flight: settle it first")
+        self._batch = (messages, decoded, self._pool.submit(self._timed, work))
+
+    def on_consumer_thread(self, call: Callable[[], R]) -> R:
+        """Run `call` on the consumer's thread (from the batch thread: at its next `settle`) and
+        return its answer; called on any other thread than the batch thread, it runs at once."""
+        if threading.get_ident() != self._batch_thread:
+            return call()
+        answer: Future[R] = Future()
+        self._calls.put((call, answer))
+        return answer.result()
+
+    def settle(self) -> Settled[T] | None:
+        """Wait for the batch in flight, if any, running the calls it hands over, and free the
+        slot; never raises the batch's error."""
+        if self._batch is None:
+            return None
+        messages, decoded, future = self._batch
+        self._batch = None
+        while (item := self._calls.get()) is not None:
+            call, answer = item
+            try:
+                answer.set_result(call())
+            except BaseException as exc:
+                answer.set_exception(exc)
+        try:
+            result, seconds = future.result()
+        except BaseException as exc:  # handed to the worker, which decides (rewind or stop)
+            return Settled(messages, decoded, None, exc, 0.0)
+        return Settled(messages, decoded, result, None, seconds)
+
+    def close(self) -> None:
+        """Stop the thread; `settle` first, or a batch in flight waits for calls nobody runs."""
+        self._pool.shutdown(wait=True)
+
+    def _timed(self, work: Callable[[], T]) -> tuple[T, float]:
+        self._batch_thread = threading.get_ident()
+        started = time.monotonic()
+        try:
+            return work(), time.monotonic() - started
+        finally:
+            self._calls.put(None)  # the batch's work has ended: settle stops serving calls
