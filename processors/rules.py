@@ -1,6 +1,7 @@
 """The cleanup rules for one batch, as plain functions over the batch's scope.
 
-`apply_batch` runs inside the transaction its caller began on the scope's connection: it creates
+`apply_batch` runs inside the transaction its caller began on the scope's connection: it settles
+due work whose outcome is known on a fast path (`lapse.processors.settle`), creates the other
 missing ledger rows, claims the claimable ones, runs each kind's in-database effect (or leases
 its external one), decides what happened to each event, and flushes the ledger writes once. It
 never touches Kafka, so it is tested against a real database with no broker.
@@ -34,6 +35,7 @@ from lapse.kernel.ledger import (
 from lapse.processors.failures import AMBIGUOUS, INVALID, EffectFailure
 from lapse.processors.retries import FailedAttempt, record_failures, wake_up
 from lapse.processors.scope import BatchResult, BatchScope
+from lapse.processors.settle import settle_due
 
 Invalid = tuple[ExpiryEvent, str]  # an event whose work can never run, and why
 REASON_LIMIT = 500  # characters of a dead-letter reason written to the ledger
@@ -55,12 +57,18 @@ class KindRun:
     present: Mapping[str, SubjectRow]
 
 
-def apply_batch(scope: BatchScope, events: Sequence[ExpiryEvent]) -> BatchResult:
+def apply_batch(scope: BatchScope, events: Sequence[ExpiryEvent], *, fast_path: bool = True) -> BatchResult:
     """Claim, apply and record one batch of decoded events in the scope's transaction.
 
-    Events must name known kinds (the decoder dead-letters the others before this point).
+    Events must name known kinds (the decoder dead-letters the others before this point). Without
+    `fast_path` every event takes the careful path (the tests compare the two).
 
     1. Collapse: one event per op key, the latest attempt winning; the others are duplicates.
+       Work whose outcome is known to be `applied` (an in-database effect, a business row present,
+       of the event's tenant, eligible and due, and either no ledger row and a due event, or a
+       `pending` row due, unclaimed and unfinished) takes the fast path: applied with its ledger
+       row written once, finished (`lapse.processors.settle`). Steps 2 to 5 are the careful path,
+       for the rest.
     2. Claim: create the missing ledger rows (`pending`), read every row as it is before the
        claim, bring forward the `pending` rows waiting past now for no reason their business row
        gives (the business row, not the event, says when work is due: an event due in 2100 must
@@ -81,6 +89,12 @@ def apply_batch(scope: BatchScope, events: Sequence[ExpiryEvent]) -> BatchResult
     if not unique:
         return result
     scope.writes.duplicates.update(extra)
+    settled = settle_due(scope, unique, extra) if fast_path else set()
+    unique = {key: event for key, event in unique.items() if key not in settled}
+    if not unique:
+        result.duplicates += sum(scope.writes.duplicates.values())
+        scope.writes.flush(scope.conn)
+        return result
     # 2.
     before, claimed = claim_rows(scope, unique)
     # 3.
@@ -97,7 +111,7 @@ def apply_batch(scope: BatchScope, events: Sequence[ExpiryEvent]) -> BatchResult
     await_subjects(scope, missing, before)
     dead_letter_invalid(scope, [bad for run in runs for bad in run.invalid], before)
     # 6.
-    result.duplicates = sum(scope.writes.duplicates.values())
+    result.duplicates += sum(scope.writes.duplicates.values())
     scope.writes.flush(scope.conn)
     return result
 

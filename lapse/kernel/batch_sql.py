@@ -4,7 +4,9 @@ On PostgreSQL a batch travels as one string parameter: `col IN (SELECT unnest(CA
 type[])))` instead of an `IN` list of placeholders, and `INSERT … SELECT … FROM
 json_populate_recordset(…, :rows)` instead of multi-row VALUES. The statement text is then the
 same for every batch, so psycopg converts it once and the server prepares it once; per-placeholder
-parsing and per-element array escaping were most of a batch's cost. SQLite keeps the portable forms.
+parsing and per-element array escaping were most of a batch's cost. Inserts into several tables
+go as one statement of data-modifying CTEs (`bulk_insert_together`), one round trip for all of them.
+SQLite keeps the portable forms.
 """
 
 from __future__ import annotations
@@ -49,6 +51,13 @@ def _json_default(value: Any) -> str:
     raise TypeError(f"cannot send {type(value).__name__} in a batch")
 
 
+def _recordset_select(name: str, cols: tuple[str, ...], param: str) -> str:
+    """INSERT INTO `name` (cols) SELECT cols FROM the JSON array parameter `param`."""
+    names = ", ".join(cols)
+    return (f"INSERT INTO {name} ({names}) SELECT {names} "
+            f"FROM json_populate_recordset(NULL::{name}, CAST(:{param} AS json))")
+
+
 def _recordset_insert_sql(name: str, cols: tuple[str, ...], ignore_conflicts: bool,
                           returning: tuple[str, ...]) -> str:
     """The INSERT … SELECT … FROM json_populate_recordset text for the table called `name` (quoted
@@ -56,15 +65,35 @@ def _recordset_insert_sql(name: str, cols: tuple[str, ...], ignore_conflicts: bo
     key = (name, cols, ignore_conflicts, returning)
     sql = _TEMPLATES.get(key)
     if sql is None:
-        names = ", ".join(cols)
-        sql = (f"INSERT INTO {name} ({names}) SELECT {names} "
-               f"FROM json_populate_recordset(NULL::{name}, CAST(:rows AS json))")
+        sql = _recordset_select(name, cols, "rows")
         if ignore_conflicts:
             sql += " ON CONFLICT DO NOTHING"
         if returning:
             sql += f" RETURNING {', '.join(returning)}"
         _TEMPLATES[key] = sql
     return sql
+
+
+def bulk_insert_together(conn: Connection, batches: Sequence[tuple[Table, Sequence[dict[str, Any]]]]) -> None:
+    """Insert several tables' rows (each table's rows all with the same keys) in one round trip on
+    PostgreSQL: every insert but the last is a data-modifying CTE of the last, each table's rows one
+    JSON parameter. Nothing joins, so the planner's row estimates cannot make it quadratic. Elsewhere
+    (and for a single table) it is `bulk_insert` per table."""
+    batches = [(table, rows) for table, rows in batches if rows]
+    if conn.dialect.name != "postgresql" or len(batches) < 2:
+        for table, rows in batches:
+            bulk_insert(conn, table, rows)
+        return
+    names = [qualified_name(conn, table) for table, _ in batches]
+    key = ("+".join(names), tuple(c for _, rows in batches for c in (*rows[0], "|")), False, ())
+    sql = _TEMPLATES.get(key)
+    if sql is None:
+        parts = [_recordset_select(name, tuple(rows[0]), f"rows{i}")
+                 for i, (name, (_, rows)) in enumerate(zip(names, batches, strict=True))]
+        ctes = ", ".join(f"w{i} AS ({part})" for i, part in enumerate(parts[:-1]))
+        sql = _TEMPLATES[key] = f"WITH {ctes} {parts[-1]}"
+    conn.execute(text(sql), {f"rows{i}": json.dumps(rows, default=_json_default)
+                             for i, (_, rows) in enumerate(batches)})
 
 
 def bulk_insert(conn: Connection, table: Table, rows: Sequence[dict[str, Any]], *, ignore_conflicts: bool = False,

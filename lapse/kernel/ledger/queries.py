@@ -10,6 +10,7 @@ and SQLite; `lapse.kernel.batch_sql` keeps their text independent of the batch s
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
@@ -20,13 +21,14 @@ from sqlalchemy import (
     and_,
     bindparam,
     case,
+    delete,
     or_,
     select,
     tuple_,
     update,
 )
 
-from lapse.kernel.batch_sql import any_of, bulk_insert
+from lapse.kernel.batch_sql import any_of, bulk_insert, bulk_insert_together
 from lapse.kernel.ledger import states
 from lapse.kernel.ledger.records import ExpiryEvent, FailureEntry
 from lapse.kernel.ledger.rows import ClaimedMove, DeadLetterRow, LedgerRow, Selection
@@ -70,7 +72,58 @@ def insert_pending(conn: Connection, events: Sequence[ExpiryEvent], now: datetim
     return [r.op_key for r in created]
 
 
+def settled_row(event: ExpiryEvent, state: str, attempt: int, duplicates: int, now: datetime) -> dict[str, Any]:
+    """The ledger row of `event` as it is once a claim of its `pending` row (`pending_row`) has
+    finished in `state` at `attempt` in one transaction at `now`: what `insert_settled` writes."""
+    if state not in FINISHED:
+        raise ValueError(f"a settled row is applied or skipped, not {state}")
+    return {**pending_row(event, now), "state": state, "attempt": attempt, "duplicates": duplicates,
+            "finished_at": now}
+
+
+def insert_settled(conn: Connection, rows: Sequence[dict[str, Any]]) -> set[str]:
+    """Create ledger rows already in their final state (`settled_row`) for op keys that have none;
+    returns the op keys created. An op key whose row exists, or is being created by a concurrent
+    transaction that then commits, is left out (ON CONFLICT DO NOTHING): its work is not ours."""
+    states.check(None, states.PENDING)
+    for row in rows:
+        states.check(states.PENDING, row["state"])
+    return {r.op_key for r in bulk_insert(conn, L, rows, ignore_conflicts=True, returning=["op_key"])}
+
+
+def withdraw_settled(conn: Connection, op_keys: Sequence[str], now: datetime) -> int:
+    """Delete rows `insert_settled` created in this transaction (at `now`, so no one else has seen
+    them) whose effect then changed nothing: their op keys go on as if never written. Returns how
+    many were deleted."""
+    if not op_keys:
+        return 0
+    stmt = delete(L).where(any_of(conn, L.c.op_key, op_keys), L.c.created_at == now,
+                           L.c.finished_at == now, L.c.state.in_(FINISHED))
+    return conn.execute(stmt).rowcount
+
+
 # Read --------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True, slots=True)
+class ProbedRow:
+    """A ledger row as `probe_rows` reads it: the state machine's view (`row`), and the two
+    bookkeeping columns that view leaves out, which an undo of `settle_waiting` puts back."""
+
+    row: LedgerRow
+    finished_at: datetime | None
+    updated_at: datetime
+
+
+def probe_rows(conn: Connection, op_keys: Sequence[str]) -> dict[str, ProbedRow]:
+    """op_key → its ledger row, for the keys among `op_keys` that have one (one primary-key probe
+    for the batch; no lock)."""
+    if not op_keys:
+        return {}
+    stmt = select(*ROW_COLUMNS, L.c.finished_at, L.c.updated_at).where(any_of(conn, L.c.op_key, op_keys))
+    rows: Iterable[Sequence[Any]] = conn.execute(stmt)
+    n = len(ROW_COLUMNS)
+    return {row[0]: ProbedRow(LedgerRow(*row[:n]), row[n], row[n + 1]) for row in rows}
+
 
 def read_rows(conn: Connection, op_keys: Iterable[str]) -> dict[str, LedgerRow]:
     """op_key → its ledger row, for the keys that have one."""
@@ -228,6 +281,54 @@ def bring_forward(conn: Connection, op_keys: Sequence[str], now: datetime) -> li
     return [LedgerRow(*row) for row in conn.execute(stmt)]
 
 
+def settles_waiting(probed: ProbedRow, now: datetime) -> bool:
+    """Whether `settle_waiting` takes the row as probed: `pending`, due by `now`, unclaimed, unfinished."""
+    row = probed.row
+    return (row.state == states.PENDING and row.due_at <= now and row.claim_owner is None
+            and row.claim_until is None and probed.finished_at is None)
+
+
+def settle_waiting(conn: Connection, op_keys: Sequence[str], now: datetime) -> dict[str, LedgerRow]:
+    """pending → applied in one move: the rows among `op_keys` still `pending`, due by `now`,
+    unclaimed and unfinished (`settles_waiting`) are written as a claim of them finished `applied`
+    in this transaction at `now` leaves them (`claim` then `finish`): one more attempt, finished
+    and updated at `now`, no claim. Returns them as moved (op_key → the row after the move).
+
+    The conditions are re-checked in the UPDATE, so a row another transaction claimed, finished or
+    moved meanwhile is left out (and one it is moving makes this wait for it, as a claim does).
+    Every column but `updated_at` keeps or derives its prior value from the row returned
+    (`restore_waiting` undoes the move exactly with the `updated_at` probed)."""
+    if not op_keys:
+        return {}
+    states.check(states.PENDING, states.APPLIED)
+    stmt = (
+        update(L)
+        .where(any_of(conn, L.c.op_key, op_keys), L.c.state == states.PENDING, L.c.due_at <= now,
+               L.c.claim_owner.is_(None), L.c.claim_until.is_(None), L.c.finished_at.is_(None))
+        .values(state=states.APPLIED, attempt=L.c.attempt + 1, finished_at=now, updated_at=now)
+        .returning(*ROW_COLUMNS)
+    )
+    return {row[0]: LedgerRow(*row) for row in conn.execute(stmt)}
+
+
+def restore_waiting(conn: Connection, prior: Mapping[str, datetime], now: datetime) -> int:
+    """Undo `settle_waiting` for the rows it moved in this transaction (at `now`, so no one else
+    has seen the move) whose effect then changed nothing: op_key → the `updated_at` it had before.
+    The row is `pending` again, one attempt lower, unfinished and unclaimed, as it was (the move
+    required those); not a transition of the state machine, an undo of one never committed.
+    Returns how many were restored."""
+    if not prior:
+        return 0
+    stmt = (
+        update(L)
+        .where(L.c.op_key == bindparam("k"), L.c.state == states.APPLIED, L.c.finished_at == now,
+               L.c.updated_at == now)
+        .values(state=states.PENDING, attempt=L.c.attempt - 1, finished_at=None,
+                updated_at=bindparam("prior_updated_at"))
+    )
+    return conn.execute(stmt, [{"k": k, "prior_updated_at": at} for k, at in prior.items()]).rowcount
+
+
 def release_dead_letters(conn: Connection, selection: Selection, limit: int, replay_id: str,
                          now: datetime) -> list[LedgerRow]:
     """dead_letter → pending, due now, attempt 0, under `replay_id`: up to `limit` dead letters
@@ -310,4 +411,10 @@ def insert_transitions(conn: Connection, rows: Sequence[dict[str, Any]]) -> None
 
 def insert_outbox(conn: Connection, rows: Sequence[dict[str, Any]]) -> None:
     bulk_insert(conn, outbox, rows)
+
+
+def insert_transitions_and_outbox(conn: Connection, transitions: Sequence[dict[str, Any]],
+                                  outbox_rows: Sequence[dict[str, Any]]) -> None:
+    """`insert_transitions` and `insert_outbox` in one statement (one round trip) on PostgreSQL."""
+    bulk_insert_together(conn, [(T, transitions), (outbox, outbox_rows)])
 

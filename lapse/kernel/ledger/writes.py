@@ -3,9 +3,9 @@ decide and flushed once at the end.
 
 Rules, leases, retries, replay and the reconciler say what happened to an operation (`finish`,
 `fail`, `reschedule`, `transition`, `expiry`, …); `flush` turns it into the ledger's statements,
-each one round trip for the whole transaction: finishes, moves out of a claim, transitions,
-outbox rows, duplicate counts. Every transition is checked against the state machine as it is
-recorded, so a disallowed one raises before anything is written.
+each one round trip for the whole transaction: finishes, moves out of a claim, transitions and
+outbox rows (together, one statement on PostgreSQL), duplicate counts. Every transition is checked
+against the state machine as it is recorded, so a disallowed one raises before anything is written.
 """
 
 from __future__ import annotations
@@ -83,6 +83,16 @@ class LedgerWrites:
         self.finished[state].append(event.op_key)
         self.outcome(event, state, attempt)
 
+    def settled(self, event: ExpiryEvent, state: str, attempt: int) -> None:
+        """An operation whose ledger row was already written finished in `state` at `attempt` — a
+        first delivery's row inserted so (`queries.insert_settled`), or a waiting `pending` row
+        moved so (`queries.settle_waiting`): the transition and outcome `finish` records for a
+        claim of a `pending` row (from `pending`, no reason), without the finishing update."""
+        if state not in self.finished:
+            raise ValueError(f"settled is for applied or skipped, not {state}")
+        self.event_transition(event, PENDING, state, attempt)
+        self.outcome(event, state, attempt)
+
     def fail(self, event: ExpiryEvent, from_state: str, state: str, attempt: int, due_at: datetime,
              failure_class: str, reason: str) -> None:
         """The claimed operation failed: retry_scheduled at `due_at`, or dead_letter; its
@@ -130,8 +140,7 @@ class LedgerWrites:
         for state, op_keys in self.finished.items():
             queries.finish(conn, op_keys, self.actor, state, self.now)
         queries.move_claimed(conn, self.moves, self.actor, self.now)
-        queries.insert_transitions(conn, self.transitions)
-        queries.insert_outbox(conn, self.outbox)
+        queries.insert_transitions_and_outbox(conn, self.transitions, self.outbox)
         queries.add_duplicates(conn, self.duplicates)
         self.transitions, self.outbox, self.moves = [], [], []
         self.finished = {APPLIED: [], SKIPPED: []}

@@ -1,0 +1,379 @@
+"""The first-delivery fast path on a real database: it must leave exactly what the careful path alone
+leaves (ledger rows, business rows, outbox records, transitions, the batch's classification), stay
+right when a row is created or a business row changes under it, and write each ledger row once in
+a fixed number of statements."""
+
+from __future__ import annotations
+
+import json
+import random
+import threading
+import time
+from collections import defaultdict
+from dataclasses import replace
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from sqlalchemy import event as sa_event
+from sqlalchemy import insert, select, update
+
+from lapse.devtools.demo_tables import artifacts, reservations
+from lapse.kernel.database import make_engine
+from lapse.kernel.ledger import ExpiryEvent, expiry_event, insert_pending
+from lapse.kernel.models import cleanup_ledger, ledger_transitions, outbox
+from lapse.processors.rules import apply_batch
+from lapse.processors.scope import BatchResult, BatchScope
+from tests.fixtures.kinds import demo_kinds
+from tests.fixtures.topology import repo_topology
+
+NOW = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
+LEASE = timedelta(seconds=30)
+TENANT = "t1"
+TOPOLOGY = repo_topology()
+RELEASE, DELETE = "release-reservation", "artifact-delete"
+SUBJECTS = 6  # reservation ids 1..6 (artifact ids 1..2)
+
+# What each subject is, before the batch: its business row, and the ledger row its op key has.
+BUSINESS = ["missing", "due", "due", "later", "paid"]
+LEDGER = [None, None, None, "pending", "pending_later", "applied", "skipped", "dead_letter",
+          "retry_scheduled", "claimed_expired", "claimed_live"]
+
+
+def key(kind: str, subject: int | str) -> str:
+    return f"{kind}:{subject}"
+
+
+def scope(conn, kinds, worker: str = "w1") -> BatchScope:
+    return BatchScope(conn, kinds=kinds, topics=TOPOLOGY, worker=worker, now=NOW, lease=LEASE,
+                      rng=random.Random(7))
+
+
+def reservation(rid: int, status: str = "held", tenant: str = TENANT,
+                expires_at: datetime = NOW - timedelta(minutes=10)) -> dict[str, Any]:
+    return {"id": rid, "tenant": tenant, "status": status, "expires_at": expires_at}
+
+
+def ledger_row(kind: str, subject: int, state: str) -> dict[str, Any]:
+    """A ledger row as earlier work would have left it (`pending_later`: waiting for its event's
+    far-off due time; `claimed_*`: another worker's lease, expired or live)."""
+    due = NOW + timedelta(hours=1) if state == "pending_later" else NOW - timedelta(minutes=5)
+    claimed = state.startswith("claimed")
+    row = {"op_key": key(kind, subject), "kind": kind, "tenant": TENANT, "subject_id": str(subject),
+           "state": "claimed" if claimed else state.removesuffix("_later"), "attempt": 1, "due_at": due,
+           "correlation_id": f"old-{subject}", "source": "sweep", "duplicates": 0,
+           "created_at": NOW - timedelta(hours=2), "updated_at": NOW - timedelta(hours=2),
+           "claim_owner": "w-other" if claimed else None,
+           "claim_until": (NOW + timedelta(seconds=20) if state == "claimed_live" else NOW - timedelta(seconds=20))
+           if claimed else None,
+           "finished_at": NOW - timedelta(hours=1) if state in ("applied", "skipped", "dead_letter") else None}
+    return row
+
+
+def seed(conn, world: dict[str, Any]) -> None:
+    rows = []
+    for rid, (business, tenant) in enumerate(world["subjects"], start=1):
+        if business != "missing":
+            due = NOW + timedelta(minutes=20) if business == "later" else NOW - timedelta(minutes=10)
+            rows.append(reservation(rid, "paid" if business == "paid" else "held", tenant, due))
+    if rows:
+        conn.execute(insert(reservations), rows)
+    ledger_rows = [ledger_row(RELEASE, rid, state) for rid, state in enumerate(world["ledger"], start=1) if state]
+    if ledger_rows:
+        conn.execute(insert(cleanup_ledger), ledger_rows)
+    if world["artifacts"]:
+        conn.execute(insert(artifacts), [
+            {"id": a, "tenant": TENANT, "object_key": f"exports/{a}.csv", "status": "live",
+             "retain_until": NOW - timedelta(minutes=1)} for a in (1, 2)])
+
+
+def snapshot(conn, result: BatchResult) -> dict[str, Any]:
+    """Everything a batch leaves: rows of every table it writes (ids and insertion order aside)
+    and its result, sorted."""
+    transitions: dict[str, list[tuple[Any, ...]]] = defaultdict(list)
+    for t in conn.execute(select(ledger_transitions).order_by(ledger_transitions.c.id)).mappings():
+        transitions[t["op_key"]].append(tuple(v for k, v in t.items() if k != "id"))
+    return {
+        "ledger": [dict(r) for r in conn.execute(select(cleanup_ledger).order_by(cleanup_ledger.c.op_key)).mappings()],
+        "reservations": [dict(r) for r in conn.execute(select(reservations).order_by(reservations.c.id)).mappings()],
+        "artifacts": [dict(r) for r in conn.execute(select(artifacts).order_by(artifacts.c.id)).mappings()],
+        "outbox": sorted((o.topic, o.key, o.schema, json.dumps(o.payload, sort_keys=True),
+                          json.dumps(o.headers, sort_keys=True), o.created_at, o.sent_at)
+                         for o in conn.execute(select(outbox))),
+        "transitions": dict(transitions),
+        "result": {
+            "applied": sorted(result.applied), "skipped": sorted(result.skipped),
+            "dead_lettered": sorted(result.dead_lettered), "duplicates": result.duplicates,
+            "conflicts": sorted(result.conflicts), "retried": sorted(result.retried),
+            "rescheduled": sorted(result.rescheduled), "lost": sorted(result.lost),
+            "not_due": sorted((e.op_key, e.due_at, e.attempt) for e in result.not_due),
+            "backed_off": sorted((e.op_key, e.due_at, e.attempt) for e in result.backed_off),
+            "leased": sorted(e.op_key for e in result.leased),
+            "targets": result.targets, "attempts": result.attempts,
+        },
+    }
+
+
+def run_world(engine, kinds, world: dict[str, Any], events: list[ExpiryEvent], *, fast: bool) -> dict[str, Any]:
+    """Seed `world`, run the batch (with or without the fast path), snapshot, roll everything back."""
+    with engine.connect() as conn:
+        trans = conn.begin()
+        try:
+            seed(conn, world)
+            result = apply_batch(scope(conn, kinds), events, fast_path=fast)
+            return snapshot(conn, result)
+        finally:
+            trans.rollback()
+
+
+def release_event(subject: int | str, *, due_later: bool = False, attempt: int = 0, tenant: str = TENANT,
+                  ) -> ExpiryEvent:
+    due = NOW + timedelta(minutes=5) if due_later else NOW - timedelta(minutes=5)
+    return expiry_event(RELEASE, subject, tenant, due, source="publish", correlation_id=f"c-{subject}-{attempt}",
+                        attempt=attempt)
+
+
+events_strategy = st.lists(
+    st.builds(release_event,
+              st.one_of(st.integers(1, SUBJECTS), st.just("abc")),
+              due_later=st.booleans(),
+              attempt=st.integers(0, 1),
+              tenant=st.sampled_from([TENANT, TENANT, TENANT, "t2"])),
+    min_size=1, max_size=14)
+world_strategy = st.fixed_dictionaries({
+    "subjects": st.lists(st.tuples(st.sampled_from(BUSINESS), st.sampled_from([TENANT, TENANT, TENANT, "t2"])),
+                         min_size=SUBJECTS, max_size=SUBJECTS),
+    "ledger": st.lists(st.sampled_from(LEDGER), min_size=SUBJECTS, max_size=SUBJECTS),
+    "artifacts": st.booleans(),
+})
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(world=world_strategy, events=events_strategy)
+def test_fast_path_leaves_what_the_careful_path_leaves(db_url, world, events):
+    """Mixed batches — first deliveries, redeliveries of every ledger state, events not due, missing
+    subjects, other tenants, malformed subjects, external-effect kinds, duplicates in the batch — end
+    the same with the fast path as with the careful path alone."""
+    engine = _engine(db_url)
+    kinds = _kinds(db_url)
+    if world["artifacts"]:
+        events = [*events, expiry_event(DELETE, 1, TENANT, NOW - timedelta(minutes=1), source="sweep",
+                                        correlation_id="c-a1"),
+                  expiry_event(DELETE, 2, TENANT, NOW - timedelta(minutes=1), source="sweep", correlation_id="c-a2")]
+    careful = run_world(engine, kinds, world, events, fast=False)
+    fast = run_world(engine, kinds, world, events, fast=True)
+    assert fast == careful
+
+
+_ENGINES: dict[str, Any] = {}
+_KINDS: dict[str, Any] = {}
+
+
+def _engine(url: str):
+    if url not in _ENGINES:
+        _ENGINES.clear()
+        _KINDS.clear()
+        _ENGINES[url] = make_engine(url)
+    return _ENGINES[url]
+
+
+def _kinds(url: str):
+    if url not in _KINDS:
+        _KINDS[url] = demo_kinds(_engine(url))
+    return _KINDS[url]
+
+
+def test_first_deliveries_are_applied_with_one_transition_and_outcome_each(db_url):
+    """The common case: each due first delivery ends applied at attempt 1 with one transition
+    pending → applied and one outcome, as the careful path records it; in-batch duplicates are
+    counted on the row."""
+    engine = make_engine(db_url)
+    kinds = demo_kinds(engine)
+    with engine.begin() as conn:
+        conn.execute(insert(reservations), [reservation(rid) for rid in (1, 2, 3)])
+    events = [release_event(1), release_event(2), release_event(2), release_event(3)]
+    with engine.begin() as conn:
+        result = apply_batch(scope(conn, kinds), events)
+    assert sorted(result.applied) == [key(RELEASE, r) for r in (1, 2, 3)]
+    assert result.duplicates == 1
+    with engine.connect() as conn:
+        rows = {r.op_key: r for r in conn.execute(select(cleanup_ledger))}
+        steps = list(conn.execute(select(ledger_transitions.c.op_key, ledger_transitions.c.from_state,
+                                         ledger_transitions.c.to_state, ledger_transitions.c.attempt)))
+        outcomes = list(conn.execute(select(outbox.c.key, outbox.c.payload)))
+        released = conn.execute(select(reservations.c.status).order_by(reservations.c.id)).scalars().all()
+    assert {(k, r.state, r.attempt, r.duplicates, r.finished_at, r.claim_owner) for k, r in rows.items()} == {
+        (key(RELEASE, 1), "applied", 1, 0, NOW, None), (key(RELEASE, 2), "applied", 1, 1, NOW, None),
+        (key(RELEASE, 3), "applied", 1, 0, NOW, None)}
+    assert sorted(steps) == [(key(RELEASE, r), "pending", "applied", 1) for r in (1, 2, 3)]
+    assert sorted((k, p["status"], p["attempt"]) for k, p in outcomes) == [
+        (key(RELEASE, r), "applied", 1) for r in (1, 2, 3)]
+    assert released == ["released"] * 3
+
+
+def test_a_row_created_concurrently_leaves_its_event_to_the_careful_path(pg_url):
+    """Another transaction commits a ledger row for one op key after the fast path's probe: the
+    fast path's insert skips it (no effect runs for it there) and the careful path claims the row
+    and applies it, once."""
+    engine = make_engine(pg_url)
+    release = demo_kinds(engine)[RELEASE]
+    with engine.begin() as conn:
+        conn.execute(insert(reservations), [reservation(rid) for rid in (1, 2, 3)])
+    raced = release_event(2)
+    created: list[str] = []
+
+    def parse_after_a_rival(subject_id: str) -> Any:
+        """Parse as the kind does; on the first call (after the probe) a rival creates op key 2's row."""
+        if not created:
+            with engine.begin() as rival:
+                created.extend(insert_pending(rival, [raced], NOW - timedelta(seconds=1)))
+        return release.parse_subject(subject_id)
+
+    kinds = {RELEASE: replace(release, parse_subject=parse_after_a_rival)}
+    with engine.begin() as conn:
+        result = apply_batch(scope(conn, kinds), [release_event(1), raced, release_event(3)])
+    assert created == [raced.op_key]
+    assert sorted(result.applied) == [key(RELEASE, r) for r in (1, 2, 3)]
+    with engine.connect() as conn:
+        row = conn.execute(select(cleanup_ledger).where(cleanup_ledger.c.op_key == raced.op_key)).mappings().one()
+        steps = conn.execute(select(ledger_transitions.c.from_state, ledger_transitions.c.to_state).where(
+            ledger_transitions.c.op_key == raced.op_key)).all()
+        outcomes = conn.execute(select(outbox.c.key)).scalars().all()
+        assert conn.execute(select(reservations.c.status)).scalars().all() == ["released"] * 3
+    assert (row["state"], row["attempt"], row["created_at"]) == ("applied", 1, NOW - timedelta(seconds=1))
+    assert steps == [("pending", "applied")]
+    assert sorted(outcomes) == [key(RELEASE, r) for r in (1, 2, 3)]
+
+
+def test_a_row_being_created_concurrently_is_waited_for_and_absorbed(pg_url):
+    """A rival transaction holds an uncommitted ledger row for one op key and then applies it: the
+    fast path's insert waits for it, leaves that key out, and the redelivery is a duplicate."""
+    engine = make_engine(pg_url)
+    kinds = demo_kinds(engine)
+    with engine.begin() as conn:
+        conn.execute(insert(reservations), [reservation(rid) for rid in (1, 2)])
+    raced = release_event(2)
+    results: dict[str, BatchResult] = {}
+    with engine.connect() as rival:
+        trans = rival.begin()
+        insert_pending(rival, [raced], NOW)
+
+        def worker() -> None:
+            with engine.begin() as conn:
+                results["fast"] = apply_batch(scope(conn, kinds), [release_event(1), raced])
+
+        thread = threading.Thread(target=worker)
+        thread.start()
+        time.sleep(0.5)
+        assert thread.is_alive()  # waiting on the rival's row
+        results["rival"] = apply_batch(scope(rival, kinds, worker="w2"), [raced])
+        trans.commit()
+        thread.join(30)
+    assert results["rival"].applied == [raced.op_key]
+    assert (results["fast"].applied, results["fast"].duplicates) == ([key(RELEASE, 1)], 1)
+    with engine.connect() as conn:
+        assert conn.execute(select(reservations.c.status)).scalars().all() == ["released"] * 2
+        assert sorted(conn.execute(select(outbox.c.key)).scalars()) == [key(RELEASE, 1), raced.op_key]
+        assert conn.execute(select(cleanup_ledger.c.duplicates).where(
+            cleanup_ledger.c.op_key == raced.op_key)).scalar() == 1
+
+
+def test_a_business_row_that_changes_before_the_effect_goes_to_the_careful_path(db_url):
+    """A payment lands between the fast path's read and its effect: the effect changes nothing, the
+    fast path withdraws the row it wrote, and the careful path records the operation skipped, with
+    the same rows it records when the payment came first."""
+    engine = make_engine(db_url)
+    release = demo_kinds(engine)[RELEASE]
+    paid: list[int] = []
+
+    def pay_then_release(conn, ids, now):
+        if not paid:
+            conn.execute(update(reservations).where(reservations.c.id == 2).values(status="paid"))
+            paid.append(2)
+        return release.apply_in_db(conn, ids, now)
+
+    kinds = {RELEASE: replace(release, apply_in_db=pay_then_release)}
+    with engine.begin() as conn:
+        conn.execute(insert(reservations), [reservation(rid) for rid in (1, 2)])
+    with engine.begin() as conn:
+        result = apply_batch(scope(conn, kinds), [release_event(1), release_event(2)])
+    assert (result.applied, result.skipped) == ([key(RELEASE, 1)], [key(RELEASE, 2)])
+    with engine.connect() as conn:
+        state = {r.op_key: (r.state, r.attempt, r.finished_at) for r in conn.execute(select(cleanup_ledger))}
+        steps = sorted(conn.execute(select(ledger_transitions.c.op_key, ledger_transitions.c.to_state)).all())
+        outcomes = sorted((k, p["status"]) for k, p in conn.execute(select(outbox.c.key, outbox.c.payload)))
+    assert state == {key(RELEASE, 1): ("applied", 1, NOW), key(RELEASE, 2): ("skipped", 1, NOW)}
+    assert steps == [(key(RELEASE, 1), "applied"), (key(RELEASE, 2), "skipped")]
+    assert outcomes == [(key(RELEASE, 1), "applied"), (key(RELEASE, 2), "skipped")]
+
+
+def counted_statements(engine, kinds, n: int, *, fast: bool, first_id: int) -> list[str]:
+    """The statements one batch of `n` due first deliveries executes (apply_batch only)."""
+    with engine.begin() as conn:
+        conn.execute(insert(reservations), [reservation(first_id + i) for i in range(n)])
+    seen: list[str] = []
+
+    def count(_conn, _cursor, statement, _params, _context, _executemany):
+        seen.append(" ".join(statement.split()))
+
+    with engine.begin() as conn:
+        sa_event.listen(engine, "before_cursor_execute", count)
+        try:
+            result = apply_batch(scope(conn, kinds), [release_event(first_id + i) for i in range(n)],
+                                 fast_path=fast)
+        finally:
+            sa_event.remove(engine, "before_cursor_execute", count)
+    assert len(result.applied) == n
+    return seen
+
+
+def ledger_writes(statements: list[str]) -> list[str]:
+    return [s for s in statements
+            if s.split()[0] in ("INSERT", "UPDATE", "DELETE", "WITH") and "lapse_ledger" in s.split(" SELECT ")[0]]
+
+
+def test_a_batch_of_first_deliveries_takes_a_fixed_few_statements(db_url):
+    """N due first deliveries: the same few statements whatever N, and one write of the ledger
+    (each row inserted once, already applied); the careful path takes more and writes each row three
+    times (insert pending, claim, finish)."""
+    engine = make_engine(db_url)
+    kinds = demo_kinds(engine)
+    small = counted_statements(engine, kinds, 20, fast=True, first_id=1)
+    large = counted_statements(engine, kinds, 300, fast=True, first_id=1000)
+    careful = counted_statements(engine, kinds, 300, fast=False, first_id=5000)
+    assert len(small) == len(large)
+    assert len(large) == (5 if db_url.startswith("postgresql") else 6)  # SQLite: transitions, outbox apart
+    assert len(ledger_writes(large)) == 1 and ledger_writes(large)[0].startswith("INSERT INTO")
+    assert len(ledger_writes(careful)) == 3
+    assert len(careful) > len(large)
+
+
+def test_a_fast_and_a_careful_worker_racing_apply_each_key_once(pg_url):
+    """Two transactions take the same first deliveries at once, one on the fast path and one on the
+    careful path alone: each key is applied once, with one transition and one outcome. (The fast
+    path locks the ledger key before the business row, as the careful path does, so the two cannot
+    deadlock each other.)"""
+    engine = make_engine(pg_url)
+    kinds = demo_kinds(engine)
+    with engine.begin() as conn:
+        conn.execute(insert(reservations), [reservation(rid) for rid in range(1, 201)])
+    events = [release_event(rid) for rid in range(1, 201)]
+    results: dict[bool, BatchResult] = {}
+    barrier = threading.Barrier(2)
+
+    def worker(fast: bool) -> None:
+        barrier.wait()
+        with engine.begin() as conn:
+            results[fast] = apply_batch(scope(conn, kinds, worker=f"w-{fast}"), events, fast_path=fast)
+
+    threads = [threading.Thread(target=worker, args=(fast,)) for fast in (True, False)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert sorted(results[True].applied + results[False].applied) == sorted(e.op_key for e in events)
+    with engine.connect() as conn:
+        assert conn.execute(select(reservations.c.status)).scalars().all() == ["released"] * 200
+        assert sorted(conn.execute(select(outbox.c.key)).scalars()) == sorted(e.op_key for e in events)
+        assert sorted(conn.execute(select(ledger_transitions.c.op_key)).scalars()) == sorted(e.op_key for e in events)
