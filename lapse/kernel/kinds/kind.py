@@ -15,6 +15,7 @@ from sqlalchemy import Column, ColumnElement, Connection, Select, Table, case, f
 from sqlalchemy.sql.elements import NamedColumn
 from sqlalchemy.sql.util import find_tables
 
+from lapse.kernel.batch_sql import any_of
 from lapse.kernel.kinds.effects import EffectCall, HttpEffect, ObjectStoreEffect
 from lapse.kernel.ledger import has_settled_row, op_key
 
@@ -104,7 +105,7 @@ class CleanupKind:
         """Subjects still eligible whose due time is now in the future (a hold was extended after
         its event was produced): subject id → the new due time."""
         stmt = select(self.id_column, self.due_column).where(
-            self.id_column.in_(subjects), self.still_eligible, self.due_column > now)
+            any_of(conn, self.id_column, subjects, self.id_column.type), self.still_eligible, self.due_column > now)
         return {str(subject): due for subject, due in conn.execute(stmt)}
 
     @property
@@ -119,7 +120,7 @@ class CleanupKind:
             return {}
         eligible = case((self.still_eligible, true()), else_=false())
         stmt = select(self.id_column, self.tenant_column, self.due_column, eligible).where(
-            self.id_column.in_(subjects))
+            any_of(conn, self.id_column, subjects, self.id_column.type))
         return {str(subject): SubjectRow(str(tenant), due, bool(ok))
                 for subject, tenant, due, ok in conn.execute(stmt)}
 
