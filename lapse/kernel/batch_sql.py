@@ -45,10 +45,20 @@ def any_of(conn: Connection, column: ColumnElement[Any], values: Sequence[Any],
     return column.in_(list(values))
 
 
-def _json_default(value: Any) -> str:
-    if isinstance(value, (datetime, date)):
-        return value.isoformat()
-    raise TypeError(f"cannot send {type(value).__name__} in a batch")
+def _to_json(rows: Any) -> str:
+    """`rows` as JSON, dates and times as ISO 8601. A batch's rows share a few timestamps (the
+    batch's `now` in every row), so each distinct one is formatted once per call."""
+    formatted: dict[date, str] = {}
+
+    def default(value: Any) -> str:
+        if isinstance(value, (datetime, date)):
+            text = formatted.get(value)
+            if text is None:
+                text = formatted[value] = value.isoformat()
+            return text
+        raise TypeError(f"cannot send {type(value).__name__} in a batch")
+
+    return json.dumps(rows, default=default)
 
 
 def _recordset_select(name: str, cols: tuple[str, ...], param: str) -> str:
@@ -92,7 +102,7 @@ def bulk_insert_together(conn: Connection, batches: Sequence[tuple[Table, Sequen
                  for i, (name, (_, rows)) in enumerate(zip(names, batches, strict=True))]
         ctes = ", ".join(f"w{i} AS ({part})" for i, part in enumerate(parts[:-1]))
         sql = _TEMPLATES[key] = f"WITH {ctes} {parts[-1]}"
-    conn.execute(text(sql), {f"rows{i}": json.dumps(rows, default=_json_default)
+    conn.execute(text(sql), {f"rows{i}": _to_json(rows)
                              for i, (_, rows) in enumerate(batches)})
 
 
@@ -113,5 +123,5 @@ def bulk_insert(conn: Connection, table: Table, rows: Sequence[dict[str, Any]], 
         return []
     sql = _recordset_insert_sql(qualified_name(conn, table), tuple(rows[0]), ignore_conflicts,
                                 tuple(returning))
-    result = conn.execute(text(sql), {"rows": json.dumps(rows, default=_json_default)})
+    result = conn.execute(text(sql), {"rows": _to_json(rows)})
     return list(result.all()) if returning else []
