@@ -67,6 +67,10 @@ class InFlight(Generic[T]):
     def busy(self) -> bool:
         return self._batch is not None
 
+    def ready(self) -> bool:
+        """Whether `settle` would not wait: the batch's work has ended or waits for a call."""
+        return not self._calls.empty()
+
     def submit(self, messages: list[Message], decoded: Any, work: Callable[[], T]) -> None:
         """Start `work` for `messages` (decoded as `decoded`) on the batch thread; the slot must
         be free."""

@@ -36,6 +36,9 @@ log = get_logger("processor")
 # How long a worker that never got an assignment waits for the broker's metadata before it
 # reports the broker unreachable (`run(exit_when_idle=…)` only).
 BROKER_PROBE_S = 10.0
+# How long one wait for more records lasts while a batch is in flight (the worker then checks
+# whether that batch is done).
+TOP_UP_S = 0.005
 
 
 Decoded = tuple[list[ExpiryEvent], dict[str, Position], list[Poison]]  # what decode_batch returns
@@ -207,7 +210,19 @@ class CleanupWorker:
         return quiet >= idle_s + 2 * self.settings.processor.session_timeout_ms / 1000
 
     def _consume(self) -> list:
-        batch = self.consumer.consume(self.settings.processor.batch_size, self.settings.processor.poll_timeout_s)
+        """The next batch, batched by what arrives (up to `batch_size`): while a batch is in flight,
+        what arrives until it is done; with none in flight, what is already fetched, or else the
+        first record within `poll_timeout_s` and whatever came with it. Under a backlog every batch
+        is full; under a light load a record waits about one batch's time, not for a batch to fill."""
+        size = self.settings.processor.batch_size
+        batch = self.consumer.consume(size, 0)
+        if self.in_flight.busy:
+            while len(batch) < size and not self.in_flight.ready():
+                batch += self.consumer.consume(size - len(batch), TOP_UP_S)
+        elif not batch:
+            first = self.consumer.poll(self.settings.processor.poll_timeout_s)
+            if first is not None:
+                batch = [first, *(self.consumer.consume(size - 1, 0) if size > 1 else [])]
         messages = []
         for msg in batch:
             err = msg.error()

@@ -139,7 +139,8 @@ class ProcessorSettings(_Section):
     """The cleanup worker: batches, consumer timing, leases, the dead-letter circuit, effects."""
 
     batch_size: int = Field(500, ge=1, le=100_000, description="Records per processing batch.")
-    poll_timeout_s: float = Field(0.2, gt=0, description="Longest wait for a batch to fill.")
+    poll_timeout_s: float = Field(0.2, gt=0, description="Longest an idle worker waits for a record "
+                                  "before it checks its partitions (batches never wait to fill).")
     session_timeout_ms: int = Field(10_000, ge=1000, description="Kafka session.timeout.ms.")
     max_poll_interval_ms: int = Field(300_000, ge=1000, description="Kafka max.poll.interval.ms.")
     lease_seconds: float = Field(30.0, gt=0, description="Claim lease for effects outside the DB.")
