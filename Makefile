@@ -49,7 +49,7 @@ check: lint
 	$(BIN)/pytest -q tests/unit
 
 test: lint postgres kafka-jars
-	$(BIN)/pytest -m "not bench and not storm" -q
+	$(BIN)/pytest -n 2 -m "not bench and not storm" -q
 
 storm: venv postgres kafka-jars
 	$(BIN)/pytest -m storm -q -s tests/system/test_kill_storm.py

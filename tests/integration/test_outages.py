@@ -193,6 +193,7 @@ def test_every_role_rides_out_database_connections_terminated_in_a_loop(pipeline
     assert_applied_once_each(pipeline, 200)
 
 
+@pytest.mark.alone  # its bound is seconds after the connection: no second worker's load beside it
 def test_a_database_that_never_answers_fails_every_command_within_the_connect_timeout(kafka_bootstrap, tmp_path):
     """One command at a time, so each is timed from its own connection attempt (interpreter
     start-up before it varies with the machine's load; the connect timeout must not)."""
