@@ -16,7 +16,6 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from sqlalchemy import Connection, insert, select, update
-from sqlalchemy import event as sa_event
 
 from lapse.devtools.demo_tables import artifacts, reservations
 from lapse.kernel.kinds import CleanupKind
@@ -39,17 +38,20 @@ from lapse.kernel.models import cleanup_ledger, ledger_transitions, outbox
 from lapse.processors.rules import apply_batch
 from lapse.processors.scope import BatchResult
 from tests.fixtures.kinds import demo_kinds
-from tests.integration.test_first_delivery import (
+from tests.fixtures.settle import (
     DELETE,
     NOW,
     RELEASE,
     TENANT,
-    _engine,
-    _kinds,
+    assert_each_applied_once,
+    batch_statements,
     counted_statements,
+    engine_for,
     key,
+    kinds_for,
     ledger_row,
     ledger_writes,
+    race_fast_and_careful,
     release_event,
     reservation,
     scope,
@@ -199,8 +201,8 @@ def test_waiting_rows_end_as_on_the_careful_path(db_url, world, picks):
     expired leases, terminal rows, first deliveries, stale and arbitrary redeliveries, other
     tenants, malformed subjects, external-effect kinds and in-batch duplicates end the same with the
     fast path as with the careful path alone."""
-    engine = _engine(db_url)
-    kinds = _kinds(db_url)
+    engine = engine_for(db_url)
+    kinds = kinds_for(db_url)
     careful = run_world(engine, kinds, world, picks, fast=False)
     fast = run_world(engine, kinds, world, picks, fast=True)
     assert fast == careful
@@ -210,8 +212,8 @@ def test_swept_rows_are_applied_with_one_transition_and_outcome_each(db_url):
     """The common case: the sweep's rows, due, end applied at attempt 1 with one transition
     pending → applied and one outcome carrying the sweep's correlation id; a recheck row at attempt
     2 and a replayed row end at the careful path's attempts, with its replay id."""
-    engine = _engine(db_url)
-    kinds = _kinds(db_url)
+    engine = engine_for(db_url)
+    kinds = kinds_for(db_url)
     with engine.connect() as conn, conn.begin() as trans:
         conn.execute(insert(reservations), [reservation(rid) for rid in (1, 2, 3, 4, 5)])
         seed_ledger(conn, 4, "recheck")
@@ -246,7 +248,7 @@ def test_swept_rows_are_applied_with_one_transition_and_outcome_each(db_url):
 
 def test_an_undone_move_puts_the_row_back_exactly(db_url):
     """`restore_waiting` after `settle_waiting` leaves every column as it was."""
-    engine = _engine(db_url)
+    engine = engine_for(db_url)
     with engine.connect() as conn, conn.begin() as trans:
         seed_ledger(conn, 1, "recheck")
         seed_ledger(conn, 2, "replayed")
@@ -268,26 +270,14 @@ def swept_statements(engine, kinds, n: int, *, fast: bool, first_id: int) -> lis
     with engine.begin() as conn:
         emitted = [e for e in sweep(conn, kinds[RELEASE], SWEPT_AT) if int(e.subject_id) >= first_id]
     assert len(emitted) == n
-    seen: list[str] = []
-
-    def count(_conn, _cursor, statement, _params, _context, _executemany):
-        seen.append(" ".join(statement.split()))
-
-    with engine.begin() as conn:
-        sa_event.listen(engine, "before_cursor_execute", count)
-        try:
-            result = apply_batch(scope(conn, kinds), emitted, fast_path=fast)
-        finally:
-            sa_event.remove(engine, "before_cursor_execute", count)
-    assert len(result.applied) == n
-    return seen
+    return batch_statements(engine, kinds, emitted, fast=fast)
 
 
 def test_a_batch_of_swept_rows_takes_a_fixed_few_statements(db_url):
     """N due swept events: the same few statements whatever N, and one write of the ledger (each
     row moved once, pending → applied); the careful path takes more and writes each row three times
     (insert pending, a no-op here; claim; finish)."""
-    engine = _engine(db_url)
+    engine = engine_for(db_url)
     kinds = demo_kinds(engine)
     small = swept_statements(engine, kinds, 20, fast=True, first_id=1)
     large = swept_statements(engine, kinds, 300, fast=True, first_id=1000)
@@ -305,8 +295,8 @@ def test_a_business_row_that_changes_before_the_effect_is_undone_and_skipped(db_
     """A payment lands between the fast path's read and its effect on a swept row: the move is
     undone and the careful path records the operation skipped, with the rows it records when the
     payment came first."""
-    engine = _engine(db_url)
-    release = _kinds(db_url)[RELEASE]
+    engine = engine_for(db_url)
+    release = kinds_for(db_url)[RELEASE]
     paid: list[int] = []
 
     def pay_then_release(conn, ids, now):
@@ -342,8 +332,8 @@ def test_a_row_that_moves_away_and_back_under_the_fast_path_goes_to_the_careful_
     and an operator's replay (pending again, due, attempt 0, a replay id): the fast path sees the
     row it moved is not the one it probed, undoes the move, and the careful path applies it at the
     attempt the row then has."""
-    engine = _engine(pg_url)
-    release = _kinds(pg_url)[RELEASE]
+    engine = engine_for(pg_url)
+    release = kinds_for(pg_url)[RELEASE]
     with engine.begin() as conn:
         conn.execute(insert(reservations), [reservation(rid) for rid in (1, 2)])
         seed_ledger(conn, 2, "recheck")  # attempt 2
@@ -378,8 +368,8 @@ def test_a_row_that_moves_away_and_back_under_the_fast_path_goes_to_the_careful_
 def test_a_row_claimed_concurrently_is_waited_for_and_absorbed(pg_url):
     """A rival transaction claims a swept row and applies it while the fast path runs: the fast
     path's move waits for it, leaves that key out, and the event is a duplicate."""
-    engine = _engine(pg_url)
-    kinds = _kinds(pg_url)
+    engine = engine_for(pg_url)
+    kinds = kinds_for(pg_url)
     with engine.begin() as conn:
         conn.execute(insert(reservations), [reservation(rid) for rid in (1, 2)])
         emitted = sweep(conn, kinds[RELEASE], SWEPT_AT)
@@ -410,28 +400,10 @@ def test_a_fast_and_a_careful_worker_racing_on_swept_rows_apply_each_key_once(pg
     """Two transactions take the same swept events at once, one on the fast path and one on the
     careful path alone: each key is applied once, with one transition and one outcome, and neither
     deadlocks (both lock the ledger row before the business row)."""
-    engine = _engine(pg_url)
-    kinds = _kinds(pg_url)
+    engine = engine_for(pg_url)
+    kinds = kinds_for(pg_url)
     with engine.begin() as conn:
         conn.execute(insert(reservations), [reservation(rid) for rid in range(1, 201)])
         events = sweep(conn, kinds[RELEASE], SWEPT_AT)
     random.Random(3).shuffle(events)
-    results: dict[bool, BatchResult] = {}
-    barrier = threading.Barrier(2)
-
-    def worker(fast: bool) -> None:
-        barrier.wait()
-        with engine.begin() as conn:
-            results[fast] = apply_batch(scope(conn, kinds, worker=f"w-{fast}"), events, fast_path=fast)
-
-    threads = [threading.Thread(target=worker, args=(fast,)) for fast in (True, False)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(60)
-    assert sorted(results[True].applied + results[False].applied) == sorted(e.op_key for e in events)
-    with engine.connect() as conn:
-        assert conn.execute(select(reservations.c.status)).scalars().all() == ["released"] * 200
-        assert sorted(conn.execute(select(outbox.c.key)).scalars()) == sorted(e.op_key for e in events)
-        assert sorted(conn.execute(select(ledger_transitions.c.op_key).where(
-            ledger_transitions.c.to_state == "applied")).scalars()) == sorted(e.op_key for e in events)
+    assert_each_applied_once(engine, race_fast_and_careful(engine, kinds, events), events)

@@ -5,18 +5,14 @@ a fixed number of statements."""
 
 from __future__ import annotations
 
-import json
-import random
 import threading
 import time
-from collections import defaultdict
 from dataclasses import replace
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 from typing import Any
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from sqlalchemy import event as sa_event
 from sqlalchemy import insert, select, update
 
 from lapse.devtools.demo_tables import artifacts, reservations
@@ -24,51 +20,33 @@ from lapse.kernel.database import make_engine
 from lapse.kernel.ledger import ExpiryEvent, expiry_event, insert_pending
 from lapse.kernel.models import cleanup_ledger, ledger_transitions, outbox
 from lapse.processors.rules import apply_batch
-from lapse.processors.scope import BatchResult, BatchScope
+from lapse.processors.scope import BatchResult
 from tests.fixtures.kinds import demo_kinds
-from tests.fixtures.topology import repo_topology
+from tests.fixtures.settle import (
+    DELETE,
+    NOW,
+    RELEASE,
+    TENANT,
+    assert_each_applied_once,
+    counted_statements,
+    engine_for,
+    key,
+    kinds_for,
+    ledger_row,
+    ledger_writes,
+    race_fast_and_careful,
+    release_event,
+    reservation,
+    scope,
+    snapshot,
+)
 
-NOW = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
-LEASE = timedelta(seconds=30)
-TENANT = "t1"
-TOPOLOGY = repo_topology()
-RELEASE, DELETE = "release-reservation", "artifact-delete"
 SUBJECTS = 6  # reservation ids 1..6 (artifact ids 1..2)
 
 # What each subject is, before the batch: its business row, and the ledger row its op key has.
 BUSINESS = ["missing", "due", "due", "later", "paid"]
 LEDGER = [None, None, None, "pending", "pending_later", "applied", "skipped", "dead_letter",
           "retry_scheduled", "claimed_expired", "claimed_live"]
-
-
-def key(kind: str, subject: int | str) -> str:
-    return f"{kind}:{subject}"
-
-
-def scope(conn, kinds, worker: str = "w1") -> BatchScope:
-    return BatchScope(conn, kinds=kinds, topics=TOPOLOGY, worker=worker, now=NOW, lease=LEASE,
-                      rng=random.Random(7))
-
-
-def reservation(rid: int, status: str = "held", tenant: str = TENANT,
-                expires_at: datetime = NOW - timedelta(minutes=10)) -> dict[str, Any]:
-    return {"id": rid, "tenant": tenant, "status": status, "expires_at": expires_at}
-
-
-def ledger_row(kind: str, subject: int, state: str) -> dict[str, Any]:
-    """A ledger row as earlier work would have left it (`pending_later`: waiting for its event's
-    far-off due time; `claimed_*`: another worker's lease, expired or live)."""
-    due = NOW + timedelta(hours=1) if state == "pending_later" else NOW - timedelta(minutes=5)
-    claimed = state.startswith("claimed")
-    row = {"op_key": key(kind, subject), "kind": kind, "tenant": TENANT, "subject_id": str(subject),
-           "state": "claimed" if claimed else state.removesuffix("_later"), "attempt": 1, "due_at": due,
-           "correlation_id": f"old-{subject}", "source": "sweep", "duplicates": 0,
-           "created_at": NOW - timedelta(hours=2), "updated_at": NOW - timedelta(hours=2),
-           "claim_owner": "w-other" if claimed else None,
-           "claim_until": (NOW + timedelta(seconds=20) if state == "claimed_live" else NOW - timedelta(seconds=20))
-           if claimed else None,
-           "finished_at": NOW - timedelta(hours=1) if state in ("applied", "skipped", "dead_letter") else None}
-    return row
 
 
 def seed(conn, world: dict[str, Any]) -> None:
@@ -88,33 +66,6 @@ def seed(conn, world: dict[str, Any]) -> None:
              "retain_until": NOW - timedelta(minutes=1)} for a in (1, 2)])
 
 
-def snapshot(conn, result: BatchResult) -> dict[str, Any]:
-    """Everything a batch leaves: rows of every table it writes (ids and insertion order aside)
-    and its result, sorted."""
-    transitions: dict[str, list[tuple[Any, ...]]] = defaultdict(list)
-    for t in conn.execute(select(ledger_transitions).order_by(ledger_transitions.c.id)).mappings():
-        transitions[t["op_key"]].append(tuple(v for k, v in t.items() if k != "id"))
-    return {
-        "ledger": [dict(r) for r in conn.execute(select(cleanup_ledger).order_by(cleanup_ledger.c.op_key)).mappings()],
-        "reservations": [dict(r) for r in conn.execute(select(reservations).order_by(reservations.c.id)).mappings()],
-        "artifacts": [dict(r) for r in conn.execute(select(artifacts).order_by(artifacts.c.id)).mappings()],
-        "outbox": sorted((o.topic, o.key, o.schema, json.dumps(o.payload, sort_keys=True),
-                          json.dumps(o.headers, sort_keys=True), o.created_at, o.sent_at)
-                         for o in conn.execute(select(outbox))),
-        "transitions": dict(transitions),
-        "result": {
-            "applied": sorted(result.applied), "skipped": sorted(result.skipped),
-            "dead_lettered": sorted(result.dead_lettered), "duplicates": result.duplicates,
-            "conflicts": sorted(result.conflicts), "retried": sorted(result.retried),
-            "rescheduled": sorted(result.rescheduled), "lost": sorted(result.lost),
-            "not_due": sorted((e.op_key, e.due_at, e.attempt) for e in result.not_due),
-            "backed_off": sorted((e.op_key, e.due_at, e.attempt) for e in result.backed_off),
-            "leased": sorted(e.op_key for e in result.leased),
-            "targets": result.targets, "attempts": result.attempts,
-        },
-    }
-
-
 def run_world(engine, kinds, world: dict[str, Any], events: list[ExpiryEvent], *, fast: bool) -> dict[str, Any]:
     """Seed `world`, run the batch (with or without the fast path), snapshot, roll everything back."""
     with engine.connect() as conn:
@@ -125,13 +76,6 @@ def run_world(engine, kinds, world: dict[str, Any], events: list[ExpiryEvent], *
             return snapshot(conn, result)
         finally:
             trans.rollback()
-
-
-def release_event(subject: int | str, *, due_later: bool = False, attempt: int = 0, tenant: str = TENANT,
-                  ) -> ExpiryEvent:
-    due = NOW + timedelta(minutes=5) if due_later else NOW - timedelta(minutes=5)
-    return expiry_event(RELEASE, subject, tenant, due, source="publish", correlation_id=f"c-{subject}-{attempt}",
-                        attempt=attempt)
 
 
 events_strategy = st.lists(
@@ -155,8 +99,8 @@ def test_fast_path_leaves_what_the_careful_path_leaves(db_url, world, events):
     """Mixed batches — first deliveries, redeliveries of every ledger state, events not due, missing
     subjects, other tenants, malformed subjects, external-effect kinds, duplicates in the batch — end
     the same with the fast path as with the careful path alone."""
-    engine = _engine(db_url)
-    kinds = _kinds(db_url)
+    engine = engine_for(db_url)
+    kinds = kinds_for(db_url)
     if world["artifacts"]:
         events = [*events, expiry_event(DELETE, 1, TENANT, NOW - timedelta(minutes=1), source="sweep",
                                         correlation_id="c-a1"),
@@ -164,24 +108,6 @@ def test_fast_path_leaves_what_the_careful_path_leaves(db_url, world, events):
     careful = run_world(engine, kinds, world, events, fast=False)
     fast = run_world(engine, kinds, world, events, fast=True)
     assert fast == careful
-
-
-_ENGINES: dict[str, Any] = {}
-_KINDS: dict[str, Any] = {}
-
-
-def _engine(url: str):
-    if url not in _ENGINES:
-        _ENGINES.clear()
-        _KINDS.clear()
-        _ENGINES[url] = make_engine(url)
-    return _ENGINES[url]
-
-
-def _kinds(url: str):
-    if url not in _KINDS:
-        _KINDS[url] = demo_kinds(_engine(url))
-    return _KINDS[url]
 
 
 def test_first_deliveries_are_applied_with_one_transition_and_outcome_each(db_url):
@@ -308,31 +234,6 @@ def test_a_business_row_that_changes_before_the_effect_goes_to_the_careful_path(
     assert outcomes == [(key(RELEASE, 1), "applied"), (key(RELEASE, 2), "skipped")]
 
 
-def counted_statements(engine, kinds, n: int, *, fast: bool, first_id: int) -> list[str]:
-    """The statements one batch of `n` due first deliveries executes (apply_batch only)."""
-    with engine.begin() as conn:
-        conn.execute(insert(reservations), [reservation(first_id + i) for i in range(n)])
-    seen: list[str] = []
-
-    def count(_conn, _cursor, statement, _params, _context, _executemany):
-        seen.append(" ".join(statement.split()))
-
-    with engine.begin() as conn:
-        sa_event.listen(engine, "before_cursor_execute", count)
-        try:
-            result = apply_batch(scope(conn, kinds), [release_event(first_id + i) for i in range(n)],
-                                 fast_path=fast)
-        finally:
-            sa_event.remove(engine, "before_cursor_execute", count)
-    assert len(result.applied) == n
-    return seen
-
-
-def ledger_writes(statements: list[str]) -> list[str]:
-    return [s for s in statements
-            if s.split()[0] in ("INSERT", "UPDATE", "DELETE", "WITH") and "lapse_ledger" in s.split(" SELECT ")[0]]
-
-
 def test_a_batch_of_first_deliveries_takes_a_fixed_few_statements(db_url):
     """N due first deliveries: the same few statements whatever N, and one write of the ledger
     (each row inserted once, already applied); the careful path takes more and writes each row three
@@ -359,21 +260,4 @@ def test_a_fast_and_a_careful_worker_racing_apply_each_key_once(pg_url):
     with engine.begin() as conn:
         conn.execute(insert(reservations), [reservation(rid) for rid in range(1, 201)])
     events = [release_event(rid) for rid in range(1, 201)]
-    results: dict[bool, BatchResult] = {}
-    barrier = threading.Barrier(2)
-
-    def worker(fast: bool) -> None:
-        barrier.wait()
-        with engine.begin() as conn:
-            results[fast] = apply_batch(scope(conn, kinds, worker=f"w-{fast}"), events, fast_path=fast)
-
-    threads = [threading.Thread(target=worker, args=(fast,)) for fast in (True, False)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(60)
-    assert sorted(results[True].applied + results[False].applied) == sorted(e.op_key for e in events)
-    with engine.connect() as conn:
-        assert conn.execute(select(reservations.c.status)).scalars().all() == ["released"] * 200
-        assert sorted(conn.execute(select(outbox.c.key)).scalars()) == sorted(e.op_key for e in events)
-        assert sorted(conn.execute(select(ledger_transitions.c.op_key)).scalars()) == sorted(e.op_key for e in events)
+    assert_each_applied_once(engine, race_fast_and_careful(engine, kinds, events), events)
