@@ -2,7 +2,8 @@
 
 Per one-minute tumbling window (of the outcome's time) it counts outcomes by kind and status and
 dead letters by kind and failure class; over all time it keeps attempts per completion and a
-latency histogram (due time → applied) per kind, from which the view reads p50/p95/p99. Records are
+latency histogram (due time → applied) per kind, from which the view reads p50/p95/p99 (served by
+Faust's web server at `runtime.web_bind`, 127.0.0.1 unless configured). Records are
 read in batches with `stream.take()` and decoded with lapse.kernel.codec.
 
 Tables use the key partitioner, so a key's changelog partition does not depend on the partition
@@ -137,6 +138,7 @@ def build_app(settings: Settings, options: AnalyticsOptions, partitions: int) ->
     app = faust.App(
         options.app_id, broker=f"kafka://{settings.kafka.bootstrap_servers}", store="memory://",
         key_serializer="json", value_serializer="json", datadir=str(options.data_dir), web_port=options.web_port,
+        web_bind=settings.runtime.web_bind,
         topic_partitions=partitions, topic_replication_factor=options.replication_factor,
         consumer_auto_offset_reset="earliest", topic_disable_leader=True,
         broker_session_timeout=settings.processor.session_timeout_ms / 1000,

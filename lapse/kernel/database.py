@@ -66,14 +66,16 @@ def make_engine(url: str, *, schema: str = DEFAULT_SCHEMA, pool_size: int = 5,
     `statement_timeout_s` (None: no limit), so a database that accepts connections and never
     answers fails fast instead of hanging; a URL that sets either itself keeps its own. Without
     `pre_ping` a pooled connection is not tested (a round trip) before each use: for a caller that
-    treats a dead connection's error as an outage and retries, such as the cleanup worker."""
+    treats a dead connection's error as an outage and retries, such as the cleanup worker.
+    Bound parameters are hidden from errors and logs (`hide_parameters`): they carry business
+    identifiers and payloads, which a crash line or traceback must not print."""
     options = {"schema_translate_map": {SCHEMA: effective_schema(url, schema)}}
     parsed = make_url(url)
     if parsed.get_backend_name() == "sqlite":
         if parsed.database and parsed.database != ":memory:":
             Path(parsed.database).parent.mkdir(parents=True, exist_ok=True)
         engine = create_engine(url, connect_args={"timeout": 30, "isolation_level": None},
-                               execution_options=options)
+                               execution_options=options, hide_parameters=True)
 
         @event.listens_for(engine, "connect")
         def _sqlite_pragmas(dbapi_conn: DBAPIConnection, _record: ConnectionPoolEntry) -> None:
@@ -90,7 +92,7 @@ def make_engine(url: str, *, schema: str = DEFAULT_SCHEMA, pool_size: int = 5,
 
         return engine
     return create_engine(url, pool_size=pool_size, max_overflow=pool_size, pool_pre_ping=pre_ping,
-                         execution_options=options,
+                         execution_options=options, hide_parameters=True,
                          connect_args=_timeouts(parsed.query, connect_timeout_s, statement_timeout_s))
 
 

@@ -12,18 +12,22 @@ so the clients are configured in one place.
 from __future__ import annotations
 
 import difflib
+import ipaddress
 import os
+import re
 import socket
 from collections.abc import Mapping
 from contextvars import ContextVar
 from pathlib import Path
 from typing import Any, Literal
+from urllib.parse import unquote, urlsplit, urlunsplit
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from lapse.kernel import package_files
 from lapse.kernel.config_file import CONFIG_ENV_VAR, ConfigFileSource, choose_config_file, file_keys
+from lapse.kernel.masking import is_secret_key
 from lapse.kernel.topology import Topology, load_topology
 
 ENV_PREFIX = "LAPSE_"
@@ -33,6 +37,10 @@ TEST_ENV_PREFIX = "LAPSE_TEST_"
 # topics.yaml come from the installed package (lapse.kernel.package_files).
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_STATE_DIR = Path(".lapse")
+# Where endpoints listen unless configured: this host only.
+LOOPBACK = "127.0.0.1"
+_LABEL = r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
+_HOST_NAME = re.compile(rf"(?=.{{1,253}}$){_LABEL}(?:\.{_LABEL})*")
 
 
 def default_worker_id() -> str:
@@ -40,6 +48,18 @@ def default_worker_id() -> str:
     claim_owner column (host names may be up to 255 bytes and not all ASCII)."""
     host = "".join(c if "!" <= c <= "~" else "_" for c in socket.gethostname())[:100] or "host"
     return f"{host}-{os.getpid()}"
+
+
+def bind_address(value: str) -> str:
+    """A listening address: an IPv4 or IPv6 literal or a host name (one line of error otherwise)."""
+    value = value.strip()
+    try:
+        return str(ipaddress.ip_address(value.strip("[]")))
+    except ValueError:
+        pass
+    if not _HOST_NAME.fullmatch(value):
+        raise ValueError("must be an IP address (127.0.0.1, 0.0.0.0, ::) or a host name")
+    return value
 
 
 def _path_text(path: Path | None) -> str | None:
@@ -64,7 +84,11 @@ class KafkaSettings(_Section):
     ssl_certificate_location: Path | None = Field(None, description="Kafka ssl.certificate.location.")
     ssl_key_location: Path | None = Field(None, description="Kafka ssl.key.location.")
     ssl_key_password: SecretStr | None = Field(None, description="Kafka ssl.key.password.")
-    extra: dict[str, str] = Field(default_factory=dict, description="Extra librdkafka settings as a JSON object.")
+    extra: dict[str, str | SecretStr] = Field(
+        default_factory=dict,
+        description="Extra librdkafka settings as a JSON object; the value of a key naming a password, "
+                    "secret, token or key (ssl.keystore.password, sasl.oauthbearer.client.secret…) is kept "
+                    "as a secret.")
 
     @field_validator("bootstrap_servers")
     @classmethod
@@ -72,6 +96,13 @@ class KafkaSettings(_Section):
         if not value.strip():
             raise ValueError("must name at least one host:port")
         return value.strip()
+
+    @field_validator("extra")
+    @classmethod
+    def _extra_secrets_hidden(cls, value: dict[str, str | SecretStr]) -> dict[str, str | SecretStr]:
+        """Hold the value of every secret-named key as a SecretStr, so repr, str and model_dump(_json)
+        never show it; `client_config()` passes the real value on."""
+        return {key: SecretStr(v) if isinstance(v, str) and is_secret_key(key) else v for key, v in value.items()}
 
     def client_config(self) -> dict[str, Any]:
         """librdkafka settings shared by producers, consumers and admin clients."""
@@ -89,8 +120,13 @@ class KafkaSettings(_Section):
             "ssl.key.password": self.ssl_key_password.get_secret_value() if self.ssl_key_password else None,
         }
         conf.update({k: v for k, v in optional.items() if v is not None})
-        conf.update(self.extra)
+        conf.update({k: v.get_secret_value() if isinstance(v, SecretStr) else v for k, v in self.extra.items()})
         return conf
+
+    def secret_values(self) -> list[str]:
+        """The plain values of every Kafka secret (for masking them wherever they might be printed)."""
+        secrets = [self.sasl_password, self.ssl_key_password, *self.extra.values()]
+        return [s.get_secret_value() for s in secrets if isinstance(s, SecretStr) and s.get_secret_value()]
 
 
 class SchemaSettings(_Section):
@@ -100,6 +136,28 @@ class SchemaSettings(_Section):
     registry_url: str | None = Field(
         None, description="Confluent schema registry URL; unset means Avro single-object encoding.")
     registry_auth: SecretStr | None = Field(None, description="Schema registry basic auth as user:password.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _credentials_out_of_the_url(cls, data: Any) -> Any:
+        """`https://user:password@registry` becomes that URL without its credentials plus `registry_auth`
+        (unless set too), so the URL — which messages and logs print — never carries a password."""
+        if not isinstance(data, dict) or not isinstance(data.get("registry_url"), str):
+            return data
+        url = data["registry_url"]
+        try:
+            parts = urlsplit(url)
+            user, password, host = parts.username, parts.password, parts.hostname
+        except ValueError:
+            raise ValueError("registry_url is not a URL") from None
+        if user is None and password is None:
+            return data
+        if host is None:
+            raise ValueError("registry_url has credentials but no host")
+        netloc = parts.netloc.rpartition("@")[2]
+        plain = urlunsplit(parts._replace(netloc=netloc))
+        auth = data.get("registry_auth") or f"{unquote(user or '')}:{unquote(password or '')}"
+        return {**data, "registry_url": plain, "registry_auth": auth}
 
 
 class DatabaseSettings(_Section):
@@ -183,7 +241,7 @@ class ReportSettings(_Section):
 
 
 class RuntimeSettings(_Section):
-    """This process: its identity, logs and metrics endpoint."""
+    """This process: its identity, logs, and where its endpoints (metrics, analytics web) listen."""
 
     worker_id: str = Field(default_factory=default_worker_id, min_length=1, max_length=128,
                            pattern=r"^[\x21-\x7e]+$",
@@ -191,6 +249,16 @@ class RuntimeSettings(_Section):
     log_level: str = Field("INFO", description="Log level.")
     log_format: Literal["json", "text"] = Field("json", description="Log line format.")
     metrics_port: int | None = Field(None, description="Serve Prometheus metrics on this port.")
+    metrics_bind: str = Field(
+        LOOPBACK, description="Address the metrics endpoint listens on (0.0.0.0: every interface, for a "
+                              "scraper in another host or container).")
+    web_bind: str = Field(
+        LOOPBACK, description="Address the analytics web server (Faust) listens on (0.0.0.0: every interface).")
+
+    @field_validator("metrics_bind", "web_bind")
+    @classmethod
+    def _bind_address(cls, value: str) -> str:
+        return bind_address(value)
 
 
 class DevSettings(_Section):
@@ -287,18 +355,25 @@ def known_env_vars() -> set[str]:
             for name in info.annotation.model_fields}  # type: ignore[union-attr]
 
 
+# `LAPSE_*` variables that are not settings: the config file's name, and what the test suite reads
+# (tests/fixtures: an existing cluster, the PostgreSQL admin URL). Every `LAPSE_TEST_*` name is the
+# test suite's (no settings section is called `test`), so no deployment variable hides behind it.
+NON_SETTING_ENV_VARS = frozenset({CONFIG_ENV_VAR, "LAPSE_TEST_BOOTSTRAP_SERVERS", "LAPSE_TEST_DATABASE_URL"})
+
+
 def check_environment(environ: Mapping[str, str]) -> None:
     """Raise UnknownSetting for the first `LAPSE_*` variable that sets nothing, naming the closest
-    known one. `LAPSE_TEST_*` belongs to the test suite, not to Settings; `LAPSE_CONFIG` names the
-    config file."""
+    known one. Names are compared upper-cased, as pydantic-settings reads them whatever their case.
+    NON_SETTING_ENV_VARS and `LAPSE_TEST_*` are not settings and pass."""
     known = known_env_vars()
     for var in sorted(environ):
-        if var == CONFIG_ENV_VAR:
+        name = var.upper()
+        if not name.startswith(ENV_PREFIX) or name in known or name in NON_SETTING_ENV_VARS \
+                or name.startswith(TEST_ENV_PREFIX):
             continue
-        if var.startswith(ENV_PREFIX) and not var.startswith(TEST_ENV_PREFIX) and var not in known:
-            close = difflib.get_close_matches(var, known, n=1, cutoff=0.6)
-            hint = f"; did you mean {close[0]}?" if close else ""
-            raise UnknownSetting(f"unknown setting {var}{hint}")
+        close = difflib.get_close_matches(name, sorted(known | {CONFIG_ENV_VAR}), n=1, cutoff=0.6)
+        hint = f"; did you mean {close[0]}?" if close else ""
+        raise UnknownSetting(f"unknown setting {var}{hint}")
 
 
 # The config file of the Settings being built: set by load_settings around the constructor and read by

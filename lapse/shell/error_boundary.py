@@ -291,8 +291,9 @@ def _secrets(settings: Settings | None) -> list[str]:
         return []
     from urllib.parse import unquote, urlsplit
 
-    values = [s.get_secret_value() for s in (settings.kafka.sasl_password, settings.kafka.ssl_key_password,
-                                             settings.schemas.registry_auth) if s is not None]
+    values = settings.kafka.secret_values()  # SASL and SSL passwords, secret-named `kafka.extra` values
+    if settings.schemas.registry_auth is not None:
+        values.append(settings.schemas.registry_auth.get_secret_value())
     try:
         password = urlsplit(settings.database.url_plain()).password
     except ValueError:

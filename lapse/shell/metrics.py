@@ -1,7 +1,8 @@
-"""The Prometheus endpoint of every long-running Lapse process, served on `metrics_port`, and the
-alarm gauges the monitor role sets from `lapse status` figures (`observe_status`). The processor's
-batch counters are defined in its room (`lapse.processors.metrics`). In `lapse run` each role
-serves on metrics_port plus its index, since every role is its own process.
+"""The Prometheus endpoint of every long-running Lapse process, served on `metrics_port` at
+`metrics_bind` (127.0.0.1 unless configured: this host only), and the alarm gauges the monitor role
+sets from `lapse status` figures (`observe_status`). The processor's batch counters are defined in
+its room (`lapse.processors.metrics`). In `lapse run` each role serves on metrics_port plus its
+index, since every role is its own process.
 """
 
 from __future__ import annotations
@@ -30,14 +31,15 @@ _served: set[int] = set()
 
 
 def serve(settings: Settings, offset: int = 0) -> int | None:
-    """Serve /metrics on settings.runtime.metrics_port + offset (once per process); None when unset."""
+    """Serve /metrics on settings.runtime.metrics_port + offset (once per process) at
+    settings.runtime.metrics_bind (127.0.0.1 unless configured); None when no port is set."""
     if settings.runtime.metrics_port is None:
         return None
     port = settings.runtime.metrics_port + offset
     if port not in _served:
-        start_http_server(port)
+        start_http_server(port, addr=settings.runtime.metrics_bind)
         _served.add(port)
-        log.info("metrics served", extra={"port": port})
+        log.info("metrics served", extra={"port": port, "bind": settings.runtime.metrics_bind})
     return port
 
 
