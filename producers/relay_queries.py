@@ -7,6 +7,7 @@ from typing import Any
 
 from sqlalchemy import Connection, delete, select, update
 
+from lapse.kernel.batch_sql import any_of
 from lapse.kernel.models import outbox
 
 
@@ -25,7 +26,9 @@ def lock_unsent(conn: Connection, limit: int) -> list[Any]:
 
 
 def mark_sent(conn: Connection, ids: list[int], now: datetime) -> None:
-    conn.execute(update(outbox).where(outbox.c.id.in_(ids)).values(sent_at=now))
+    """Mark the published rows sent: their ids as one array parameter, so the statement's text is
+    the same for every batch (an IN list of one placeholder per row was parsed again each time)."""
+    conn.execute(update(outbox).where(any_of(conn, outbox.c.id, ids)).values(sent_at=now))
 
 
 def purge_sent(conn: Connection, before: datetime) -> int:
