@@ -8,8 +8,9 @@ cluster from it is `lapse.kernel.provisioning`.
 
 from __future__ import annotations
 
+import logging
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -22,7 +23,16 @@ _UNIT_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
 _TOPIC_KEYS = {"role", "partitions", "replication_factor", "retention", "config", "groups",
                "manual_readers", "delay_seconds"}
 TOPIC_ROLES = ("expiry", "outcomes", "dlq")
-GROUP_ROLES = ("cleanup", "delay", "analytics", "reports")
+GROUP_ROLES = ("cleanup", "delay", "analytics")
+# Group roles an older topics.yaml may still name although nothing consumes as them any more
+# (`reports`: the daily report reads the ledger, not a topic). Such a file is accepted: the role
+# and its group name in topic group lists are dropped, with one warning, so `lapse status` shows
+# no lag of a group that never reads.
+RETIRED_GROUP_ROLES = ("reports",)
+
+# logging directly, as `lapse.kernel.logs.get_logger` names it: that module imports the settings,
+# which import this one
+log = logging.getLogger("lapse.topology")
 
 
 class TopicsFileError(ValueError):
@@ -59,7 +69,6 @@ class Groups:
     cleanup: str
     delay: str
     analytics: str
-    reports: str
 
 
 @dataclass(frozen=True)
@@ -191,14 +200,22 @@ def _topic(path: Path, declared: Any, body: Any, prefix: str, default_rf: int,
     )
 
 
-def _groups(path: Path, doc: dict[str, Any], prefix: str) -> Groups:
+def _groups(path: Path, doc: dict[str, Any], prefix: str) -> tuple[Groups, set[str]]:
+    """The group of each role, and the names of retired roles' groups the file still declares."""
     declared = doc.get("groups")
-    if not isinstance(declared, dict) or set(declared) != set(GROUP_ROLES):
+    if not isinstance(declared, dict) or not set(GROUP_ROLES) <= set(declared) <= {
+            *GROUP_ROLES, *RETIRED_GROUP_ROLES}:
         raise _fail(path, "groups", f"must name the group of each role: {', '.join(GROUP_ROLES)}")
     for role, name in declared.items():
         if not isinstance(name, str) or not _NAME.fullmatch(prefix + name):
             raise _fail(path, f"groups.{role}", "group names use only letters, digits, '.', '_' and '-'")
-    return Groups(**{role: prefix + name for role, name in declared.items()})
+    live = {role: prefix + declared[role] for role in GROUP_ROLES}
+    retired = {prefix + declared[role] for role in RETIRED_GROUP_ROLES if role in declared}
+    for role in RETIRED_GROUP_ROLES:
+        if role in declared:
+            log.warning("%s: groups.%s (%s) is no longer used and is ignored; remove it and its name from "
+                        "the topics' groups lists", path, role, declared[role])
+    return Groups(**live), retired - set(live.values())
 
 
 def _by_role(path: Path, specs: list[TopicSpec], role: str) -> str:
@@ -225,15 +242,16 @@ def load_topology(path: Path, prefix: str = "", replication_factor: int | None =
     default_config = _config(path, "defaults.config", defaults.get("config"))
     if replication_factor is not None:
         _positive_int(path, "replication factor override", replication_factor)
-    groups = _groups(path, doc, prefix)
+    groups, retired = _groups(path, doc, prefix)
     specs = [_topic(path, declared, body, prefix, default_rf, default_config, replication_factor)
              for declared, body in doc["topics"].items()]
     known = set(vars(groups).values())
     for spec in specs:
-        unknown = sorted(set(spec.groups) - known)
+        unknown = sorted(set(spec.groups) - known - retired)
         if unknown:
             raise _fail(path, f"topics.{spec.declared_name}.groups",
                         f"{unknown[0][len(prefix):]!r} is not declared under groups")
+    specs = [replace(spec, groups=tuple(g for g in spec.groups if g not in retired)) for spec in specs]
     tiers = sorted((DelayTier(spec.name, spec.delay_seconds) for spec in specs if spec.delay_seconds),
                    key=lambda tier: (tier.delay_s, tier.topic))
     if not tiers:

@@ -4,6 +4,8 @@ the file, all renamed by one prefix."""
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 from click.testing import CliRunner
 
@@ -11,7 +13,7 @@ from lapse.kernel.topology import DelayTier, TopicsFileError, load_topology
 from lapse.shell.app import main
 from tests.fixtures.topology import TOPICS_FILE
 
-GROUPS = "groups: {cleanup: g-cleanup, delay: g-delay, analytics: g-analytics, reports: g-reports}\n"
+GROUPS = "groups: {cleanup: g-cleanup, delay: g-delay, analytics: g-analytics}\n"
 TIER = "  t.delay.30s: {partitions: 1, delay_seconds: 30, groups: [g-delay]}\n"
 ROLES = ("  t.expiry: {role: expiry, partitions: 1, groups: [g-cleanup]}\n"
          "  t.outcomes: {role: outcomes, partitions: 1}\n")
@@ -51,7 +53,7 @@ def test_roles_delay_tiers_and_groups_come_from_the_file():
     assert [(tier.topic, tier.delay_s) for tier in topology.tiers] == [
         ("lapse.delay.30s", 30), ("lapse.delay.2m", 120), ("lapse.delay.10m", 600), ("lapse.delay.1h", 3600)]
     assert (topology.expiry, topology.outcomes, topology.dlq) == ("lapse.expiry", "lapse.outcomes", "lapse.dlq")
-    assert topology.declared_groups() == ["lapse-analytics", "lapse-cleanup", "lapse-delay", "lapse-reports"]
+    assert topology.declared_groups() == ["lapse-analytics", "lapse-cleanup", "lapse-delay"]
     assert set(vars(topology.groups).values()) == set(topology.declared_groups())
     by_name = {spec.name: spec for spec in topology.specs}
     assert by_name[topology.expiry].manual_readers == ("audit",)
@@ -68,3 +70,31 @@ def test_one_prefix_renames_every_topic_and_group():
         "env-a." + name for name in (plain.expiry, plain.outcomes, plain.dlq))
     assert vars(prefixed.groups) == {role: "env-a." + name for role, name in vars(plain.groups).items()}
     assert prefixed.reads() == [("env-a." + group, "env-a." + topic) for group, topic in plain.reads()]
+
+
+def test_an_older_file_naming_the_retired_reports_group_loads_without_it(tmp_path, caplog):
+    """`groups.reports` (nothing consumes as it) in a user's older file is accepted with one
+    warning; its name leaves every topic's group list, so no status shows its lag."""
+    old = tmp_path / "topics.yaml"
+    old.write_text("groups: {cleanup: g-cleanup, delay: g-delay, analytics: g-analytics, reports: g-reports}\n"
+                   "topics:\n" + ROLES.replace("partitions: 1}", "partitions: 1, groups: [g-analytics, g-reports]}")
+                   + TIER + "  t.dlq: {role: dlq, partitions: 1, groups: [g-reports]}\n")
+    logger = logging.getLogger("lapse.topology")  # its own handler: "lapse" may not propagate
+    logger.addHandler(caplog.handler)
+    try:
+        topology = load_topology(old, "p.")
+    finally:
+        logger.removeHandler(caplog.handler)
+    assert vars(topology.groups) == {"cleanup": "p.g-cleanup", "delay": "p.g-delay", "analytics": "p.g-analytics"}
+    assert topology.declared_groups() == ["p.g-analytics", "p.g-cleanup", "p.g-delay"]
+    assert sorted(topology.reads()) == [("p.g-analytics", "p.t.outcomes"), ("p.g-cleanup", "p.t.expiry"),
+                                        ("p.g-delay", "p.t.delay.30s")]
+    assert {r.getMessage() for r in caplog.records if "groups.reports" in r.getMessage()} == {
+        f"{old}: groups.reports (g-reports) is no longer used and is ignored; remove it and its name "
+        "from the topics' groups lists"}
+
+
+def test_the_repository_topics_file_declares_no_reports_group():
+    topology = load_topology(TOPICS_FILE)
+    assert "reports" not in vars(topology.groups)
+    assert not any("reports" in group for spec in topology.specs for group in spec.groups)

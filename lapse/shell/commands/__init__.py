@@ -14,6 +14,7 @@ from lapse.shell.commands import (  # noqa: F401
     pipeline,
     reconcile,
     report,
+    show,
     status,
     topics,
 )

@@ -1,0 +1,147 @@
+"""`lapse show OP_KEY`: one operation's whole history — ledger row, transitions, outbox records,
+dead letter — as a compact timeline for a person or JSON for a machine. `--correlation-id ID`
+finds the op keys a correlation id was seen with and shows each.
+
+Exit 0 when found; 1 with one line ("no operation OP_KEY in the ledger") when not; 2 for a
+malformed op key or a wrong window.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import click
+
+from lapse.kernel.settings import Settings
+from lapse.shell.cli import main
+from lapse.shell.cli_options import emit, pass_settings, setting_option
+from lapse.shell.error_boundary import CommandFailed, ExitCode
+from lapse.shell.time_args import TIMESTAMP
+
+# How far back `--correlation-id` looks by default, and how many op keys it shows at most.
+CORRELATION_LOOKBACK = timedelta(days=1)
+CORRELATION_LIMIT = 20
+
+
+def _failure(failure_class: str | None, reason: str | None) -> str:
+    return f"{failure_class}: {reason or ''}".rstrip(": ") if failure_class else ""
+
+
+def _transition_line(t: dict[str, Any]) -> str:
+    line = f"{t['at']}  {t['from_state'] or '-'} -> {t['to_state']}  attempt {t['attempt']}  by {t['actor']}"
+    if t["failure_class"]:
+        line += f"  FAILED {_failure(t['failure_class'], t['reason'])}"
+    elif t["reason"]:
+        line += f"  ({t['reason']})"
+    if t["replay_id"]:
+        line += f"  replay {t['replay_id']}"
+    return line
+
+
+def _outbox_line(o: dict[str, Any]) -> str:
+    r = o["record"]
+    if o["schema"] == "cleanup_outcome":
+        what = f"outcome {r.get('status')} attempt {r.get('attempt')}"
+        failure = _failure(r.get("failure_class"), r.get("reason"))
+        what += f" {failure}" if failure else ""
+    elif o["schema"] == "dead_letter":
+        what = f"dead letter {_failure(r.get('failure_class'), r.get('reason'))}"
+    else:
+        what = f"event attempt {r.get('attempt')} due {r.get('due_at')} ({r.get('source')})"
+    if r.get("replay_id"):
+        what += f" replay {r['replay_id']}"
+    where = o["topic"] + (f" [{o['role']}]" if o["role"] else "")
+    sent = f"sent {o['sent_at']}" if o["sent_at"] else "not sent yet"
+    return f"{o['created_at']}  -> {where}: {what}; {sent}"
+
+
+def history_text(h: dict[str, Any]) -> str:
+    """The history as a person reads it: a header from the ledger row, then one timeline of
+    transitions and outbox records (a transition before the records its transaction wrote)."""
+    row = h["ledger"]
+    lines = [f"{row['op_key']}  {row['state']}  attempt {row['attempt']}  tenant {row['tenant']}  "
+             f"correlation {row['correlation_id']}  source {row['source']}",
+             f"  created {row['created_at']}  updated {row['updated_at']}  due {row['due_at']}"
+             + (f"  finished {row['finished_at']}" if row["finished_at"] else "")
+             + (f"  duplicates {row['duplicates']}" if row["duplicates"] else "")]
+    if row["claim_owner"]:
+        lines.append(f"  claimed by {row['claim_owner']} until {row['claim_until']}")
+    if row["last_failure_class"]:
+        lines.append(f"  last failure {_failure(row['last_failure_class'], row['last_failure'])}")
+    if h["replay_ids"]:
+        lines.append(f"  replays {', '.join(h['replay_ids'])}")
+    dead = h["dead_letter"]
+    if dead is not None:
+        lines.append(f"  DEAD LETTER since {dead['at']} after {len(dead['history'])} failed attempt(s)")
+    timeline = ([(t["at"], 0, t["id"], "  " + _transition_line(t)) for t in h["transitions"]]
+                + [(o["created_at"], 1, o["id"], "  " + _outbox_line(o)) for o in h["outbox"]])
+    lines.append("timeline:" if timeline else "timeline: no transitions or outbox records kept")
+    lines += [line for *_, line in sorted(timeline)]
+    return "\n".join(lines)
+
+
+@main.command()
+@click.argument("op_key", required=False)
+@click.option("--correlation-id", default=None, metavar="ID",
+              help="Show the operations whose transitions carry this correlation id instead.")
+@click.option("--since", type=TIMESTAMP, default=None,
+              help="With --correlation-id: look at transitions from this time (ISO 8601 or epoch ms). "
+                   "[default: 24 hours ago]")
+@click.option("--until", type=TIMESTAMP, default=None,
+              help="With --correlation-id: look at transitions before this time. [default: now]")
+@setting_option("database.url")
+@setting_option("topics.file")
+@setting_option("topics.prefix")
+@setting_option("runtime.log_level")
+@click.option("--json", "as_json", is_flag=True, help="Print the history as JSON.")
+@pass_settings
+def show(settings: Settings, op_key: str | None, correlation_id: str | None, since: datetime | None,
+         until: datetime | None, as_json: bool) -> None:
+    """One operation's whole history: its ledger row, transitions (failed attempts with class and
+    reason, replays), outbox records with when each was sent, and its dead letter; times in UTC."""
+    # function-local: keeps `lapse --help` fast
+    from lapse.kernel.database import engine_from_settings
+    from lapse.kernel.ledger import InvalidOpKey, parse_op_key
+    from lapse.readers.history import correlated_op_keys, iso, operation_history
+
+    if (op_key is None) == (correlation_id is None):
+        raise click.UsageError("give exactly one of OP_KEY or --correlation-id ID")
+    if op_key is not None and (since or until):
+        raise click.UsageError("--since and --until go with --correlation-id")
+    if op_key is not None:
+        try:
+            parse_op_key(op_key)
+        except InvalidOpKey as exc:
+            raise click.UsageError(str(exc)) from None
+    now = datetime.now(UTC)
+    until = until or now
+    since = since or until - CORRELATION_LOOKBACK
+    if since >= until:
+        raise click.UsageError(f"--since {iso(since)} is not before --until {iso(until)}: the window holds nothing")
+    topology = settings.topology
+    engine = engine_from_settings(settings)
+    try:
+        with engine.connect() as conn:
+            if correlation_id is None:
+                history = operation_history(conn, str(op_key), topology)
+            else:
+                keys = correlated_op_keys(conn, correlation_id, since, until, CORRELATION_LIMIT + 1)
+                found = [h for h in (operation_history(conn, k, topology) for k in keys[:CORRELATION_LIMIT])
+                         if h is not None]
+    finally:
+        engine.dispose()
+    if correlation_id is None:
+        if history is None:
+            raise CommandFailed(ExitCode.PROBLEM_FOUND, f"no operation {op_key} in the ledger")
+        emit(history, as_json, history_text)
+        return
+    if not found:
+        raise CommandFailed(ExitCode.PROBLEM_FOUND, f"no operation with correlation id {correlation_id} "
+                                                    f"in transitions from {iso(since)} to {iso(until)}")
+    more = len(keys) > CORRELATION_LIMIT
+    emit({"correlation_id": correlation_id, "since": iso(since), "until": iso(until), "more": more,
+          "operations": found}, as_json,
+         lambda d: "\n\n".join([history_text(h) for h in d["operations"]]
+                                + ([f"(more than {CORRELATION_LIMIT} operations: narrow --since/--until)"]
+                                   if more else [])))

@@ -1,0 +1,102 @@
+"""One operation's whole history for `lapse show`: its ledger row, every transition (failed
+attempts with their class and reason, replays with their id), the outbox records written for it
+with when each was sent, and, for a dead letter, its failure history. The SQL is in
+`history_queries`; times here are UTC ISO 8601 strings.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import Connection
+
+from lapse.kernel.ledger import DEAD_LETTER
+from lapse.kernel.topology import Topology
+from lapse.readers.history_queries import (
+    LedgerRecord,
+    OutboxRecord,
+    TransitionRecord,
+    ledger_record,
+    op_keys_of_correlation,
+    outbox_of,
+    transitions_of,
+)
+
+# The fields of an outbox record's payload `lapse show` tells (never a dead letter's original bytes).
+RECORD_FIELDS = ("status", "attempt", "failure_class", "reason", "due_at", "source", "replay_id", "worker")
+_MILLIS_FIELDS = ("due_at",)
+
+
+def iso(at: datetime | None) -> str | None:
+    """`at` in UTC, ISO 8601 to the millisecond with a Z (None stays None)."""
+    if at is None:
+        return None
+    return at.astimezone(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def _from_millis(value: Any) -> Any:
+    return iso(datetime.fromtimestamp(value / 1000, UTC)) if isinstance(value, int) else value
+
+
+def topic_role(topology: Topology | None, topic: str) -> str | None:
+    """What `topic` is in `topology`: expiry, outcomes, dlq or `delay <n>s` (None: not declared)."""
+    if topology is None:
+        return None
+    for role in ("expiry", "outcomes", "dlq"):
+        if getattr(topology, role) == topic:
+            return role
+    return next((f"delay {tier.delay_s}s" for tier in topology.tiers if tier.topic == topic), None)
+
+
+def _ledger(row: LedgerRecord) -> dict[str, Any]:
+    return {name: iso(value) if isinstance(value, datetime) else value for name, value in asdict(row).items()}
+
+
+def _transition(t: TransitionRecord) -> dict[str, Any]:
+    out = asdict(t)
+    out["at"] = iso(t.at)
+    return out
+
+
+def _outbox(o: OutboxRecord, topology: Topology | None) -> dict[str, Any]:
+    record = {f: (_from_millis(o.payload[f]) if f in _MILLIS_FIELDS else o.payload[f])
+              for f in RECORD_FIELDS if f in o.payload}
+    if o.schema == "dead_letter":
+        record["history"] = [{**h, "at": _from_millis(h.get("at"))} for h in o.payload.get("history") or []]
+    return {"id": o.id, "topic": o.topic, "role": topic_role(topology, o.topic), "schema": o.schema,
+            "record": record, "headers": dict(o.headers), "created_at": iso(o.created_at),
+            "sent_at": iso(o.sent_at)}
+
+
+def operation_history(conn: Connection, op_key: str, topology: Topology | None = None) -> dict[str, Any] | None:
+    """The history of `op_key` as plain data (None: no ledger row): `ledger` (every column),
+    `transitions` and `outbox` oldest first, `replay_ids` in the order first seen, and
+    `dead_letter` (its last failure and failure history) when the row is a dead letter now."""
+    row = ledger_record(conn, op_key)
+    if row is None:
+        return None
+    transitions = transitions_of(conn, row)
+    outbox = outbox_of(conn, row)
+    replay_ids = list(dict.fromkeys(
+        [t.replay_id for t in transitions if t.replay_id] + ([row.replay_id] if row.replay_id else [])))
+    dead_letter = None
+    if row.state == DEAD_LETTER:
+        dead_letter = {"failure_class": row.last_failure_class, "reason": row.last_failure,
+                       "attempt": row.attempt, "at": iso(row.finished_at),
+                       "history": [{"attempt": t.attempt, "failure_class": t.failure_class, "reason": t.reason,
+                                    "at": iso(t.at), "replay_id": t.replay_id}
+                                   for t in transitions if t.failure_class is not None]}
+    return {"op_key": op_key, "ledger": _ledger(row), "transitions": [_transition(t) for t in transitions],
+            "outbox": [_outbox(o, topology) for o in outbox], "replay_ids": replay_ids,
+            "dead_letter": dead_letter}
+
+
+def correlated_op_keys(conn: Connection, correlation_id: str, since: datetime, until: datetime,
+                       limit: int) -> list[str]:
+    """Op keys whose transitions in [since, until) carry `correlation_id`, first seen first."""
+    return op_keys_of_correlation(conn, correlation_id, since, until, limit)
+
+
+__all__ = ["correlated_op_keys", "iso", "operation_history", "topic_role"]

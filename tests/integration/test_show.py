@@ -1,0 +1,256 @@
+"""`lapse show` on a real ledger, its outbox sent to a real broker by the relay: an operation
+retried then applied, one dead-lettered then replayed, an unknown op key, the JSON shape, the
+lookup by correlation id; and every statement it runs reads an index (EXPLAIN)."""
+
+from __future__ import annotations
+
+import json
+import random
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from click.testing import CliRunner
+from sqlalchemy import insert, select
+
+from lapse.devtools.demo_tables import artifacts
+from lapse.kernel.database import make_engine
+from lapse.kernel.ledger import ExpiryEvent, Selection, expiry_event
+from lapse.kernel.models import outbox
+from lapse.processors import BatchScope, apply_batch, replay
+from lapse.processors.failures import TEMPORARY, EffectFailure
+from lapse.processors.leased import EffectRunner, run_leased
+from lapse.processors.object_store import FilesystemObjectStore
+from lapse.readers.history_queries import (
+    correlation_statement,
+    ledger_record,
+    ledger_statement,
+    outbox_statement,
+    transitions_statement,
+)
+from lapse.shell.app import main
+from tests.fixtures.kinds import demo_kinds
+from tests.fixtures.pipeline import connection_env, make_pipeline_settings
+from tests.fixtures.readers import relay
+
+# The fake clock: minutes ago, so the default correlation window (the last day) holds it.
+T0 = datetime.now(UTC).replace(microsecond=0) - timedelta(minutes=30)
+LEASE = timedelta(seconds=30)
+
+
+@pytest.fixture
+def env(kafka_bootstrap, pg_url, unique):
+    settings = make_pipeline_settings(kafka_bootstrap, pg_url, unique)
+    engine = make_engine(pg_url)
+    yield settings, engine
+    engine.dispose()
+
+
+def scope(conn, settings, worker, now) -> BatchScope:
+    return BatchScope(conn, kinds=demo_kinds(conn.engine), topics=settings.topology, worker=worker, now=now,
+                      lease=LEASE, rng=random.Random(1))
+
+
+class FailingOnce:
+    """An object store whose first delete fails with a temporary error, then deletes."""
+
+    def __init__(self, inner: FilesystemObjectStore) -> None:
+        self.inner, self.failed = inner, False
+
+    def delete(self, key: str) -> bool:
+        if not self.failed:
+            self.failed = True
+            raise EffectFailure(TEMPORARY, "503 Service Unavailable")
+        return self.inner.delete(key)
+
+
+def deliver(engine, settings, events, store, now) -> None:
+    """One delivery as the worker makes it: claim, run the leased effects, complete."""
+    runner = EffectRunner(lambda kind: lambda call: store.delete(call.target["object_key"]), concurrency=1)
+    try:
+        with engine.connect() as conn:
+            batch = scope(conn, settings, "w1", now)
+            with conn.begin():
+                first = apply_batch(batch, events)
+            run_leased(runner, batch, first, lambda: now)
+    finally:
+        runner.close()
+
+
+def event_of(payload: dict) -> ExpiryEvent:
+    return expiry_event(payload["kind"], payload["subject_id"], payload["tenant"],
+                        datetime.fromtimestamp(payload["due_at"] / 1000, UTC), source=payload["source"],
+                        correlation_id=payload["correlation_id"], attempt=payload["attempt"],
+                        replay_id=payload.get("replay_id"))
+
+
+def outbox_payloads(engine, topic: str, key: str) -> list[dict]:
+    with engine.connect() as conn:
+        return list(conn.execute(select(outbox.c.payload).where(outbox.c.topic == topic, outbox.c.key == key)
+                                 .order_by(outbox.c.id)).scalars())
+
+
+def retried_then_applied(engine, settings, tmp_path) -> str:
+    """An artifact delete that fails once (temporary), waits in a delay tier, then is applied."""
+    store = FilesystemObjectStore(tmp_path / "objects")
+    store.put("exports/a.csv", b"x")
+    with engine.begin() as conn:
+        aid = conn.execute(insert(artifacts).values(
+            tenant="t1", object_key="exports/a.csv", status="live", retain_until=T0 - timedelta(hours=1),
+        ).returning(artifacts.c.id)).scalar()
+    event = expiry_event("artifact-delete", aid, "t1", T0 - timedelta(hours=1), source="sweep",
+                         correlation_id="corr-retried")
+    flaky = FailingOnce(store)
+    deliver(engine, settings, [event], flaky, T0)
+    (wake,) = [p for tier in settings.topology.delay_topics for p in outbox_payloads(engine, tier, event.op_key)]
+    deliver(engine, settings, [event_of(wake)], flaky, datetime.fromtimestamp(wake["due_at"] / 1000, UTC))
+    return event.op_key
+
+
+def dead_lettered_then_replayed(engine, settings) -> tuple[str, str]:
+    """A release with a non-numeric subject: dead-lettered (invalid), replayed by an operator,
+    dead-lettered again. Returns (op key, replay id)."""
+    event = expiry_event("release-reservation", "x1", "t1", T0 - timedelta(minutes=1), source="sweep",
+                         correlation_id="corr-dead")
+    with engine.begin() as conn:
+        apply_batch(scope(conn, settings, "w1", T0), [event])
+    with engine.begin() as conn:
+        replay_id, released = replay(conn, Selection(op_keys=(event.op_key,)), limit=1, reason="fixed parser",
+                                     actor="alice", now=T0 + timedelta(minutes=1),
+                                     expiry_topic=settings.topology.expiry)
+    assert [r["op_key"] for r in released] == [event.op_key]
+    (again,) = outbox_payloads(engine, settings.topology.expiry, event.op_key)
+    with engine.begin() as conn:
+        apply_batch(scope(conn, settings, "w1", T0 + timedelta(minutes=2)), [event_of(again)])
+    return event.op_key, replay_id
+
+
+def show(settings, *args: str):
+    env = {**connection_env(settings), "LAPSE_RUNTIME__LOG_LEVEL": "WARNING"}
+    return CliRunner().invoke(main, ["show", *args], env=env)
+
+
+def test_show_an_operation_retried_then_applied(env, tmp_path):
+    settings, engine = env
+    op_key = retried_then_applied(engine, settings, tmp_path)
+    assert relay(settings) > 0  # the outbox goes to the broker: every record gets its sent time
+
+    result = show(settings, op_key, "--json")
+    assert result.exit_code == 0, result.output
+    h = json.loads(result.stdout)
+    assert set(h) == {"op_key", "ledger", "transitions", "outbox", "replay_ids", "dead_letter"}
+    assert (h["op_key"], h["ledger"]["state"], h["ledger"]["attempt"]) == (op_key, "applied", 2)
+    assert h["ledger"]["created_at"] == T0.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    assert [(t["from_state"], t["to_state"], t["attempt"], t["failure_class"], t["reason"])
+            for t in h["transitions"]] == [
+        ("pending", "claimed", 0, None, None),
+        ("claimed", "retry_scheduled", 1, TEMPORARY, "503 Service Unavailable"),
+        ("retry_scheduled", "claimed", 1, None, None),
+        ("claimed", "applied", 2, None, None)]
+    outcomes = [o for o in h["outbox"] if o["role"] == "outcomes"]
+    assert [(o["record"]["status"], o["record"]["failure_class"]) for o in outcomes] == [
+        ("retry_scheduled", TEMPORARY), ("applied", None)]
+    assert [o["role"] for o in h["outbox"]].count("outcomes") == 2
+    assert any(o["role"].startswith("delay ") and o["schema"] == "expiry_event" for o in h["outbox"])
+    assert all(o["sent_at"] is not None and o["sent_at"].endswith("Z") for o in h["outbox"])
+    assert (h["replay_ids"], h["dead_letter"]) == ([], None)
+
+    text = show(settings, op_key)
+    assert text.exit_code == 0, text.output
+    lines = text.stdout.splitlines()
+    assert lines[0].startswith(f"{op_key}  applied  attempt 2")
+    assert any("claimed -> retry_scheduled  attempt 1  by w1  FAILED temporary: 503 Service Unavailable" in line
+               for line in lines)
+    applied = [line for line in lines if "outcome applied attempt 2" in line]
+    assert len(applied) == 1 and "; sent 20" in applied[0] and "[outcomes]" in applied[0]
+
+
+def test_show_a_dead_letter_replayed_and_dead_again(env):
+    settings, engine = env
+    op_key, replay_id = dead_lettered_then_replayed(engine, settings)
+
+    h = json.loads(show(settings, op_key, "--json").stdout)
+    assert (h["ledger"]["state"], h["ledger"]["replay_id"], h["replay_ids"]) == ("dead_letter", replay_id, [replay_id])
+    assert [(t["from_state"], t["to_state"], t["failure_class"], t["replay_id"]) for t in h["transitions"]] == [
+        ("pending", "dead_letter", "invalid", None),
+        ("dead_letter", "pending", None, replay_id),
+        ("pending", "dead_letter", "invalid", replay_id)]
+    replayed = next(t for t in h["transitions"] if t["from_state"] == "dead_letter")
+    assert (replayed["actor"], replayed["reason"]) == ("alice", "fixed parser")
+    dead = h["dead_letter"]
+    assert dead["failure_class"] == "invalid" and len(dead["history"]) == 2
+    assert [d["replay_id"] for d in dead["history"]] == [None, replay_id]
+    assert all(d["reason"] for d in dead["history"])
+    dlq = [o for o in h["outbox"] if o["role"] == "dlq"]
+    assert len(dlq) == 2 and [o["sent_at"] for o in dlq] == [None, None]  # no relay ran: not sent yet
+    assert len(dlq[-1]["record"]["history"]) == 2
+
+    text = show(settings, op_key).stdout
+    assert f"replay {replay_id}" in text and "DEAD LETTER since" in text and "not sent yet" in text
+    assert "FAILED invalid: " in text and "(fixed parser)" in text
+
+
+def test_an_unknown_op_key_is_one_line_and_exit_1(env):
+    settings, _ = env
+    result = show(settings, "release-reservation:404")
+    assert result.exit_code == 1
+    assert result.output.strip().splitlines() == ["lapse: no operation release-reservation:404 in the ledger"]
+    malformed = show(settings, "not an op key")
+    assert malformed.exit_code == 2 and len(malformed.output.strip().splitlines()) == 1
+    neither = show(settings)
+    assert neither.exit_code == 2 and "exactly one of OP_KEY or --correlation-id" in neither.output
+
+
+def test_correlation_id_finds_its_operations(env, tmp_path):
+    settings, engine = env
+    op_key = retried_then_applied(engine, settings, tmp_path)
+    dead_key, _ = dead_lettered_then_replayed(engine, settings)
+
+    result = show(settings, "--correlation-id", "corr-retried", "--json")
+    assert result.exit_code == 0, result.output
+    found = json.loads(result.stdout)
+    assert set(found) == {"correlation_id", "since", "until", "more", "operations"}
+    assert [h["op_key"] for h in found["operations"]] == [op_key] and found["more"] is False
+    assert found["operations"][0] == json.loads(show(settings, op_key, "--json").stdout)
+
+    text = show(settings, "--correlation-id", "corr-dead")
+    assert text.exit_code == 0 and text.stdout.startswith(f"{dead_key}  dead_letter")
+
+    since, until = T0 + timedelta(minutes=10), T0 + timedelta(minutes=20)  # after its transitions
+    missed = show(settings, "--correlation-id", "corr-dead", "--since", since.isoformat(), "--until",
+                  until.isoformat())
+    assert missed.exit_code == 1
+    assert missed.output.strip().splitlines() == [
+        "lapse: no operation with correlation id corr-dead in transitions from "
+        f"{since.isoformat(timespec='milliseconds')[:-6]}Z to {until.isoformat(timespec='milliseconds')[:-6]}Z"]
+    backwards = show(settings, "--correlation-id", "corr-dead", "--since", until.isoformat(), "--until",
+                     since.isoformat())
+    assert backwards.exit_code == 2 and "is not before --until" in backwards.output
+    assert show(settings, "--correlation-id", "nobody").exit_code == 1
+
+
+def plan(conn, stmt) -> str:
+    compiled = stmt.compile(dialect=conn.dialect, compile_kwargs={"render_postcompile": True})
+    return "\n".join(conn.exec_driver_sql("EXPLAIN " + str(compiled), compiled.params).scalars())
+
+
+def test_every_statement_reads_an_index(env, tmp_path):
+    """With sequential scans priced out (a test's tables are small), each statement's plan walks
+    indexes only: none needs a scan of the ledger, the transitions or the outbox."""
+    settings, engine = env
+    op_key = retried_then_applied(engine, settings, tmp_path)
+    with engine.begin() as conn:
+        row = ledger_record(conn, op_key)
+        conn.exec_driver_sql("SET LOCAL enable_seqscan = off")
+        plans = {
+            "ledger": plan(conn, ledger_statement(op_key)),
+            "transitions": plan(conn, transitions_statement(row)),
+            "outbox": plan(conn, outbox_statement(row)),
+            "correlation": plan(conn, correlation_statement("corr-retried", T0, T0 + timedelta(hours=1), 21)),
+        }
+    for name, text in plans.items():
+        assert "Seq Scan" not in text, f"{name}:\n{text}"
+    assert "pk_lapse_ledger" in plans["ledger"]
+    assert "ix_lapse_transitions_failures" in plans["transitions"]
+    assert "ix_lapse_transitions_at" in plans["transitions"]
+    assert "ix_lapse_outbox_unsent" in plans["outbox"] and "ix_lapse_outbox_sent" in plans["outbox"]
+    assert "ix_lapse_transitions_at" in plans["correlation"]
