@@ -1,16 +1,21 @@
-"""The delay-tier consumer (group `lapse-delay`): hold each partition until its head is due.
+"""The delay-tier consumer (group `lapse-delay`): hold each partition until its head is released.
 
-A record whose `lapse-due-at` is in the future pauses its partition and seeks back to it, so the
-consumer keeps polling (never sleeping on a batch, never near max.poll.interval) while that
-partition waits; other partitions keep flowing. Due records are forwarded to the expiry topic,
-flushed, and only then are their offsets committed.
+A tier holds a record at most its own delay (`lapse.kernel.delays` says why): a record is released
+at its due time or at its head time (produced plus the tier's delay), whichever comes first. A
+record not released yet pauses its partition and seeks back to it, so the consumer keeps polling
+(never sleeping on a batch, never near max.poll.interval) while that partition waits; other
+partitions keep flowing. A released record that is due is forwarded to the expiry topic; one that
+is not due yet goes on its next trip, re-produced to the tier that fits its remaining wait with
+one more `lapse-hops`. Everything sent is flushed, and only then are the offsets committed.
 
 Headers are outside input here. A record whose headers cannot be acted on (`read_wake_up`: a
-missing, repeated, malformed or out-of-range `lapse-due-at`, a `lapse-target` naming anything but
-the expiry topic) and a record the expiry topic refuses (too large) are dead-lettered as poison
-with the reason, and their offsets move on with the rest: no record stops a partition or the
-worker. A failure outside the records (the broker unreachable) rewinds the batch and retries it
-after a capped backoff.
+missing, repeated, malformed or out-of-range `lapse-due-at` or `lapse-hops`, a `lapse-target`
+naming anything but the expiry topic; `next_trip`: more trips than any accepted wait takes) and a
+record the expiry topic or a tier refuses (too large) are dead-lettered as poison with the reason,
+and their offsets move on with the rest: no record stops a partition or the worker. Records go
+only to the expiry topic or a tier of the topology, never to a topic a header names. A failure
+outside the records (the broker unreachable) rewinds the batch and retries it after a capped
+backoff.
 """
 
 from __future__ import annotations
@@ -20,10 +25,10 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
-from confluent_kafka import KafkaError, KafkaException, Message, TopicPartition
+from confluent_kafka import TIMESTAMP_NOT_AVAILABLE, KafkaError, KafkaException, Message, TopicPartition
 
 from lapse.kernel.codec import Codec
-from lapse.kernel.delays import InvalidWakeUp, read_wake_up
+from lapse.kernel.delays import InvalidWakeUp, next_trip, read_wake_up, release_at
 from lapse.kernel.kafka_clients import (
     DeliveryTracker,
     make_consumer,
@@ -44,8 +49,8 @@ log = get_logger("delay")
 
 
 class DelayWorker:
-    """One consumer of every delay tier; `forwarded` counts records sent on, `dead_lettered`
-    those sent to the DLQ instead."""
+    """One consumer of every delay tier; `forwarded` counts records sent on to the expiry topic,
+    `trips` those re-produced to a tier for another trip, `dead_lettered` those sent to the DLQ."""
 
     def __init__(self, settings: Settings, *, topics: list[str] | None = None,
                  stop: threading.Event | None = None,
@@ -53,11 +58,17 @@ class DelayWorker:
         self.settings = settings
         self.topics = topics or settings.topology.delay_topics
         self.expiry = settings.topology.expiry
+        self.delays = {tier.topic: tier.delay_s for tier in settings.topology.tiers}
         self.stop = stop or threading.Event()
         self.clock = clock
         self.owned: set[tuple[str, int]] = set()
-        self.held: dict[tuple[str, int], datetime] = {}  # paused partition → its head's due time
+        # paused partition → (its head's offset, when that record is released)
+        self.held: dict[tuple[str, int], tuple[int, datetime]] = {}
+        # partition → the offset of its head whose hold has ended: acted on when read again, even
+        # when its release time, read anew, would lie ahead (a produce time in the future)
+        self.ripe: dict[tuple[str, int], int] = {}
         self.forwarded = 0
+        self.trips = 0
         self.dead_lettered = 0
         self.consumer = make_consumer(settings, settings.topology.groups.delay)
         self.producer = make_producer(settings)
@@ -74,6 +85,7 @@ class DelayWorker:
         self.owned -= gone
         for tp in gone:
             self.held.pop(tp, None)
+            self.ripe.pop(tp, None)
 
     def run(self) -> int:
         """Forward due records until stopped; returns how many were forwarded."""
@@ -98,10 +110,10 @@ class DelayWorker:
         return self.forwarded
 
     def _wait_s(self) -> float:
-        """Poll no longer than until the earliest held record is due (and at most 1 s)."""
+        """Poll no longer than until the earliest held record is released (and at most 1 s)."""
         wait = self.settings.processor.poll_timeout_s
         if self.held:
-            until = (min(self.held.values()) - self.clock()).total_seconds()
+            until = (min(at for _, at in self.held.values()) - self.clock()).total_seconds()
             wait = min(max(until, 0.01), 1.0)
         return wait
 
@@ -117,49 +129,64 @@ class DelayWorker:
 
     def _release_due(self) -> None:
         now = self.clock()
-        due = [tp for tp, at in self.held.items() if at <= now]
+        due = [tp for tp, (_, at) in self.held.items() if at <= now]
         if due:
             for tp in due:
-                del self.held[tp]
+                self.ripe[tp] = self.held.pop(tp)[0]
             self.consumer.resume([TopicPartition(t, p) for t, p in due])
 
     def _process(self, messages: list[Message]) -> None:
-        """Forward the due records, hold each partition at its first record not due, dead-letter
-        what cannot be forwarded; then flush and commit what was forwarded or dead-lettered."""
+        """Forward the due records and send the released ones not due on their next trip, hold
+        each partition at its first record not released, dead-letter what cannot be sent; then
+        flush, and commit what was sent or dead-lettered."""
         now = self.clock()
         done: list[Message] = []
         poison: list[Poison] = []
+        sent: dict[int, str] = {}  # id of a record sent → the topic it was sent to
         refused: list[tuple[Message, str]] = []
         for msg in messages:
             topic, partition, offset = position_of(msg)
             tp = (topic, partition)
             if tp in self.held:
                 continue  # its head is waiting: later records of the partition wait behind it
+            ripe = self.ripe.get(tp) == offset
+            if ripe:
+                del self.ripe[tp]
             try:
-                wake = read_wake_up(_headers(msg), self.expiry, now)
+                headers = _headers(msg)
+                wake = read_wake_up(headers, self.expiry, now)
+                until = release_at(wake, self.delays[topic], _produced_at(msg), now)
+                if until > now and not ripe:
+                    self._hold(tp, offset, until)
+                    continue
+                if wake.due_at <= now:
+                    target, out_headers = wake.target, headers
+                else:
+                    target, out_headers = next_trip(self.settings.topology, wake, headers, now)
             except InvalidWakeUp as exc:
                 poison.append(poison_of(msg, exc.code, str(exc)))
                 done.append(msg)
                 continue
-            if wake.due_at > now:
-                self._hold(tp, offset, wake.due_at)
-                continue
-            on_refusal = _refusal_into(refused, msg)
-            err = produce_or_refusal(self.producer, wake.target, key=msg.key(), value=msg.value(),
-                                     headers=msg.headers(), on_delivery=self.delivery.or_refused(on_refusal))
+            on_refusal = _refusal_into(refused, msg, "the expiry topic" if target == self.expiry
+                                       else f"the delay tier {target}")
+            err = produce_or_refusal(self.producer, target, key=msg.key(), value=msg.value(),
+                                     headers=out_headers, on_delivery=self.delivery.or_refused(on_refusal))
             if err is not None:
                 on_refusal(err)
             self.producer.poll(0)
+            sent[id(msg)] = target
             done.append(msg)
         if not done:
             return
         self.delivery.flush(self.producer)
-        poison += [poison_of(m, "forward_refused", f"the expiry topic refused the record: {why}")
-                   for m, why in refused]
+        poison += [poison_of(m, "forward_refused", why) for m, why in refused]
         send_poison(self.producer, self.codec, self.delivery, self.settings.topology.dlq, poison, now,
                     self.budget)
         commit_offsets(self.consumer, self.owned, done)
-        self.forwarded += len(done) - len(poison)
+        for refused_msg, _ in refused:
+            sent.pop(id(refused_msg), None)
+        self.forwarded += sum(1 for target in sent.values() if target == self.expiry)
+        self.trips += sum(1 for target in sent.values() if target != self.expiry)
         self.dead_lettered += len(poison)
 
     def _hold(self, tp: tuple[str, int], offset: int, due: datetime) -> None:
@@ -167,7 +194,7 @@ class DelayWorker:
         part = TopicPartition(tp[0], tp[1], offset)
         self.consumer.pause([part])
         self.consumer.seek(part)
-        self.held[tp] = due
+        self.held[tp] = (offset, due)
 
     def _retry_later(self, messages: list[Message], exc: Exception) -> None:
         """The batch failed for a reason outside its records (`is_transient`: the broker or the
@@ -197,8 +224,20 @@ def _headers(msg: Message) -> Any:
         raise InvalidWakeUp("invalid_header", f"headers unreadable: {type(exc).__name__}") from None
 
 
-def _refusal_into(refused: list[tuple[Message, str]], msg: Message) -> Callable[[KafkaError], None]:
-    """Where the expiry topic's refusal of forwarding `msg` goes: into `refused`, with the error."""
+def _produced_at(msg: Message) -> datetime | None:
+    """When a record was produced (its timestamp), or None when it has none a datetime holds."""
+    kind, millis = msg.timestamp()
+    if kind == TIMESTAMP_NOT_AVAILABLE or millis < 0:
+        return None
+    try:
+        return datetime.fromtimestamp(millis / 1000, UTC)
+    except (OverflowError, OSError, ValueError):
+        return None
+
+
+def _refusal_into(refused: list[tuple[Message, str]], msg: Message, where: str
+                  ) -> Callable[[KafkaError], None]:
+    """Where the refusal of the record sent on for `msg` (to `where`) goes: into `refused`, with why."""
     def refusal(err: KafkaError) -> None:
-        refused.append((msg, err.str()))
+        refused.append((msg, f"{where} refused the record: {err.str()}"))
     return refusal

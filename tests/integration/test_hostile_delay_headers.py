@@ -10,13 +10,15 @@ import uuid
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 import pytest
+from confluent_kafka import Producer
 from hypothesis import HealthCheck, Phase, event, given, settings
 from hypothesis import strategies as st
 
 from lapse.kernel.codec import Codec
+from lapse.kernel.delays import HOPS_HEADER, TARGET_HEADER, due_header, hop_limit
 from lapse.kernel.settings import Settings
 from lapse.processors import DelayWorker
 from tests.fixtures.hostile import (
@@ -136,3 +138,47 @@ def test_hostile_delay_headers_are_dead_lettered_and_nothing_leaves_for_another_
     assert all(letter["source_topic"] in tiers for _, letter in letters.values())
     existing = admin(s.kafka.bootstrap_servers).list_topics(timeout=20).topics
     assert not [name for name in delaying.elsewhere if name in existing]
+
+
+def test_hostile_hop_counts_and_timestamps_neither_loop_nor_hold_a_tier(delaying):
+    """`lapse-hops` is outside input too: a malformed or repeated count is dead-lettered naming it; a
+    record at the hop limit that is not due is dead-lettered rather than sent on another trip, and
+    one that is due is forwarded; a record timestamp from long ago releases a record at once, which
+    then makes its next trip with one more hop. The tier partition is committed to its end."""
+    s = delaying.settings
+    topology = s.topology
+    tier, longest = topology.tiers[0], topology.tiers[-1]
+    now = datetime.now(UTC)
+    limit = hop_limit(topology.tiers)
+    past, week = due_header(now - timedelta(seconds=1)), due_header(now + timedelta(days=7))
+    target = (TARGET_HEADER, topology.expiry.encode())
+    long_ago = int((now - timedelta(days=1)).timestamp() * 1000)
+    plan: list[tuple[bytes, list[tuple[str, bytes | None]], int | None, str | None]] = [
+        # key, headers, record timestamp (ms; None: the producer's), the header a dead letter names
+        (b"bad-garbage", [past, target, (HOPS_HEADER, b"-1")], None, HOPS_HEADER),
+        (b"bad-long", [past, target, (HOPS_HEADER, b"1" * 10)], None, HOPS_HEADER),
+        (b"bad-twice", [past, target, (HOPS_HEADER, b"1"), (HOPS_HEADER, b"2")], None, HOPS_HEADER),
+        (b"bad-looping", [week, target, (HOPS_HEADER, str(limit).encode())], long_ago, HOPS_HEADER),
+        (b"ok-due-at-limit", [past, target, (HOPS_HEADER, str(limit).encode())], None, None),
+        (b"ok-old-timestamp", [week, target], long_ago, None),
+    ]
+    positions: dict[bytes, tuple[str, int, int]] = {}
+
+    def delivered(err, msg) -> None:
+        assert err is None, err
+        positions[msg.key()] = (msg.topic(), msg.partition(), msg.offset())
+
+    producer = Producer({"bootstrap.servers": s.kafka.bootstrap_servers})
+    for key, headers, timestamp, _ in plan:
+        producer.produce(tier.topic, key=key, value=b"v", headers=headers, partition=0,
+                         on_delivery=delivered, **({"timestamp": timestamp} if timestamp else {}))
+    assert producer.flush(10) == 0
+
+    eventually(lambda: delaying.alive() and caught_up(s, topology.groups.delay, {tier.topic: PARTITIONS["delay"]}),
+               timeout_s=60, what="the tier partition committed to its end")
+    letters = dead_letters_by_position(s, Codec.from_settings(s))
+    assert_dead_lettered(letters, {positions[key]: names for key, _, _, names in plan if key.startswith(b"bad-")})
+    assert letters[positions[b"bad-looping"]][1]["reason"].startswith("hop_limit: ")
+    assert [m.key() for m in read_topic(s.kafka.bootstrap_servers, topology.expiry)] == [b"ok-due-at-limit"]
+    onward = [m for m in read_topic(s.kafka.bootstrap_servers, longest.topic) if m.key() == b"ok-old-timestamp"]
+    assert len(onward) == 1 and dict(onward[0].headers())[HOPS_HEADER] == b"1"
