@@ -56,8 +56,11 @@ def test_quick_bench_reports_every_stage_and_cleans_up(kafka_bootstrap, tmp_path
     assert out["batched_naive"]["events"] == 200
     assert out["unverified"] == []
     for key in ("lapse_vs_copy", "lapse_vs_consumer", "lapse_vs_naive", "lapse_vs_faust",
-                "lapse_vs_batched_naive", "lapse_2w_vs_1w", "lapse_1worker_events_per_s"):
+                "lapse_vs_batched_naive", "lapse_2w_vs_1w", "relay_vs_lapse", "lapse_1worker_events_per_s"):
         assert isinstance(out[key], RATE) and out[key] > 0, key
+    # The relay stage published every outbox row once: none left unsent, one record each on the topic.
+    assert out["relay"]["verified"] is True, out["relay"]["reason"]
+    assert out["relay"]["rows"] == 200 and isinstance(out["relay"]["rows_per_s"], RATE)
     for gone in ("lapse_vs_limit", "lapse_1worker_vs_limit", "limit"):
         assert gone not in out
     assert out["events"] == 200 and out["partitions"] >= 2
@@ -78,7 +81,7 @@ def test_quick_bench_reports_every_stage_and_cleans_up(kafka_bootstrap, tmp_path
     assert out["reconciler_scan"]["rows"] >= 20_000 and isinstance(out["reconciler_scan"]["rows_per_s"], RATE)
     assert out["audit_replay"]["records"] == 200
     assert set(out["targets_met"]) >= {"lapse_vs_copy", "lapse_vs_naive", "lapse_vs_faust", "lapse_vs_batched_naive",
-                                       "lapse_2w_vs_1w", "latency_p99_ms"}
+                                       "lapse_2w_vs_1w", "relay_vs_lapse", "latency_p99_ms"}
     assert all(isinstance(v, bool) for v in out["targets_met"].values())
     assert {"date", "cpus", "python"} <= set(out["machine"])
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -154,16 +157,20 @@ def test_an_unverified_stage_has_no_ratio_and_misses_its_target():
            "naive": {"events_per_s": 10.0, "verified": True, "reason": None},
            "faust": {"events_per_s": 20.0, "verified": False, "reason": "3 of 10 reservations not released"},
            "batched_naive": {"events_per_s": None, "verified": False, "reason": "the stage failed: boom"},
+           "relay": {"rows_per_s": 2500.0, "verified": False, "reason": "12 left unsent"},
            "latency": {"p99_ms": 400.0}, "reconciler_scan": {"rows_per_s": 1.0},
            "audit_replay": {"records_per_s": 1.0}}
     result = summarize(out, 500)
     assert (result["lapse_vs_copy"], result["lapse_vs_consumer"], result["lapse_vs_naive"]) == (0.5, 0.1, 100.0)
     assert result["lapse_2w_vs_1w"] == 1.5
     assert result["lapse_vs_faust"] is None and result["lapse_vs_batched_naive"] is None
-    assert result["unverified"] == ["faust", "batched_naive"]
+    assert result["relay_vs_lapse"] is None  # 2.5 if its end state had been verified
+    assert result["unverified"] == ["faust", "batched_naive", "relay"]
     met = result["targets_met"]
     assert met["lapse_vs_copy"] and met["lapse_vs_naive"] and met["lapse_2w_vs_1w"] and met["latency_p99_ms"]
-    assert not met["lapse_vs_faust"] and not met["lapse_vs_batched_naive"]
+    assert not met["lapse_vs_faust"] and not met["lapse_vs_batched_naive"] and not met["relay_vs_lapse"]
+    out["relay"]["verified"] = True
+    assert summarize(out, 500)["relay_vs_lapse"] == 2.5 and summarize(out, 500)["targets_met"]["relay_vs_lapse"]
     out["lapse"][0]["verified"] = False  # Lapse itself unverified: no ratio of it counts
     assert all(summarize(out, 500)[k] is None for k in ("lapse_vs_copy", "lapse_vs_naive", "lapse_2w_vs_1w"))
 

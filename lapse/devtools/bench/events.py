@@ -31,8 +31,16 @@ def reservation_event(rid: int, due_at: datetime) -> ExpiryEvent:
 def create_expiry_topic(settings: Settings, partitions: int, timeout: float = 30.0) -> str:
     """Create the expiry topic of `settings`' topology as declared, but with the bench's partition
     count and replication 1; returns its name once every partition has a leader."""
+    return create_role_topic(settings, "expiry", partitions, timeout)
+
+
+def create_role_topic(settings: Settings, role: str, partitions: int, timeout: float = 30.0) -> str:
+    """Create the topic of `role` (expiry, outcomes, dlq) of `settings`' topology as declared, but
+    with the bench's partition count and replication 1; returns its name once every partition has
+    a leader."""
     topology = load_topology(settings.topics.file, settings.topics.prefix, replication_factor=1)
-    spec = next(spec for spec in topology.specs if spec.name == topology.expiry)
+    name = getattr(topology, role)
+    spec = next(spec for spec in topology.specs if spec.name == name)
     admin = make_admin(settings)
     failed = [a.detail for a in apply(admin, plan(admin, [replace(spec, partitions=partitions)]), timeout)
               if a.status != "done"]

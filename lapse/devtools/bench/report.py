@@ -12,11 +12,11 @@ from typing import Any
 
 TARGETS = {  # ratio or figure → the least it should be (latency: the most, P99_TARGET_MS)
     "lapse_vs_copy": 0.3, "lapse_vs_naive": 20.0, "lapse_vs_faust": 20.0, "lapse_vs_batched_naive": 1.5,
-    "lapse_2w_vs_1w": 1.3, "reconciler_rows_per_s": 100_000.0, "audit_records_per_s": 100_000.0,
+    "lapse_2w_vs_1w": 1.3, "relay_vs_lapse": 2.0, "reconciler_rows_per_s": 100_000.0, "audit_records_per_s": 100_000.0,
 }
 P99_TARGET_MS = 500.0
 RATIOS = ("lapse_vs_copy", "lapse_vs_consumer", "lapse_vs_naive", "lapse_vs_faust", "lapse_vs_batched_naive",
-          "lapse_2w_vs_1w")
+          "lapse_2w_vs_1w", "relay_vs_lapse")
 BASELINES = ("naive", "faust", "batched_naive")
 
 
@@ -47,17 +47,23 @@ def summarize(out: dict[str, Any], default_batch: int) -> dict[str, Any]:
         "lapse_vs_faust": _ratio(one_rate, counted_rate(out.get("faust"))),
         "lapse_vs_batched_naive": _ratio(one_rate, counted_rate(out.get("batched_naive"))),
         "lapse_2w_vs_1w": _ratio(counted_rate(two), one_rate),
+        "relay_vs_lapse": _ratio(_relay_rate(out.get("relay")), one_rate),
     }
     figures = {**ratios, "reconciler_rows_per_s": out["reconciler_scan"]["rows_per_s"],
                "audit_records_per_s": out["audit_replay"]["records_per_s"]}
     targets = {k: (figures[k] is not None and figures[k] >= v) for k, v in TARGETS.items()}
     targets["latency_p99_ms"] = out["latency"]["p99_ms"] <= P99_TARGET_MS
     stages = [*(f"lapse {r['workers']}w b{r['batch_size']}" for r in out["lapse"] if not r.get("verified")),
-              *(name for name in BASELINES if name in out and not out[name].get("verified"))]
+              *(name for name in (*BASELINES, "relay") if name in out and not out[name].get("verified"))]
     return {**out, "lapse_best": {"workers": best["workers"], "batch_size": best["batch_size"],
                                   "events_per_s": best["events_per_s"]},
             "lapse_1worker_events_per_s": one["events_per_s"], **ratios, "unverified": stages,
             "targets_met": targets}
+
+
+def _relay_rate(relay: dict[str, Any] | None) -> float | None:
+    """The relay's rows/s, counted only when its end state was verified."""
+    return relay["rows_per_s"] if relay and relay.get("verified") else None
 
 
 def _lapse_at(runs: list[dict[str, Any]], workers: int, batch: int) -> dict[str, Any] | None:
@@ -86,6 +92,10 @@ def table(result: dict[str, Any]) -> str:
             r = result[name]
             startup = f"start-up {r['startup_s']}s; " if r.get("startup_s") is not None else ""
             rows.append((labels[name], r["events"], r["events_per_s"], startup + _checked(r)))
+    if "relay" in result:
+        r = result["relay"]
+        rows.append((f"relay: one relay, batch {r['batch_size']}", r["rows"], r["rows_per_s"],
+                     "outbox → outcomes topic; " + _checked(r)))
     lat = result["latency"]
     rows.append(("latency (1 worker)", lat["events"], lat["offered_events_per_s"],
                  f"p50 {lat['p50_ms']} ms, p95 {lat['p95_ms']} ms, p99 {lat['p99_ms']} ms "

@@ -16,7 +16,7 @@ from datetime import UTC, datetime, timedelta
 from functools import partial
 from typing import Any, TypeVar
 
-from lapse.devtools.bench import faust_stage, lapse_stage, latency, limits, naive, scans
+from lapse.devtools.bench import faust_stage, lapse_stage, latency, limits, naive, relay_stage, scans
 from lapse.devtools.bench.databases import BenchDatabases, admin_url_for
 from lapse.devtools.bench.end_state import verify_end_state
 from lapse.devtools.bench.environments import StageEnvironments
@@ -121,6 +121,9 @@ def _stages(envs: StageEnvironments, plan: BenchPlan, progress: Callable[[str], 
             runs.append(_checked(envs, f"lapse_b{b}", lambda s: lapse_stage.run_lapse(s, n, 1), events,
                                  {"workers": 1, "batch_size": b}))
     out["lapse"] = runs
+
+    progress(f"relay: one relay publishing the outcomes of {n} events, batch of the relay's setting")
+    out["relay"] = _in(envs, "relay", lambda s: relay_stage.run_relay(s, events, PARTITIONS), expiry_topic=False)
 
     m = min(n, plan.baseline_cap)
     progress(f"naive consumer on {m} events")
