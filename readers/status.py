@@ -1,5 +1,9 @@
 """`lapse status` figures: the ledger by state and kind, the alarm signals (oldest eligible but
-unfinished operation, expired claims, dead letters) and consumer lag of every declared group."""
+unfinished operation, expired claims, dead letters, the outbox backlog) and consumer lag of every
+declared group.
+
+The alarm's oldest eligible age is the oldest of two: unfinished ledger rows past due, and due
+business rows that have no ledger row yet (with no sweep running, nothing else shows them)."""
 
 from __future__ import annotations
 
@@ -18,6 +22,7 @@ from lapse.kernel.ledger import (
     has_ledger_row,
     ledger_state_of,
     oldest_unfinished_due,
+    outbox_backlog,
 )
 from lapse.kernel.settings import Settings
 from lapse.readers.offsets import OffsetsError, group_lag
@@ -34,12 +39,14 @@ def ledger_status(conn: Connection, now: datetime) -> dict[str, Any]:
         by_state.setdefault(count.state, {})[count.kind] = count.rows
     oldest_due = oldest_unfinished_due(conn, now)
     expired = expired_claims(conn, now)
+    backlog = outbox_backlog(conn)
     return {
         "ledger": {s: dict(sorted(k.items())) for s, k in sorted(by_state.items())},
         "oldest_eligible_age_s": _age_s(now, oldest_due),
         "dead_letters": sum(by_state.get(DEAD_LETTER, {}).values()),
         "expired_claims": {"count": expired.count,
                            "oldest_expired_for_s": _age_s(now, expired.oldest_claim_until)},
+        "outbox": {"unsent": backlog.unsent, "oldest_unsent_age_s": _age_s(now, backlog.oldest_created_at)},
     }
 
 
@@ -87,6 +94,8 @@ def status_report(settings: Settings, engine: Engine, now: datetime, *, lag: boo
     with engine.connect() as conn:
         report = ledger_status(conn, now)
         report["eligible"] = eligible_status(settings, conn, now)
+    ages = [report["oldest_eligible_age_s"], *(k["oldest_due_age_s"] for k in (report["eligible"] or {}).values())]
+    report["oldest_eligible_age_s"] = max((a for a in ages if a is not None), default=None)
     report["at"] = now.isoformat()
     if lag:
         report["lag"] = lag_status(settings, now)

@@ -23,6 +23,9 @@ log = get_logger("metrics")
 OLDEST_ELIGIBLE = Gauge("lapse_oldest_eligible_age_seconds",
                         "Age of the oldest due operation not finished (pending, claimed, retry).")
 EXPIRED_CLAIMS = Gauge("lapse_expired_claims", "Claims whose lease has expired.")
+OUTBOX_UNSENT = Gauge("lapse_outbox_unsent", "Outbox rows the relay has not published yet.")
+OUTBOX_OLDEST_UNSENT = Gauge("lapse_outbox_oldest_unsent_age_seconds",
+                             "Age of the oldest outbox row not yet published (0: none).")
 LEDGER_ROWS = Gauge("lapse_ledger_rows", "Ledger rows by state.", ["state"])
 LAG_RECORDS = Gauge("lapse_consumer_lag_records", "Records behind the end of the log.", ["group", "topic"])
 LAG_SECONDS = Gauge("lapse_consumer_lag_seconds", "Age of the oldest unconsumed record.", ["group", "topic"])
@@ -47,6 +50,8 @@ def observe_status(report: dict[str, Any]) -> None:
     """Set the alarm gauges from a `lapse.readers.status.status_report` dict."""
     OLDEST_ELIGIBLE.set(report["oldest_eligible_age_s"] or 0)
     EXPIRED_CLAIMS.set(report["expired_claims"]["count"])
+    OUTBOX_UNSENT.set(report["outbox"]["unsent"])
+    OUTBOX_OLDEST_UNSENT.set(report["outbox"]["oldest_unsent_age_s"] or 0)
     for state, kinds in report["ledger"].items():
         LEDGER_ROWS.labels(state=state).set(sum(kinds.values()))
     for row in report.get("lag", []):

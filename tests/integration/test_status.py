@@ -13,7 +13,7 @@ from sqlalchemy import insert
 from lapse.devtools.demo_tables import reservations
 from lapse.kernel.database import make_engine
 from lapse.kernel.ledger import expiry_event, pending_row
-from lapse.kernel.models import cleanup_ledger
+from lapse.kernel.models import cleanup_ledger, outbox
 from lapse.readers.status import status_report
 from lapse.shell.app import main
 from tests.fixtures.pipeline import connection_env, make_pipeline_settings
@@ -92,4 +92,32 @@ def test_status_counts_eligible_work_left_per_kind(kafka_bootstrap, pg_url, uniq
     assert (work["rows"], work["capped"]) == (2, False)
     assert work["oldest_due_age_s"] == pytest.approx(3 * 3600, abs=1)
     assert report["eligible"]["artifact-delete"] == {"rows": 0, "capped": False, "oldest_due_age_s": None}
+    engine.dispose()
+
+
+def test_the_alarm_counts_due_rows_no_sweep_has_emitted_and_the_outbox_backlog(kafka_bootstrap, pg_url, unique):
+    """With 300 due rows and no sweep running there is no ledger row at all, yet the oldest eligible
+    age is theirs; outbox rows not yet published are the backlog, aged by the oldest."""
+    settings = make_pipeline_settings(kafka_bootstrap, pg_url, unique, with_delay_tiers=False)
+    engine = make_engine(pg_url)
+    now = datetime.now(UTC)
+    with engine.begin() as conn:
+        conn.execute(insert(reservations), [
+            {"id": i, "tenant": "t1", "status": "held", "expires_at": now - timedelta(minutes=i)}
+            for i in range(1, 301)])
+        conn.execute(insert(outbox), [
+            {"topic": "o", "key": f"k{i}", "schema": "cleanup_outcome", "payload": {}, "headers": {},
+             "created_at": now - timedelta(seconds=s), "sent_at": sent}
+            for i, (s, sent) in enumerate([(90, now), (60, None), (30, None)])])
+    report = status_report(settings, engine, now, lag=False)
+    assert report["ledger"] == {}
+    assert report["eligible"]["release-reservation"]["rows"] == 300
+    assert report["oldest_eligible_age_s"] == pytest.approx(300 * 60, abs=1)
+    assert report["outbox"] == {"unsent": 2, "oldest_unsent_age_s": pytest.approx(60, abs=0.01)}
+
+    env = {**connection_env(settings), "LAPSE_RUNTIME__LOG_LEVEL": "WARNING"}
+    result = CliRunner().invoke(main, ["status", "--no-lag"], env=env)
+    assert result.exit_code == 0, result.output
+    assert "oldest eligible unfinished: 18000s" in result.stdout
+    assert "outbox unsent: 2 (oldest written 60s ago)" in result.stdout
     engine.dispose()

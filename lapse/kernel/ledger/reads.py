@@ -16,9 +16,10 @@ from typing import Any
 from sqlalchemy import ColumnElement, Connection, ScalarSelect, and_, exists, func, or_, select
 
 from lapse.kernel.ledger import states
-from lapse.kernel.ledger.rows import ExpiredClaims, StateKindCount, TransitionCount
+from lapse.kernel.ledger.rows import ExpiredClaims, OutboxBacklog, StateKindCount, TransitionCount
 from lapse.kernel.models import cleanup_ledger as L
 from lapse.kernel.models import ledger_transitions as T
+from lapse.kernel.models import outbox as O
 
 # Probes ------------------------------------------------------------------------------------------
 
@@ -71,6 +72,15 @@ def oldest_unfinished_due(conn: Connection, now: datetime) -> datetime | None:
     oldest: datetime | None = conn.execute(select(func.min(L.c.due_at)).where(
         L.c.state.in_(states.UNFINISHED), L.c.due_at <= now)).scalar()
     return oldest
+
+
+def outbox_backlog(conn: Connection) -> OutboxBacklog:
+    """The unsent outbox rows and the oldest one's write time, both through the partial index of
+    unsent rows (ix_lapse_outbox_unsent): the backlog is read, the sent history never is. Ids grow
+    with time, so the lowest unsent id is the oldest."""
+    unsent = conn.execute(select(func.count()).select_from(O).where(O.c.sent_at.is_(None))).scalar_one()
+    oldest = conn.execute(select(O.c.created_at).where(O.c.sent_at.is_(None)).order_by(O.c.id).limit(1)).scalar()
+    return OutboxBacklog(unsent, oldest)
 
 
 def expired_claims(conn: Connection, now: datetime) -> ExpiredClaims:

@@ -74,6 +74,15 @@ class StateKindCount:
 
 
 @dataclass(frozen=True, slots=True)
+class OutboxBacklog:
+    """Outbox rows not yet published, and when the oldest of them was written (None: none); how
+    far the relay is behind, an alarm signal of `lapse status`."""
+
+    unsent: int
+    oldest_created_at: datetime | None
+
+
+@dataclass(frozen=True, slots=True)
 class ExpiredClaims:
     """Claims whose lease has ended unfinished, and the earliest lease end among them (None: no
     such claim); an alarm signal of `lapse status`."""

@@ -26,6 +26,9 @@ def _text(r: dict[str, Any]) -> str:
     lines.append(f"expired claims: {claims['count']}" + (
         f" (oldest expired {claims['oldest_expired_for_s']:.0f}s ago)" if claims["count"] else ""))
     lines.append(f"dead letters: {r['dead_letters']}")
+    outbox = r["outbox"]
+    lines.append(f"outbox unsent: {outbox['unsent']}" + (
+        f" (oldest written {outbox['oldest_unsent_age_s']:.0f}s ago)" if outbox["unsent"] else ""))
     for row in r.get("lag", []):
         if "error" in row:
             lines.append(f"lag {row['group']} on {row['topic']}: {row['error']}")
