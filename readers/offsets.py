@@ -128,6 +128,22 @@ def read_spans(consumer: Consumer, spans: list[Span], *, first_only: bool = Fals
         consumer.unassign()
 
 
+UNBOUNDED = 2**63 - 1  # a span's end when partition EOF alone says where the partition ends
+
+
+def read_to_end(settings: Settings, topic: str, *, stall_s: float = 60.0) -> Iterator[Message]:
+    """Every retained record of `topic`, partition by partition, up to each partition's EOF (the
+    end as it is when the reader gets there; not ListOffsets, wrong on the embedded broker), by
+    manual assignment with nothing committed. Raises OffsetsError when the topic does not exist."""
+    consumer = manual_consumer(settings)
+    try:
+        parts = partitions_of(consumer, topic)
+        lows = {p: low for p, (low, _high) in watermarks(consumer, topic, parts).items()}
+        yield from read_spans(consumer, [Span(topic, p, lows[p], UNBOUNDED) for p in parts], stall_s=stall_s)
+    finally:
+        consumer.close()
+
+
 def committed(settings: Settings, group: str, topic: str,
               partitions: list[int]) -> dict[tuple[str, int], int | None]:
     """(topic, partition) → the group's committed offset, None when it has none. Asked through a
@@ -250,4 +266,4 @@ def execute_reset(admin: AdminClient, group: str, plan: list[Reset]) -> None:
 
 __all__ = ["OffsetsError", "PartitionLag", "Reset", "Span", "active_members",
            "committed", "execute_reset", "group_lag", "manual_consumer", "offsets_at",
-           "partitions_of", "plan_reset", "read_spans", "watermarks"]
+           "partitions_of", "plan_reset", "read_spans", "read_to_end", "watermarks"]

@@ -1,6 +1,6 @@
 """Table definitions (SQLAlchemy Core) of Lapse's own tables: the cleanup ledger, its
-transitions, the outbox and the daily reports. Alembic migrations create exactly these; a test
-compares them.
+transitions, the outbox, the daily reports and the operator actions. Alembic migrations create
+exactly these; a test compares them.
 
 Lapse's tables live in their own namespace so they never collide with a user's tables: every name
 has the `lapse_` prefix, and on PostgreSQL they sit in a schema of their own. Here that schema is
@@ -159,6 +159,22 @@ daily_reports = Table(
     Column("last_error", Text),
     Index("ix_lapse_daily_reports_undelivered", "report_key", postgresql_where=text("delivered_at IS NULL"),
           sqlite_where=text("delivered_at IS NULL")),
+    schema=SCHEMA,
+)
+
+# One row per operator action that changed something (a dead-letter replay, an offsets reset, a
+# destructive topics apply): who asked (actor), who the database knew (db_user), why, on what.
+operator_actions = Table(
+    "lapse_operator_actions",
+    metadata,
+    Column("id", Id, primary_key=True, autoincrement=True),
+    Column("at", UTCDateTime(), nullable=False),
+    Column("action", String(32), nullable=False),
+    Column("actor", String(128), nullable=False),
+    Column("reason", Text, nullable=False),
+    Column("db_user", String(128), nullable=False),
+    Column("target", Text, nullable=False),
+    Column("details", JSON, nullable=False),
     schema=SCHEMA,
 )
 

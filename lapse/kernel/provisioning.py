@@ -1,6 +1,11 @@
 """Provisioning: compare the declared topology with a cluster, fix what can be fixed safely (create
 missing topics, set declared configs) and report what cannot.
 
+A config change that can lose data or weaken durability is destructive: lowering retention
+(`retention.ms`, `retention.bytes`; -1 is unlimited), changing `cleanup.policy`, lowering
+`min.insync.replicas`. `plan` marks it (`Action.destructive` says why) and `apply` refuses it unless
+told `allow_destructive`; the rest of the plan is applied either way.
+
 Partition counts and replication factors are never changed here: adding partitions to a keyed
 topic moves keys to other partitions (breaking per-key order), so a mismatch is reported as drift.
 """
@@ -35,6 +40,7 @@ class Action:
     detail: str
     changes: dict[str, list[str | None]] = field(default_factory=dict)  # key -> [current, desired]
     status: str = "planned"
+    destructive: tuple[str, ...] = ()  # why a config change can lose data or weaken durability
     spec: TopicSpec | None = field(default=None, compare=False, repr=False)
 
     @property
@@ -48,6 +54,34 @@ class Action:
 
 
 TopicConfigs = dict[str, str | None]
+RETENTION_KEYS = ("retention.ms", "retention.bytes")  # -1 is unlimited
+
+
+def _number(value: str | None) -> float | None:
+    """A numeric config value; below 0 (-1: unlimited retention) as infinity; None when unreadable."""
+    try:
+        number = int(value) if value is not None else None
+    except ValueError:
+        return None
+    return None if number is None else (float("inf") if number < 0 else float(number))
+
+
+def destructive_changes(changes: dict[str, list[str | None]]) -> tuple[str, ...]:
+    """Why setting `changes` ({key: [current, desired]}) on an existing topic can lose data or
+    weaken durability: lowered retention, a changed cleanup policy, fewer in-sync replicas."""
+    why = []
+    for key, (current, desired) in sorted(changes.items()):
+        if key in RETENTION_KEYS:
+            before, after = _number(current), _number(desired)
+            if before is not None and after is not None and after < before:
+                why.append(f"lowers {key} from {current} to {desired}")
+        elif key == "cleanup.policy" and current is not None and current != desired:
+            why.append(f"changes cleanup.policy from {current} to {desired}")
+        elif key == "min.insync.replicas":
+            before, after = _number(current), _number(desired)
+            if before is not None and after is not None and after < before:
+                why.append(f"lowers min.insync.replicas from {current} to {desired}")
+    return tuple(why)
 
 
 def _describe(admin: AdminClient, names: list[str], timeout: float) -> dict[str, TopicConfigs | BaseException]:
@@ -112,7 +146,7 @@ def plan(admin: AdminClient, declared: list[TopicSpec], timeout: float = 10.0) -
         if changes:
             actions.append(Action(ALTER, spec.name,
                                   "set " + ", ".join(f"{k}={v[1]}" for k, v in changes.items()),
-                                  changes=changes, spec=spec))
+                                  changes=changes, spec=spec, destructive=destructive_changes(changes)))
     return actions
 
 
@@ -151,8 +185,10 @@ def _spec(action: Action) -> TopicSpec:
     return action.spec
 
 
-def apply(admin: AdminClient, actions: list[Action], timeout: float = 30.0) -> list[Action]:
-    """Carry out the fixable actions; every action comes back with status done, failed or not fixed."""
+def apply(admin: AdminClient, actions: list[Action], timeout: float = 30.0, *,
+          allow_destructive: bool = False) -> list[Action]:
+    """Carry out the fixable actions; every action comes back with status done, failed, not fixed,
+    or refused (a destructive config change without `allow_destructive`)."""
     results: dict[int, Action] = {}
     creates = [(i, a, _spec(a)) for i, a in enumerate(actions) if a.kind == CREATE]
     if creates:
@@ -170,7 +206,9 @@ def apply(admin: AdminClient, actions: list[Action], timeout: float = 30.0) -> l
         _wait_visible(admin, created, timeout)
     altered: dict[str, TopicConfigs] = {}
     for i, action in enumerate(actions):
-        if action.kind == ALTER:
+        if action.kind == ALTER and action.destructive and not allow_destructive:
+            results[i] = replace(action, status="refused")
+        elif action.kind == ALTER:
             entries = [ConfigEntry(k, v[1], incremental_operation=AlterConfigOpType.SET)
                        for k, v in action.changes.items()]
             resource = ConfigResource(ResourceType.TOPIC, action.topic, incremental_configs=entries)

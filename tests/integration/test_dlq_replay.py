@@ -1,4 +1,5 @@
-"""Operator replay of dead letters on PostgreSQL: bounded, audited, one replay id, never a loop."""
+"""Operator replay of dead letters on PostgreSQL: bounded, selected, confirmed, audited (an operator
+action row with the database user), one replay id, never a loop."""
 
 from __future__ import annotations
 
@@ -6,11 +7,11 @@ import json
 from datetime import UTC, datetime, timedelta
 
 from click.testing import CliRunner
-from sqlalchemy import func, select
+from sqlalchemy import func, select, text
 
 from lapse.kernel.database import make_engine
 from lapse.kernel.ledger import ExpiryEvent, Selection, expiry_event
-from lapse.kernel.models import cleanup_ledger, ledger_transitions, outbox
+from lapse.kernel.models import cleanup_ledger, ledger_transitions, operator_actions, outbox
 from lapse.processors import BatchScope, apply_batch, replay
 from lapse.shell.app import main
 from tests.fixtures.kinds import demo_kinds
@@ -78,17 +79,69 @@ def test_replay_releases_exactly_the_selection_once_and_failures_return_for_good
     engine.dispose()
 
 
-def test_cli_replay_requires_limit_and_reports_json(pg_url):
+def _ledger_states(url) -> list[tuple[str, int]]:
+    engine = make_engine(url)
+    try:
+        with engine.connect() as conn:
+            return sorted(conn.execute(select(cleanup_ledger.c.state, func.count())
+                                       .group_by(cleanup_ledger.c.state)).all())
+    finally:
+        engine.dispose()
+
+
+def _actions(url) -> tuple[list[dict], str]:
+    engine = make_engine(url)
+    try:
+        with engine.connect() as conn:
+            rows = [dict(r) for r in conn.execute(select(operator_actions)).mappings()]
+            return rows, conn.execute(text("SELECT current_user")).scalar_one()
+    finally:
+        engine.dispose()
+
+
+def test_cli_replay_needs_a_selection_shows_the_count_and_asks(pg_url):
     engine = make_engine(pg_url)
-    process(engine, [bad_event(i, "t1") for i in range(3)])
+    process(engine, [bad_event(i, "t1") for i in range(3)] + [bad_event(i, "t2") for i in range(3, 5)])
     engine.dispose()
     runner = CliRunner()
-    refused = runner.invoke(main, ["dlq", "replay", "--database-url", pg_url, "--reason", "x"])
+    base = ["dlq", "replay", "--database-url", pg_url, "--log-level", "WARNING"]
+    refused = runner.invoke(main, [*base, "--reason", "x"])
     assert refused.exit_code == 2 and "--limit" in refused.output
-    out = runner.invoke(main, ["dlq", "replay", "--database-url", pg_url, "--limit", "2",
-                               "--reason", "ticket 7", "--actor", "bob", "--json"])
+    # No selection: nothing released however large the limit.
+    refused = runner.invoke(main, [*base, "--limit", "10000", "--reason", "oops", "--actor", "anyone"])
+    assert refused.exit_code == 2 and "--all" in refused.output, refused.output
+    both = runner.invoke(main, [*base, "--limit", "5", "--reason", "x", "--actor", "a", "--all", "--tenant", "t1"])
+    assert both.exit_code == 2, both.output
+    assert _ledger_states(pg_url) == [("dead_letter", 5)]
+
+    dry = runner.invoke(main, [*base, "--limit", "10", "--tenant", "t1", "--reason", "x", "--actor", "a",
+                               "--dry-run", "--json"])
+    assert dry.exit_code == 0, dry.output
+    assert json.loads(dry.stdout) == {
+        "dry_run": True, "selection": "tenant=t1", "limit": 10, "would_release": 3,
+        "op_keys": [f"release-reservation:x{i}" for i in range(3)]}
+    dry_all = runner.invoke(main, [*base, "--limit", "10", "--all", "--reason", "x", "--actor", "a", "--dry-run"])
+    assert dry_all.stdout.startswith("dry run: would release 5 dead letters (all, limit 10)"), dry_all.output
+    # Without a terminal and without --yes: refused in one line, after saying how many.
+    unasked = runner.invoke(main, [*base, "--limit", "10", "--all", "--reason", "x", "--actor", "a"])
+    assert unasked.exit_code == 2, unasked.output
+    assert unasked.output.startswith("lapse: Release 5 dead letters (all, limit 10)")
+    assert unasked.output.count("\n") == 1 and "--yes" in unasked.output
+    assert _ledger_states(pg_url) == [("dead_letter", 5)]
+    assert _actions(pg_url)[0] == []
+
+    out = runner.invoke(main, [*base, "--limit", "2", "--tenant", "t1", "--reason", "ticket 7", "--actor", "bob",
+                               "--yes", "--json"])
     assert out.exit_code == 0, out.output
-    data = json.loads(out.output)
+    data = json.loads(out.stdout)
     assert len(data["released"]) == 2 and data["replay_id"].startswith("replay-") and data["actor"] == "bob"
-    listed = json.loads(runner.invoke(main, ["dlq", "list", "--database-url", pg_url, "--json"]).output)
-    assert [r["op_key"] for r in listed["dead_letters"]] == ["release-reservation:x2"]
+    assert _ledger_states(pg_url) == [("dead_letter", 3), ("pending", 2)]
+    actions, user = _actions(pg_url)
+    assert [(a["action"], a["actor"], a["reason"], a["db_user"], a["target"]) for a in actions] == [
+        ("dlq_replay", "bob", "ticket 7", user, "tenant=t1")]
+    assert actions[0]["details"] == {"replay_id": data["replay_id"], "released": 2, "limit": 2,
+                                     "shown_before_confirming": 2}
+    listed = json.loads(runner.invoke(main, ["dlq", "list", "--database-url", pg_url, "--no-poison",
+                                             "--json"]).stdout)
+    assert [r["op_key"] for r in listed["dead_letters"]] == [
+        "release-reservation:x2", "release-reservation:x3", "release-reservation:x4"]

@@ -18,8 +18,9 @@ from lapse.kernel.ledger import APPLIED, CLAIMED, DEAD_LETTER, PENDING, UNFINISH
 from lapse.kernel.models import cleanup_ledger, ledger_transitions, metadata, metadata_in, outbox
 from tests.fixtures.db import schema_diff
 
-LAPSE_TABLES = {"lapse_ledger", "lapse_transitions", "lapse_outbox", "lapse_daily_reports"}
-HEAD = "0005"
+LAPSE_TABLES = {"lapse_ledger", "lapse_transitions", "lapse_outbox", "lapse_daily_reports",
+                "lapse_operator_actions"}
+HEAD = "0006"
 PREVIOUS = "0004"
 # 0004's indexes that 0005 replaced, and the ones it made.
 INDEXES_0004 = {"ix_lapse_ledger_state_due", "ix_lapse_ledger_state_due_key", "ix_lapse_ledger_finished",
@@ -156,7 +157,7 @@ def empty_url(request, tmp_path) -> str:
 
 
 def test_a_database_one_migration_behind_upgrades_keeping_its_rows_and_downgrades_back(empty_url):
-    """0004 → 0005 swaps the indexes and keeps every row; 0005 → 0004 puts 0004's indexes back."""
+    """0004 → head swaps the indexes (0005) and keeps every row; back to 0004 puts 0004's indexes back."""
     schema = "lapse" if make_url(empty_url).get_backend_name() == "postgresql" else None
     first = upgrade_url(empty_url, PREVIOUS)
     assert (first.before, first.after) == (None, PREVIOUS)

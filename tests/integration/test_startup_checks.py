@@ -3,8 +3,8 @@ before any work, on Apache Kafka and PostgreSQL.
 
 The database one migration behind is built honestly: the real previous revision (0003, in the
 layout before Lapse's namespace) made by the frozen migrations the fixtures keep, exactly what a
-deployment that skipped `lapse db upgrade` has; it lacks both of today's migrations (0004, 0005).
-A database at 0004, one migration behind in today's layout, is refused the same way.
+deployment that skipped `lapse db upgrade` has; it lacks today's migrations (0004 to 0006).
+A database at 0004, behind in today's layout, is refused the same way.
 """
 
 from __future__ import annotations
@@ -72,7 +72,7 @@ def test_a_database_one_migration_behind_is_refused_by_every_role_before_any_bat
     for args in (["process", "--exit-when-idle", "5"], ["relay", "--exit-when-idle", "1"], ["sweep", "--once"],
                  ["sweep"], ["run", "--workers", "1"]):
         assert_refused(run_lapse(args, env=env, cwd=tmp_path, bound_s=BOUND_S)[0],
-                       "lapse: database at revision legacy 0003, this Lapse needs 0005: run `lapse db upgrade`")
+                       "lapse: database at revision legacy 0003, this Lapse needs 0006: run `lapse db upgrade`")
     topic, group = settings.topology.expiry, settings.topology.groups.cleanup
     assert sum(end_offsets(kafka_bootstrap, topic, EXPIRY_PARTITIONS).values()) == 2  # both still there
     assert committed_offsets(kafka_bootstrap, group, topic) == {-1001}  # none consumed
@@ -114,22 +114,22 @@ def test_a_database_a_newer_lapse_migrated_is_refused_without_advising_an_upgrad
     engine = make_engine(pg_url)
     try:
         with engine.begin() as conn:
-            conn.execute(text(f"UPDATE lapse.{VERSION_TABLE} SET version_num = '0006'"))
+            conn.execute(text(f"UPDATE lapse.{VERSION_TABLE} SET version_num = '0007'"))
     finally:
         engine.dispose()
     with pytest.raises(StartupRefused) as refused:
         check_database(load_settings(database={"url": pg_url}))
-    assert str(refused.value) == ("database at revision 0006, unknown to this Lapse (it needs 0005): "
+    assert str(refused.value) == ("database at revision 0007, unknown to this Lapse (it needs 0006): "
                                   "a newer Lapse migrated it; run that version")
 
 
 def test_a_database_at_the_previous_revision_is_refused_until_upgraded(pg_empty_url):
-    """0004, the revision before the head (0005, the indexes), migrated for real: refused with the
+    """0004, a revision behind the head (0006), migrated for real: refused with the
     advice to upgrade; after `lapse db upgrade` it passes."""
     assert upgrade_url(pg_empty_url, "0004").after == "0004"
     settings = load_settings(database={"url": pg_empty_url})
     with pytest.raises(StartupRefused) as refused:
         check_database(settings)
-    assert str(refused.value) == "database at revision 0004, this Lapse needs 0005: run `lapse db upgrade`"
-    assert upgrade_url(pg_empty_url).after == "0005"
+    assert str(refused.value) == "database at revision 0004, this Lapse needs 0006: run `lapse db upgrade`"
+    assert upgrade_url(pg_empty_url).after == "0006"
     check_database(settings)

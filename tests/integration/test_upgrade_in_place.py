@@ -23,7 +23,7 @@ from tests.fixtures.db import build_legacy_layout, schema_diff
 LEGACY_NAMES = {cleanup_ledger: "cleanup_ledger", ledger_transitions: "ledger_transitions",
                 outbox: "outbox", daily_reports: "daily_reports"}
 T0 = datetime(2026, 11, 1, 12, 0, tzinfo=UTC)
-HEAD = "0005"  # the migrations' head: 0004 moves the tables in place, 0005 changes their indexes
+HEAD = "0006"  # the head: 0004 moves the tables in place, 0005 changes their indexes, 0006 adds a table
 
 
 @pytest.fixture(params=["postgresql", "sqlite"])
@@ -124,7 +124,7 @@ def test_upgrading_the_previous_head_keeps_every_row(empty_url):
             with engine.connect() as conn:
                 sequences = set(conn.exec_driver_sql(
                     "SELECT sequencename FROM pg_sequences WHERE schemaname = 'lapse'").scalars())
-            assert sequences == {"lapse_transitions_id_seq", "lapse_outbox_id_seq"}
+            assert sequences == {"lapse_transitions_id_seq", "lapse_outbox_id_seq", "lapse_operator_actions_id_seq"}
 
         # The sequences continue: new rows (through the batch insert, as the ledger writes them) get larger ids.
         with engine.begin() as conn:

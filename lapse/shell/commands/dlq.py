@@ -1,15 +1,26 @@
-"""`lapse dlq list` and `lapse dlq replay`: dead letters are released only by an operator."""
+"""`lapse dlq list` and `lapse dlq replay`: dead letters are released only by an operator.
+
+A replay names what it releases (`--kind`, `--tenant`, `--op-key`, or `--all`), says how many
+dead letters that is and asks before releasing them (`--yes` answers for a script; without a
+terminal and without `--yes` it refuses); `--dry-run` only counts. A replay that releases anything
+is recorded as an operator action (actor, reason, database user, selection, count, replay id).
+"""
 
 from __future__ import annotations
 
+import sys
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from lapse.kernel.settings import Settings
 from lapse.shell.cli import main
 from lapse.shell.cli_options import F, emit, pass_settings, setting_option
+from lapse.shell.error_boundary import CommandFailed, ExitCode
+
+if TYPE_CHECKING:
+    from lapse.kernel.ledger import Selection
 
 
 def _selection_options(func: F) -> F:
@@ -29,12 +40,73 @@ def dlq() -> None:
     """Inspect and replay dead letters (never replayed automatically)."""
 
 
+def poison_records(settings: Settings, kind: str | None, tenant: str | None, limit: int) -> list[dict[str, Any]]:
+    """The poison dead letters on the DLQ topic, oldest first per partition, up to `limit`: records
+    no ledger row could be made for, so they exist only there. Read by manual assignment to
+    partition EOF; each is decoded with the codec (one that does not decode is listed as such).
+    Positions and reasons only, never the original bytes."""
+    # function-local: keeps `lapse --help` fast
+    from lapse.kernel.codec import Codec, DecodeError
+    from lapse.kernel.kafka_logs import leave_connection_failures_to_caller
+    from lapse.readers.offsets import OffsetsError, read_to_end
+
+    leave_connection_failures_to_caller()  # an unreachable broker is the error boundary's one line
+    codec = Codec.from_settings(settings)
+    found: list[dict[str, Any]] = []
+    try:
+        for msg in read_to_end(settings, settings.topology.dlq):
+            try:
+                record = codec.decode_expected("dead_letter", msg.value() or b"")
+            except DecodeError as exc:
+                record = {"failure_class": "poison", "reason": f"dead letter does not decode: {exc}"}
+            if record.get("failure_class") != "poison":
+                continue  # an operation's dead letter: the ledger lists it
+            if (kind and record.get("kind") != kind) or (tenant and record.get("tenant") != tenant):
+                continue
+            at = record.get("dead_lettered_at")
+            found.append({
+                "poison": True, "op_key": record.get("op_key"), "kind": record.get("kind"),
+                "tenant": record.get("tenant"), "subject_id": record.get("subject_id"),
+                "attempt": record.get("attempt"),
+                "last_failure_class": "poison", "last_failure": record.get("reason"), "replay_id": None,
+                "finished_at": at.isoformat() if isinstance(at, datetime) else at,
+                "source": {"topic": record.get("source_topic"), "partition": record.get("source_partition"),
+                           "offset": record.get("source_offset")},
+                "dlq": {"topic": msg.topic(), "partition": msg.partition(), "offset": msg.offset()}})
+            if len(found) >= limit:
+                break
+    except OffsetsError:  # the DLQ topic is not there: nothing was ever dead-lettered as poison
+        return []
+    return found
+
+
+def _list_text(data: dict[str, Any]) -> str:
+    lines = []
+    for r in data["dead_letters"]:
+        if r["poison"]:
+            src, at = r["source"], r["dlq"]
+            lines.append(f"poison  {src['topic']}[{src['partition']}]@{src['offset']}  (dlq {at['partition']}@"
+                         f"{at['offset']})  {(r['last_failure'] or '')[:100]}")
+        else:
+            lines.append(f"{r['op_key']}  {r['tenant']}  attempt={r['attempt']}  {r['last_failure_class']}: "
+                         f"{(r['last_failure'] or '')[:100]}"
+                         + (f"  (replayed {r['replay_id']})" if r["replay_id"] else ""))
+    return "\n".join(lines or ["no dead letters"])
+
+
 @dlq.command("list")
 @_selection_options
-@click.option("--limit", type=click.IntRange(1, 100_000), default=100, show_default=True)
+@click.option("--limit", type=click.IntRange(1, 100_000), default=100, show_default=True,
+              help="Most dead letters of the ledger, and most poison records, to list.")
+@setting_option("kafka.bootstrap_servers")
+@setting_option("topics.prefix")
+@click.option("--poison/--no-poison", default=True, show_default=True,
+              help="Also list poison records, read from the DLQ topic (they have no ledger row).")
 @pass_settings
-def dlq_list(settings: Settings, kind: str | None, tenant: str | None, as_json: bool, limit: int) -> None:
-    """Dead-lettered operations, oldest first, with their last failure."""
+def dlq_list(settings: Settings, kind: str | None, tenant: str | None, as_json: bool, limit: int,
+             poison: bool) -> None:
+    """Dead-lettered operations, oldest first, with their last failure; then the poison records on
+    the DLQ topic (marked `poison`), which never had a ledger row."""
     # function-local: keeps `lapse --help` fast
     from lapse.kernel.database import engine_from_settings
     from lapse.kernel.ledger import Selection
@@ -43,13 +115,33 @@ def dlq_list(settings: Settings, kind: str | None, tenant: str | None, as_json: 
     engine = engine_from_settings(settings)
     try:
         with engine.connect() as conn:
-            rows = list_dead_letters(conn, Selection(kind, tenant), limit)
+            rows = [{"poison": False, **row} for row in list_dead_letters(conn, Selection(kind, tenant), limit)]
     finally:
         engine.dispose()
-    emit({"dead_letters": rows}, as_json, lambda d: "\n".join(
-        [f"{r['op_key']}  {r['tenant']}  attempt={r['attempt']}  {r['last_failure_class']}: "
-         f"{(r['last_failure'] or '')[:100]}" + (f"  (replayed {r['replay_id']})" if r["replay_id"] else "")
-         for r in d["dead_letters"]] or ["no dead letters"]))
+    if poison:
+        rows += poison_records(settings, kind, tenant, limit)
+    emit({"dead_letters": rows}, as_json, _list_text)
+
+
+def describe_selection(selection: Selection) -> str:
+    """The selection in one line, as it is shown and recorded: `all` or its terms."""
+    terms = [f"{name}={value}" for name, value in (("kind", selection.kind), ("tenant", selection.tenant))
+             if value]
+    if selection.op_keys:
+        terms.append("op_keys=" + ",".join(selection.op_keys))
+    text = " ".join(terms) or "all"
+    return text + (" (replayed ones included)" if selection.include_replayed else "")
+
+
+def confirm_or_refuse(question: str, yes: bool) -> None:
+    """Go on when `--yes` was given or the operator confirms at a terminal; refuse in one line
+    when there is no terminal to ask on, and stop when the operator says no."""
+    if yes:
+        return
+    if not sys.stdin.isatty():
+        raise CommandFailed(ExitCode.USAGE, f"{question} Not confirmed: no terminal to ask on; add --yes")
+    if not click.confirm(question, default=False):
+        raise CommandFailed(ExitCode.INTERRUPTED, "not confirmed: nothing changed")
 
 
 @dlq.command("replay")
@@ -62,25 +154,64 @@ def dlq_list(settings: Settings, kind: str | None, tenant: str | None, as_json: 
               help="Operator name recorded with the replay.")
 @click.option("--include-replayed", is_flag=True,
               help="Also release dead letters that already failed after an earlier replay.")
+@click.option("--all", "select_all", is_flag=True,
+              help="Select every dead letter (instead of --kind, --tenant or --op-key).")
+@click.option("--dry-run", is_flag=True, help="Only count what would be released; change nothing.")
+@click.option("--yes", is_flag=True, help="Release without asking (for scripts).")
 @pass_settings
 def dlq_replay(settings: Settings, kind: str | None, tenant: str | None, as_json: bool, limit: int,
-               reason: str, op_keys: tuple[str, ...], actor: str, include_replayed: bool) -> None:
-    """Release a bounded selection of dead letters back to lapse.expiry under one replay id."""
+               reason: str, op_keys: tuple[str, ...], actor: str, include_replayed: bool, select_all: bool,
+               dry_run: bool, yes: bool) -> None:
+    """Release a bounded selection of dead letters back to lapse.expiry under one replay id.
+
+    Name the selection (--kind, --tenant, --op-key) or give --all; the count is shown and confirmed
+    (--yes) before anything is released, and the replay is recorded as an operator action."""
     # function-local: keeps `lapse --help` fast
     from lapse.kernel.database import engine_from_settings
-    from lapse.kernel.ledger import Selection
+    from lapse.kernel.ledger import Selection, dead_letters
+    from lapse.kernel.operator_actions import REPLAY, OperatorAction, log_action, record_action, session_user
     from lapse.processors import replay
 
     if not reason.strip():
         raise click.UsageError("--reason must say why")
+    if not actor.strip():
+        raise click.UsageError("--actor must name the operator")
+    selected = bool(kind or tenant or op_keys)
+    if not selected and not select_all:
+        raise click.UsageError("say which dead letters to replay: --kind, --tenant or --op-key, or --all")
+    if selected and select_all:
+        raise click.UsageError("--all selects every dead letter: give it without --kind, --tenant, --op-key")
+    selection = Selection(kind, tenant, tuple(op_keys), include_replayed)
+    target = describe_selection(selection)
     engine = engine_from_settings(settings)
     try:
-        with engine.begin() as conn:
-            replay_id, released = replay(
-                conn, Selection(kind, tenant, tuple(op_keys), include_replayed), limit=limit,
-                reason=reason, actor=actor, now=datetime.now(UTC), expiry_topic=settings.topology.expiry)
+        with engine.connect() as conn:
+            matching = [row.op_key for row in dead_letters(conn, selection, limit)]
+        if dry_run:
+            emit({"dry_run": True, "selection": target, "limit": limit, "would_release": len(matching),
+                  "op_keys": matching}, as_json, lambda d: (
+                f"dry run: would release {d['would_release']} dead letters ({d['selection']}, limit "
+                f"{d['limit']}); nothing changed"))
+            return
+        recorded = None
+        released: list[dict[str, Any]] = []
+        replay_id = None
+        if matching:
+            confirm_or_refuse(f"Release {len(matching)} dead letters ({target}, limit {limit}) to be processed "
+                              "again?", yes)
+            now = datetime.now(UTC)
+            with engine.begin() as conn:
+                db_user = session_user(conn)
+                replay_id, released = replay(conn, selection, limit=limit, reason=reason, actor=actor, now=now,
+                                             expiry_topic=settings.topology.expiry)
+                if released:
+                    recorded = record_action(conn, OperatorAction(REPLAY, actor, reason, target, {
+                        "replay_id": replay_id, "released": len(released), "limit": limit,
+                        "shown_before_confirming": len(matching)}), now, db_user)
     finally:
         engine.dispose()
+    if recorded is not None:
+        log_action(recorded)
     data: dict[str, Any] = {"replay_id": replay_id if released else None, "released": released, "actor": actor}
     emit(data, as_json, lambda d: (
         f"replay {d['replay_id']}: released {len(d['released'])} dead letters\n"

@@ -3,6 +3,11 @@
 Creates missing topics and sets declared configs; reports what it will not fix (partition count,
 replication factor) and exits 1 when such drift remains, so CI notices; 3 for a wrong topics file, 4
 when the broker cannot be reached.
+
+A destructive config change (lowering retention, changing cleanup.policy, lowering
+min.insync.replicas) is shown by `--dry-run` and refused (exit 2, nothing changed) unless
+`--allow-destructive` and a `--reason` are given; then it is applied and recorded as an operator
+action in the database (who, as which database user, why, what changed).
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ import click
 from lapse.kernel.settings import Settings
 from lapse.shell.cli import main
 from lapse.shell.cli_options import emit, pass_settings, setting_option
+from lapse.shell.error_boundary import CommandFailed, ExitCode
 
 _VERB = {"create": ("created", "would create"), "alter_config": ("changed", "would change"),
          "drift": ("DRIFT", "DRIFT"), "error": ("ERROR", "ERROR")}
@@ -34,7 +40,12 @@ def _text(result: dict[str, Any]) -> str:
         verb = planned if result["dry_run"] else done
         if action["status"] == "failed":
             verb = f"FAILED to {action['kind'].replace('_config', '')}"
-        lines.append(f"{verb} {action['topic']}: {action['detail']}")
+        elif action["status"] == "refused":
+            verb = "REFUSED to change"
+        line = f"{verb} {action['topic']}: {action['detail']}"
+        if action["destructive"]:
+            line += f" (DESTRUCTIVE: {'; '.join(action['destructive'])})"
+        lines.append(line)
     return "\n".join(lines)
 
 
@@ -46,10 +57,19 @@ def _text(result: dict[str, Any]) -> str:
 @click.option("--dry-run", is_flag=True, help="Show what would change; change nothing.")
 @click.option("--replication-factor", type=click.IntRange(min=1), default=None,
               help="Use this replication factor for every topic (1 for a single test broker).")
+@click.option("--allow-destructive", is_flag=True,
+              help="Also apply config changes that can lose data or weaken durability (lower "
+                   "retention, another cleanup.policy, lower min.insync.replicas); needs --reason.")
+@click.option("--reason", default=None, help="Why the destructive changes are applied (recorded).")
+@click.option("--actor", envvar="USER", show_envvar=True, default=None,
+              help="Operator name recorded with a destructive apply.")
+@setting_option("database.url", help="Where a destructive apply is recorded as an operator action.")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object on stdout.")
 @pass_settings
-def topics_apply(settings: Settings, dry_run: bool, replication_factor: int | None, as_json: bool) -> None:
-    """Create missing topics and set declared configs; report drift it cannot fix."""
+def topics_apply(settings: Settings, dry_run: bool, replication_factor: int | None, allow_destructive: bool,
+                 reason: str | None, actor: str | None, as_json: bool) -> None:
+    """Create missing topics and set declared configs; report drift it cannot fix. Destructive
+    config changes only with --allow-destructive (see them first with --dry-run)."""
     # function-local: keeps `lapse --help` fast
     from lapse.kernel.kafka_clients import make_admin
     from lapse.kernel.kafka_logs import leave_connection_failures_to_caller
@@ -61,7 +81,15 @@ def topics_apply(settings: Settings, dry_run: bool, replication_factor: int | No
     declared = list(load_topology(settings.topics.file, settings.topics.prefix, replication_factor).specs)
     admin = make_admin(settings)
     actions = plan(admin, declared)
-    if not dry_run:
+    destructive = [a for a in actions if a.destructive]
+    if destructive and not dry_run:
+        if not allow_destructive:
+            raise CommandFailed(ExitCode.USAGE, (
+                f"refused: {len(destructive)} destructive config change(s), nothing changed: "
+                + "; ".join(f"{a.topic} {', '.join(a.destructive)}" for a in destructive)
+                + " (see --dry-run; apply with --allow-destructive --reason TEXT)"))
+        actions = _apply_recorded(settings, admin, actions, reason, actor)
+    elif not dry_run:
         actions = apply(admin, actions)
     unresolved = [a for a in actions if not a.fixable or a.status == "failed"]
     result = {
@@ -73,3 +101,41 @@ def topics_apply(settings: Settings, dry_run: bool, replication_factor: int | No
     emit(result, as_json, _text)
     if unresolved:
         raise SystemExit(1)
+
+
+def _apply_recorded(settings: Settings, admin: Any, actions: list[Any], reason: str | None,
+                    actor: str | None) -> list[Any]:
+    """Apply the plan with its destructive changes, recorded as one operator action. The record is
+    written first, in the transaction that commits after the apply: a database that cannot take it
+    (unreachable, not migrated) stops the apply before any change."""
+    # function-local: keeps `lapse --help` fast
+    from datetime import UTC, datetime
+
+    from lapse.kernel.database import engine_from_settings
+    from lapse.kernel.operator_actions import (
+        TOPICS_APPLY_DESTRUCTIVE,
+        OperatorAction,
+        log_action,
+        record_action,
+        session_user,
+    )
+    from lapse.kernel.provisioning import apply
+
+    if not (reason or "").strip():
+        raise click.UsageError("--allow-destructive needs --reason saying why")
+    if not (actor or "").strip():
+        raise click.UsageError("--allow-destructive needs --actor (or USER) naming the operator")
+    assert reason is not None and actor is not None  # checked just above
+    engine = engine_from_settings(settings)
+    try:
+        with engine.begin() as conn:
+            destructive = [a for a in actions if a.destructive]
+            recorded = record_action(conn, OperatorAction(
+                TOPICS_APPLY_DESTRUCTIVE, actor, reason, ", ".join(sorted({a.topic for a in destructive})),
+                {"changes": {a.topic: {"changes": a.changes, "destructive": list(a.destructive)}
+                             for a in destructive}}), datetime.now(UTC), session_user(conn))
+            done: list[Any] = apply(admin, actions, allow_destructive=True)
+    finally:
+        engine.dispose()
+    log_action(recorded)
+    return done
