@@ -32,6 +32,7 @@ from lapse.kernel.settings import Settings
 log = get_logger("bench")
 
 PARTITIONS = 4
+LATENCY_WARMUP_S = 2.0  # of load at the latency stage's rate before its measured events
 BASELINE_CAP = 3000
 
 T = TypeVar("T")
@@ -141,8 +142,9 @@ def _stages(envs: StageEnvironments, plan: BenchPlan, progress: Callable[[str], 
                           f"for the latency stage: {one['reason']}")
     rate = one["events_per_s"] / 2
     count = max(20, min(n - 1, int(rate * plan.latency_seconds)))
-    progress(f"latency at {rate:.0f} events/s offered, {count} events")
-    out["latency"] = _in(envs, "latency", lambda s: latency.run_latency(s, rate, count),
+    warmup = max(0, min(n - 1 - count, int(rate * LATENCY_WARMUP_S)))
+    progress(f"latency at {rate:.0f} events/s offered, {count} events after {warmup} to warm up")
+    out["latency"] = _in(envs, "latency", lambda s: latency.run_latency(s, rate, count, warmup),
                          batch_size=plan.default_batch)
 
     progress(f"reconciler scan over {plan.scan_rows} rows, audit replay of {n} records")
