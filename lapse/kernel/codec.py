@@ -28,12 +28,18 @@ SINGLE_OBJECT_MAGIC = b"\xc3\x01"
 SINGLE_OBJECT_HEADER_LEN = 10
 CONFLUENT_MAGIC = 0x00
 CONFLUENT_HEADER_LEN = 5
+# A registry schema nested deeper than this (JSON levels) is refused before fastavro sees it: the
+# schemas in schemas/ nest 9 levels at most, and fastavro's compiled parser recurses on the C stack.
+REGISTRY_SCHEMA_MAX_DEPTH = 64
+# At most this many refused registry schema ids are remembered (the oldest goes first).
+REFUSED_SCHEMA_IDS_MAX = 10_000
 
 
 class DecodeError(Exception):
     """Bytes that cannot be decoded; `reason` is a short machine code, str(self) a one-line message.
 
-    Reasons: empty, bad_magic, unknown_fingerprint, unknown_schema_id, malformed_body,
+    Reasons: empty, bad_magic, unknown_fingerprint, unknown_schema_id, unknown_writer_schema (a
+    registry schema that is none of the schemas in schemas/ or schemas/history/), malformed_body,
     unexpected_schema, registry_unavailable, invalid_field (a timestamp no datetime can hold, text
     that is not UTF-8; the message names the field). `transient` is True only when the registry could not
     be reached (retrying later may succeed); every other decode error is permanent for those bytes.
@@ -124,7 +130,15 @@ class Codec:
         self._by_fingerprint = {
             fp: _ReadPlan(s.stem, s.parsed, self._reader_for(s)) for fp, s in store.by_fingerprint.items()
         }
+        # Registry schemas are accepted only as one of these: Parsing Canonical Form -> read plan of
+        # that local (current or history) schema. Comparing the canonical form, not only its CRC-64
+        # fingerprint, means a schema crafted to collide with a local fingerprint is still refused.
+        self._by_canonical_form = {
+            _canonical_form(json.loads(s.schema_json)): self._by_fingerprint[s.fingerprint]
+            for s in (*store.history, *store.current.values())
+        }
         self._by_schema_id: dict[int, _ReadPlan] = {}
+        self._refused_schema_ids: dict[int, tuple[str, str]] = {}  # id -> (reason, message), permanent
         self._projections: dict[tuple[int, tuple[str, ...]], _ReadPlan] = {}
         self._headers: dict[str, bytes] = {}
         if registry is None:
@@ -225,33 +239,100 @@ class Codec:
         raise DecodeError("bad_magic", f"not an Avro record: first byte 0x{first:02x}")
 
     def _fetch(self, schema_id: int) -> _ReadPlan:
-        """Resolve an unseen registry id to a read plan (network call, then cached)."""
+        """Resolve an unseen registry id to a read plan (network call, then cached).
+
+        The registry's schema is accepted only if its Parsing Canonical Form (whose CRC-64 is the
+        fingerprint the store uses for local files) is that of a current schema or of one in
+        schemas/history/; the plan then reads with that local schema, resolved into the current one,
+        so no registry-supplied schema ever reaches fastavro's reader. Anything else is permanently
+        refused (and remembered per id, so it is neither fetched nor examined again).
+        """
         assert self.registry is not None
+        refused = self._refused_schema_ids.get(schema_id)
+        if refused is not None:
+            raise DecodeError(*refused)
         try:
-            raw = json.loads(self.registry.schema_by_id(schema_id))
-            writer = fastavro.parse_schema(raw, named_schemas={})
+            schema_text = self.registry.schema_by_id(schema_id)
         except SchemaRegistryError as exc:
-            if exc.not_found:
+            if exc.not_found:  # the client remembers a 404 for a while; the id may be registered later
                 message = f"schema id {schema_id} is not in the registry"
                 raise DecodeError("unknown_schema_id", message) from None
             raise DecodeError("registry_unavailable", str(exc), transient=exc.transient) from None
-        except (ValueError, fastavro.schema.SchemaParseException) as exc:
-            message = f"schema id {schema_id} is not a valid Avro schema: {exc}"
-            raise DecodeError("unknown_schema_id", message) from None
-        name = writer.get("name") if isinstance(writer, dict) else writer
-        current = self.store.by_name.get(name) if isinstance(name, str) else None
-        if current is None:
-            message = f"schema id {schema_id} is {name!r}, not a Lapse record"
-            raise DecodeError("unexpected_schema", message)
-        same = schema_fingerprint(raw) == current.fingerprint
-        plan = _ReadPlan(current.stem, current.parsed if same else writer, None if same else current.parsed)
+        try:
+            plan = self._accept(schema_id, schema_text)
+        except DecodeError as exc:
+            if len(self._refused_schema_ids) >= REFUSED_SCHEMA_IDS_MAX:
+                self._refused_schema_ids.pop(next(iter(self._refused_schema_ids)), None)
+            self._refused_schema_ids[schema_id] = (exc.reason, str(exc))
+            raise
         self._by_schema_id[schema_id] = plan
         return plan
+
+    def _accept(self, schema_id: int, schema_text: str) -> _ReadPlan:
+        """The read plan of the local schema that `schema_text` is, or DecodeError (permanent)."""
+        try:
+            raw = json.loads(schema_text)
+        except (ValueError, RecursionError) as exc:
+            message = f"schema id {schema_id} is not a valid Avro schema: {exc}"
+            raise DecodeError("unknown_schema_id", message.replace("\n", " ")) from None
+        if _nesting_depth(raw, REGISTRY_SCHEMA_MAX_DEPTH) > REGISTRY_SCHEMA_MAX_DEPTH:
+            message = (f"schema id {schema_id} nests deeper than {REGISTRY_SCHEMA_MAX_DEPTH} levels, so it is "
+                       "neither the current schema nor one in schemas/history (not parsed)")
+            raise DecodeError("unknown_writer_schema", message)
+        try:
+            canonical = _canonical_form(raw)
+        except Exception as exc:  # fastavro raises SchemaParseException, UnknownType, KeyError, TypeError…
+            message = f"schema id {schema_id} is not a valid Avro schema: {type(exc).__name__}: {exc}"
+            raise DecodeError("unknown_schema_id", message.replace("\n", " ")) from None
+        plan = self._by_canonical_form.get(canonical)
+        if plan is not None:
+            return plan
+        name = _canonical_name(canonical)
+        if name not in self.store.by_name:
+            message = f"schema id {schema_id} is {name!r}, not a Lapse record"
+            raise DecodeError("unexpected_schema", message.replace("\n", " "))
+        fp = fingerprint(canonical, "CRC-64-AVRO")
+        message = (f"schema id {schema_id} is {name} with fingerprint {fp}, which is neither the current "
+                   "schema nor one in schemas/history")
+        raise DecodeError("unknown_writer_schema", message)
 
     def _reader_for(self, writer: StoredSchema) -> Schema | None:
         """None when the writer is the current schema (no resolution needed), else the current one."""
         current = self.store.current[writer.stem]
         return None if writer.fingerprint == current.fingerprint else current.parsed
+
+
+def _canonical_form(schema: Any) -> str:
+    """The Parsing Canonical Form of a schema (JSON as loaded), as `schema_fingerprint` computes it."""
+    return str(to_parsing_canonical_form(schema))
+
+
+def _canonical_name(canonical: str) -> str | None:
+    """The full name of a named schema in Parsing Canonical Form; for other schemas, the type (a
+    primitive) or None."""
+    try:
+        schema = json.loads(canonical)
+    except ValueError:
+        return None
+    if isinstance(schema, dict):
+        name = schema.get("name")
+        return name if isinstance(name, str) else None
+    return schema if isinstance(schema, str) else None
+
+
+def _nesting_depth(value: Any, limit: int) -> int:
+    """How deeply JSON `value` nests (a scalar is 0), without recursion; stops counting past `limit`."""
+    deepest = 0
+    stack = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, dict | list):
+            deepest = max(deepest, depth)
+            if depth > limit:
+                return depth
+            children = item.values() if isinstance(item, dict) else item
+            stack.extend((child, depth + 1) for child in children)
+    return deepest
 
 
 def _read(plan: _ReadPlan, data: bytes, offset: int) -> dict[str, Any]:
