@@ -17,9 +17,9 @@ from lapse.kernel.kinds import CleanupKind, load_kinds
 from lapse.kernel.ledger import (
     DEAD_LETTER,
     UNFINISHED,
-    counts_by_state_and_kind,
     expired_claims,
     has_ledger_row,
+    ledger_counts,
     ledger_state_of,
     oldest_unfinished_due,
     outbox_backlog,
@@ -33,15 +33,22 @@ def _age_s(now: datetime, since: datetime | None) -> float | None:
 
 
 def ledger_status(conn: Connection, now: datetime) -> dict[str, Any]:
-    """Counts by state and kind, the oldest eligible-but-unfinished age, expired claims."""
+    """Counts by state and kind, the oldest eligible-but-unfinished age, expired claims.
+
+    `ledger` is {state: {kind: rows}}; the states listed in `ledger_estimated` (applied and skipped
+    on a large PostgreSQL ledger, none otherwise) carry the planner's estimates, not exact counts
+    (`lapse.kernel.ledger.reads.ledger_counts` says when and how). On a large ledger no query here
+    scans it: each reads a partial index or the planner's statistics."""
     by_state: dict[str, dict[str, int]] = {}
-    for count in counts_by_state_and_kind(conn):
+    counted = ledger_counts(conn)
+    for count in counted.counts:
         by_state.setdefault(count.state, {})[count.kind] = count.rows
     oldest_due = oldest_unfinished_due(conn, now)
     expired = expired_claims(conn, now)
     backlog = outbox_backlog(conn)
     return {
         "ledger": {s: dict(sorted(k.items())) for s, k in sorted(by_state.items())},
+        "ledger_estimated": sorted(counted.estimated),
         "oldest_eligible_age_s": _age_s(now, oldest_due),
         "dead_letters": sum(by_state.get(DEAD_LETTER, {}).values()),
         "expired_claims": {"count": expired.count,

@@ -14,6 +14,7 @@ from typing import Any
 from prometheus_client import Gauge, start_http_server
 
 from lapse.kernel.database import engine_from_settings
+from lapse.kernel.ledger import STATES
 from lapse.kernel.logs import get_logger
 from lapse.kernel.settings import Settings
 from lapse.readers import status_report
@@ -31,6 +32,7 @@ LAG_RECORDS = Gauge("lapse_consumer_lag_records", "Records behind the end of the
 LAG_SECONDS = Gauge("lapse_consumer_lag_seconds", "Age of the oldest unconsumed record.", ["group", "topic"])
 
 _served: set[int] = set()
+_lag_labels: set[tuple[str, str]] = set()  # the (group, topic) series the last observe_status set
 
 
 def serve(settings: Settings, offset: int = 0) -> int | None:
@@ -47,17 +49,29 @@ def serve(settings: Settings, offset: int = 0) -> int | None:
 
 
 def observe_status(report: dict[str, Any]) -> None:
-    """Set the alarm gauges from a `lapse.readers.status.status_report` dict."""
+    """Set the alarm gauges from a `lapse.readers.status.status_report` dict, leaving no series of
+    an earlier report behind: every ledger state is set (0 when absent), lag series not in this
+    report are removed. `lapse_ledger_rows` of applied and skipped may be estimates (the report's
+    `ledger_estimated`)."""
     OLDEST_ELIGIBLE.set(report["oldest_eligible_age_s"] or 0)
     EXPIRED_CLAIMS.set(report["expired_claims"]["count"])
     OUTBOX_UNSENT.set(report["outbox"]["unsent"])
     OUTBOX_OLDEST_UNSENT.set(report["outbox"]["oldest_unsent_age_s"] or 0)
-    for state, kinds in report["ledger"].items():
-        LEDGER_ROWS.labels(state=state).set(sum(kinds.values()))
-    for row in report.get("lag", []):
-        if "error" not in row:
-            LAG_RECORDS.labels(group=row["group"], topic=row["topic"]).set(row["records"])
-            LAG_SECONDS.labels(group=row["group"], topic=row["topic"]).set(row["seconds"])
+    # Every state every time (0 when it has no rows), so a state emptied since shows 0, not its
+    # last count.
+    for state in STATES:
+        LEDGER_ROWS.labels(state=state).set(sum(report["ledger"].get(state, {}).values()))
+    # The lag of the (group, topic) pairs in this report; a pair gone from it, or whose lag could
+    # not be read this time, loses its series rather than keep a stale value.
+    lag = {(row["group"], row["topic"]): row for row in report.get("lag", []) if "error" not in row}
+    for labels in _lag_labels - lag.keys():
+        LAG_RECORDS.remove(*labels)
+        LAG_SECONDS.remove(*labels)
+    for (group, topic), row in lag.items():
+        LAG_RECORDS.labels(group=group, topic=topic).set(row["records"])
+        LAG_SECONDS.labels(group=group, topic=topic).set(row["seconds"])
+    _lag_labels.clear()
+    _lag_labels.update(lag.keys())
 
 
 def monitor(settings: Settings, stop: threading.Event, interval_s: float = 15.0) -> None:

@@ -74,6 +74,15 @@ class StateKindCount:
 
 
 @dataclass(frozen=True, slots=True)
+class LedgerCounts:
+    """The ledger's rows by (state, kind) (`reads.ledger_counts`); the counts of the states in
+    `estimated` are the planner's estimates, every other count is exact."""
+
+    counts: tuple[StateKindCount, ...]
+    estimated: frozenset[str] = frozenset()
+
+
+@dataclass(frozen=True, slots=True)
 class OutboxBacklog:
     """Outbox rows not yet published, and when the oldest of them was written (None: none); how
     far the relay is behind, an alarm signal of `lapse status`."""

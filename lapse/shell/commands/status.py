@@ -13,9 +13,11 @@ from lapse.shell.cli_options import connection_options, emit, pass_settings, set
 
 
 def _text(r: dict[str, Any]) -> str:
-    lines = ["ledger:"]
+    estimated = set(r.get("ledger_estimated", ()))
+    lines = ["ledger:" + (" (~: estimated)" if estimated else "")]
     for state, kinds in r["ledger"].items():
-        lines.append(f"  {state:<16} " + " ".join(f"{k}={n}" for k, n in kinds.items()))
+        mark = "~" if state in estimated else ""
+        lines.append(f"  {state:<16} " + " ".join(f"{k}={mark}{n}" for k, n in kinds.items()))
     for kind, work in (r.get("eligible") or {}).items():
         more = "+" if work["capped"] else ""
         oldest = "" if work["oldest_due_age_s"] is None else f", oldest due {work['oldest_due_age_s']:.0f}s ago"
@@ -47,7 +49,8 @@ def _text(r: dict[str, Any]) -> str:
 @click.option("--json", "as_json", is_flag=True, help="Print the status as JSON.")
 @pass_settings
 def status(settings: Settings, watch: float | None, no_lag: bool, as_json: bool) -> None:
-    """Ledger counts by state and kind, the oldest eligible-but-unfinished operation, expired
+    """Ledger counts by state and kind (applied and skipped estimated, marked ~, on a large
+    PostgreSQL ledger), the oldest eligible-but-unfinished operation, expired
     claims, dead letters and the lag of every group declared in topics.yaml."""
     # function-local: keeps `lapse --help` fast
     from lapse.kernel.database import engine_from_settings
