@@ -3,14 +3,10 @@
 from __future__ import annotations
 
 import base64
-import json
 import random
-import re
 import socket
-import threading
 from collections.abc import Iterator
 from datetime import UTC, datetime
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from io import BytesIO
 
 import fastavro
@@ -18,6 +14,7 @@ import pytest
 
 from lapse.kernel.codec import Codec, DecodeError, EncodeError, SchemaRegistryError, SchemaStore
 from lapse.kernel.settings import REPO_ROOT, Settings, load_settings
+from tests.fixtures.registry import FakeRegistry, serving
 from tests.fixtures.topology import repo_topology
 
 SCHEMAS_DIR = REPO_ROOT / "schemas"
@@ -176,73 +173,10 @@ def test_encode_unknown_schema_name(codec: Codec) -> None:
 # Confluent wire format, against a real HTTP server standing in for the registry.
 
 
-class FakeRegistry(ThreadingHTTPServer):
-    """A test double of the Confluent schema registry (no registry server or Docker on this machine).
-
-    A real HTTP server on 127.0.0.1 implementing only POST /subjects/{subject}/versions and
-    GET /schemas/ids/{id} of the registry REST API; the code under test talks to it over HTTP.
-    """
-
-    def __init__(self) -> None:
-        super().__init__(("127.0.0.1", 0), _RegistryHandler)
-        self.schemas: list[str] = []  # id - 1 -> schema text
-        self.subjects: dict[str, list[int]] = {}
-        self.authorizations: list[str | None] = []
-        self.gets = 0
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.server_address[1]}"
-
-    def add(self, subject: str, schema: str) -> int:
-        if schema not in self.schemas:
-            self.schemas.append(schema)
-        schema_id = self.schemas.index(schema) + 1
-        self.subjects.setdefault(subject, []).append(schema_id)
-        return schema_id
-
-
-class _RegistryHandler(BaseHTTPRequestHandler):
-    server: FakeRegistry
-
-    def do_POST(self) -> None:
-        self.server.authorizations.append(self.headers.get("Authorization"))
-        match = re.fullmatch(r"/subjects/([^/]+)/versions", self.path)
-        if not match:
-            return self._send(404, {"error_code": 404, "message": "HTTP 404 Not Found"})
-        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-        self._send(200, {"id": self.server.add(match.group(1), body["schema"])})
-
-    def do_GET(self) -> None:
-        self.server.authorizations.append(self.headers.get("Authorization"))
-        self.server.gets += 1
-        match = re.fullmatch(r"/schemas/ids/(\d+)", self.path)
-        schema_id = int(match.group(1)) if match else 0
-        if not 1 <= schema_id <= len(self.server.schemas):
-            return self._send(404, {"error_code": 40403, "message": "Schema not found"})
-        self._send(200, {"schema": self.server.schemas[schema_id - 1]})
-
-    def _send(self, status: int, payload: dict) -> None:
-        data = json.dumps(payload).encode()
-        self.send_response(status)
-        self.send_header("Content-Type", "application/vnd.schemaregistry.v1+json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
-    def log_message(self, *args) -> None:  # keep pytest output clean
-        pass
-
-
 @pytest.fixture
 def registry() -> Iterator[FakeRegistry]:
-    server = FakeRegistry()
-    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
-    thread.start()
-    yield server
-    server.shutdown()
-    server.server_close()
-    thread.join()
+    with serving() as server:
+        yield server
 
 
 def registry_codec(registry: FakeRegistry) -> Codec:

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import copy
 import json
-import threading
 from collections.abc import Iterator
 from io import BytesIO
 from typing import Any, cast
@@ -26,7 +25,8 @@ from hypothesis import strategies as st
 from lapse.kernel import codec as codec_module
 from lapse.kernel.codec import Codec, DecodeError, SchemaStore, StoredSchema, schema_fingerprint
 from lapse.kernel.schema_registry import SchemaRegistryClient
-from tests.unit.test_codec import RECORDS, SCHEMAS_DIR, FakeRegistry
+from tests.fixtures.registry import FakeRegistry, serving
+from tests.unit.test_codec import RECORDS, SCHEMAS_DIR
 from tests.unit.test_schemas import resolved, sample
 
 STORE = SchemaStore(SCHEMAS_DIR)
@@ -35,13 +35,8 @@ LOCAL = [*STORE.current.values(), *STORE.history]
 
 @pytest.fixture(scope="module")
 def registry() -> Iterator[FakeRegistry]:
-    server = FakeRegistry()
-    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
-    thread.start()
-    yield server
-    server.shutdown()
-    server.server_close()
-    thread.join()
+    with serving() as server:
+        yield server
 
 
 def fresh_codec(registry: FakeRegistry) -> Codec:
