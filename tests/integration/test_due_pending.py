@@ -17,7 +17,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from sqlalchemy import Connection, insert, select, update
 
-from lapse.devtools.demo_tables import artifacts, reservations
+from lapse.devtools.demo_tables import reservations
 from lapse.kernel.kinds import CleanupKind
 from lapse.kernel.ledger import (
     PENDING,
@@ -51,11 +51,14 @@ from tests.fixtures.settle import (
     kinds_for,
     ledger_row,
     ledger_writes,
+    paid_before_the_effect,
     race_fast_and_careful,
     release_event,
     reservation,
+    rolled_back_batch,
     scope,
-    snapshot,
+    seed_business,
+    world_strategy,
 )
 
 SUBJECTS = 6
@@ -118,20 +121,10 @@ def sweep(conn: Connection, kind: CleanupKind, at: datetime) -> list[ExpiryEvent
 
 def seed(conn: Connection, kinds: dict[str, CleanupKind], world: dict[str, Any]) -> list[ExpiryEvent]:
     """Business rows, ledger rows, then the sweep if the world runs it; returns what the sweep emitted."""
-    rows = []
-    for rid, (business, tenant) in enumerate(world["subjects"], start=1):
-        if business != "missing":
-            due = NOW + timedelta(minutes=20) if business == "later" else NOW - timedelta(minutes=10)
-            rows.append(reservation(rid, "paid" if business == "paid" else "held", tenant, due))
-    if rows:
-        conn.execute(insert(reservations), rows)
+    seed_business(conn, world)
     for rid, state in enumerate(world["ledger"], start=1):
         if state:
             seed_ledger(conn, rid, state)
-    if world["artifacts"]:
-        conn.execute(insert(artifacts), [
-            {"id": a, "tenant": TENANT, "object_key": f"exports/{a}.csv", "status": "live",
-             "retain_until": NOW - timedelta(minutes=1)} for a in (1, 2)])
     return sweep(conn, kinds[RELEASE], SWEPT_AT) if world["sweep"] else []
 
 
@@ -162,15 +155,8 @@ def batch_events(conn: Connection, world: dict[str, Any], emitted: list[ExpiryEv
 
 def run_world(engine, kinds, world: dict[str, Any], picks, *, fast: bool) -> dict[str, Any]:
     """Seed `world`, run the batch (with or without the fast path), snapshot, roll everything back."""
-    with engine.connect() as conn:
-        trans = conn.begin()
-        try:
-            emitted = seed(conn, kinds, world)
-            events = batch_events(conn, world, emitted, picks)
-            result = apply_batch(scope(conn, kinds), events, fast_path=fast)
-            return snapshot(conn, result)
-        finally:
-            trans.rollback()
+    return rolled_back_batch(engine, kinds, lambda conn: batch_events(conn, world, seed(conn, kinds, world), picks),
+                             fast=fast)
 
 
 def arbitrary_event(subject: int | str, due_later: bool, attempt: int, tenant: str, replay: bool) -> ExpiryEvent:
@@ -184,17 +170,11 @@ picks_strategy = st.lists(st.one_of(
         arbitrary_event, st.one_of(st.integers(1, SUBJECTS), st.just("abc")), st.booleans(), st.integers(0, 3),
         st.sampled_from([TENANT, TENANT, TENANT, "t2"]), st.booleans()))),
     min_size=1, max_size=14)
-world_strategy = st.fixed_dictionaries({
-    "subjects": st.lists(st.tuples(st.sampled_from(BUSINESS), st.sampled_from([TENANT, TENANT, TENANT, "t2"])),
-                         min_size=SUBJECTS, max_size=SUBJECTS),
-    "ledger": st.lists(st.sampled_from(LEDGER), min_size=SUBJECTS, max_size=SUBJECTS),
-    "sweep": st.booleans(),
-    "artifacts": st.booleans(),
-})
+worlds = world_strategy(SUBJECTS, BUSINESS, LEDGER, sweep=st.booleans())
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(world=world_strategy, picks=picks_strategy)
+@given(world=worlds, picks=picks_strategy)
 def test_waiting_rows_end_as_on_the_careful_path(db_url, world, picks):
     """Mixed batches over rows the sweep, `schedule_cleanup` and replays create — due and not due,
     with and without replay ids, at attempt 0 and after rechecks — and over retries, live and
@@ -297,15 +277,7 @@ def test_a_business_row_that_changes_before_the_effect_is_undone_and_skipped(db_
     payment came first."""
     engine = engine_for(db_url)
     release = kinds_for(db_url)[RELEASE]
-    paid: list[int] = []
-
-    def pay_then_release(conn, ids, now):
-        if not paid:
-            conn.execute(update(reservations).where(reservations.c.id == 2).values(status="paid"))
-            paid.append(2)
-        return release.apply_in_db(conn, ids, now)
-
-    kinds = {RELEASE: replace(release, apply_in_db=pay_then_release)}
+    kinds = paid_before_the_effect(release, 2)
     with engine.connect() as conn, conn.begin() as trans:
         conn.execute(insert(reservations), [reservation(rid) for rid in (1, 2)])
         seed_ledger(conn, 2, "recheck")

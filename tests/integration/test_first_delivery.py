@@ -13,9 +13,9 @@ from typing import Any
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from sqlalchemy import insert, select, update
+from sqlalchemy import insert, select
 
-from lapse.devtools.demo_tables import artifacts, reservations
+from lapse.devtools.demo_tables import reservations
 from lapse.kernel.database import make_engine
 from lapse.kernel.ledger import ExpiryEvent, expiry_event, insert_pending
 from lapse.kernel.models import cleanup_ledger, ledger_transitions, outbox
@@ -34,11 +34,14 @@ from tests.fixtures.settle import (
     kinds_for,
     ledger_row,
     ledger_writes,
+    paid_before_the_effect,
     race_fast_and_careful,
     release_event,
     reservation,
+    rolled_back_batch,
     scope,
-    snapshot,
+    seed_business,
+    world_strategy,
 )
 
 SUBJECTS = 6  # reservation ids 1..6 (artifact ids 1..2)
@@ -50,32 +53,19 @@ LEDGER = [None, None, None, "pending", "pending_later", "applied", "skipped", "d
 
 
 def seed(conn, world: dict[str, Any]) -> None:
-    rows = []
-    for rid, (business, tenant) in enumerate(world["subjects"], start=1):
-        if business != "missing":
-            due = NOW + timedelta(minutes=20) if business == "later" else NOW - timedelta(minutes=10)
-            rows.append(reservation(rid, "paid" if business == "paid" else "held", tenant, due))
-    if rows:
-        conn.execute(insert(reservations), rows)
+    seed_business(conn, world)
     ledger_rows = [ledger_row(RELEASE, rid, state) for rid, state in enumerate(world["ledger"], start=1) if state]
     if ledger_rows:
         conn.execute(insert(cleanup_ledger), ledger_rows)
-    if world["artifacts"]:
-        conn.execute(insert(artifacts), [
-            {"id": a, "tenant": TENANT, "object_key": f"exports/{a}.csv", "status": "live",
-             "retain_until": NOW - timedelta(minutes=1)} for a in (1, 2)])
 
 
 def run_world(engine, kinds, world: dict[str, Any], events: list[ExpiryEvent], *, fast: bool) -> dict[str, Any]:
     """Seed `world`, run the batch (with or without the fast path), snapshot, roll everything back."""
-    with engine.connect() as conn:
-        trans = conn.begin()
-        try:
-            seed(conn, world)
-            result = apply_batch(scope(conn, kinds), events, fast_path=fast)
-            return snapshot(conn, result)
-        finally:
-            trans.rollback()
+    def prepare(conn) -> list[ExpiryEvent]:
+        seed(conn, world)
+        return events
+
+    return rolled_back_batch(engine, kinds, prepare, fast=fast)
 
 
 events_strategy = st.lists(
@@ -85,16 +75,11 @@ events_strategy = st.lists(
               attempt=st.integers(0, 1),
               tenant=st.sampled_from([TENANT, TENANT, TENANT, "t2"])),
     min_size=1, max_size=14)
-world_strategy = st.fixed_dictionaries({
-    "subjects": st.lists(st.tuples(st.sampled_from(BUSINESS), st.sampled_from([TENANT, TENANT, TENANT, "t2"])),
-                         min_size=SUBJECTS, max_size=SUBJECTS),
-    "ledger": st.lists(st.sampled_from(LEDGER), min_size=SUBJECTS, max_size=SUBJECTS),
-    "artifacts": st.booleans(),
-})
+worlds = world_strategy(SUBJECTS, BUSINESS, LEDGER)
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(world=world_strategy, events=events_strategy)
+@given(world=worlds, events=events_strategy)
 def test_fast_path_leaves_what_the_careful_path_leaves(db_url, world, events):
     """Mixed batches — first deliveries, redeliveries of every ledger state, events not due, missing
     subjects, other tenants, malformed subjects, external-effect kinds, duplicates in the batch — end
@@ -211,15 +196,7 @@ def test_a_business_row_that_changes_before_the_effect_goes_to_the_careful_path(
     the same rows it records when the payment came first."""
     engine = make_engine(db_url)
     release = demo_kinds(engine)[RELEASE]
-    paid: list[int] = []
-
-    def pay_then_release(conn, ids, now):
-        if not paid:
-            conn.execute(update(reservations).where(reservations.c.id == 2).values(status="paid"))
-            paid.append(2)
-        return release.apply_in_db(conn, ids, now)
-
-    kinds = {RELEASE: replace(release, apply_in_db=pay_then_release)}
+    kinds = paid_before_the_effect(release, 2)
     with engine.begin() as conn:
         conn.execute(insert(reservations), [reservation(rid) for rid in (1, 2)])
     with engine.begin() as conn:
