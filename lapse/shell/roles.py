@@ -115,8 +115,8 @@ def run_relay_role(settings: Settings, kwargs: dict[str, Any]) -> int:
 
 
 def run_sweep_role(settings: Settings, kwargs: dict[str, Any]) -> None:
-    """A sweep pass every `sweep_interval_s` until stopped; an outage (`is_transient`) is waited
-    out with backoff, then the pass runs again."""
+    """A sweep pass every `sweep_interval_s` until stopped; a pass that meets an outage is waited
+    out with backoff and run again (`when_reachable`)."""
     stop = stop_on_signals()
     engine = engine_from_settings(settings)
     kinds = when_reachable("sweep", stop, lambda: checked_kinds(settings, engine))
@@ -126,16 +126,8 @@ def run_sweep_role(settings: Settings, kwargs: dict[str, Any]) -> None:
     producer = make_producer(settings)
     codec = Codec.from_settings(settings)
     try:
-        outage = Outage("sweep", log)
-        while not stop.is_set():
-            try:
-                sweep_once(engine, producer, codec, settings, kinds, stop=stop)
-            except Exception as exc:
-                if not is_transient(exc):
-                    raise
-                outage.wait(exc, stop)
-                continue
-            outage.over()
+        while when_reachable("sweep", stop, lambda: sweep_once(engine, producer, codec, settings, kinds,
+                                                               stop=stop)) is not None:
             stop.wait(settings.producer.sweep_interval_s)
     finally:
         producer.flush(10)
@@ -143,8 +135,9 @@ def run_sweep_role(settings: Settings, kwargs: dict[str, Any]) -> None:
 
 
 def run_reconcile_role(settings: Settings, kwargs: dict[str, Any]) -> None:
-    """A reconciler pass every `reconcile_interval_s` until stopped; an outage (`is_transient`) is
-    waited out with backoff, any other failed pass is logged and retried next time."""
+    """A reconciler pass every `reconcile_interval_s` until stopped; a pass that meets an outage is
+    waited out with backoff and run again (`when_reachable`), any other failed pass is logged and
+    retried next time."""
     stop = stop_on_signals()
     engine = engine_from_settings(settings)
     kinds = when_reachable("reconcile", stop, lambda: checked_kinds(settings, engine))
@@ -153,18 +146,18 @@ def run_reconcile_role(settings: Settings, kwargs: dict[str, Any]) -> None:
         return
     producer = make_producer(settings)
     reconciler = Reconciler(engine, producer, Codec.from_settings(settings), settings, kinds, stop=stop)
+
+    def one_pass() -> bool:
+        try:
+            reconciler.run_once()
+        except Exception as exc:
+            if _is_outage(exc):
+                raise
+            log.exception("reconcile pass failed")
+        return True
+
     try:
-        outage = Outage("reconcile", log)
-        while not stop.is_set():
-            try:
-                reconciler.run_once()
-            except Exception as exc:
-                if is_transient(exc):
-                    outage.wait(exc, stop)
-                    continue
-                log.exception("reconcile pass failed")
-            else:
-                outage.over()
+        while when_reachable("reconcile", stop, one_pass) is not None:
             stop.wait(settings.reconciler.interval_s)
     finally:
         producer.flush(10)
