@@ -41,12 +41,8 @@ def run_naive(settings: Settings, events: int) -> dict[str, Any]:
             return 0
         now = datetime.now(UTC)
         event = ExpiryEvent.from_record(codec.decode_expected("expiry_event", msg.value() or b""))
-        try:
-            apply_one(conn, sql, event, worker="bench-naive", outcomes_topic=outcomes, now=now)
-            conn.commit()
-        except BaseException:
-            conn.rollback()
-            raise
+        _in_transaction(conn, lambda: apply_one(conn, sql, event, worker="bench-naive",
+                                                outcomes_topic=outcomes, now=now))
         consumer.commit(message=msg, asynchronous=False)
         return 1
 
@@ -66,17 +62,23 @@ def run_batched_naive(settings: Settings, events: int, batch: int = BATCHED_NAIV
         now = datetime.now(UTC)
         decoded = [ExpiryEvent.from_record(codec.decode_expected("expiry_event", m.value() or b""))
                    for m in messages]
-        try:
-            apply_many(conn, sql, decoded, worker="bench-batched-naive", outcomes_topic=outcomes, now=now)
-            conn.commit()
-        except BaseException:
-            conn.rollback()
-            raise
+        _in_transaction(conn, lambda: apply_many(conn, sql, decoded, worker="bench-batched-naive",
+                                                 outcomes_topic=outcomes, now=now))
         consumer.commit(offsets=_next_offsets(messages), asynchronous=False)
         return len(messages)
 
     result = _drain(settings, events, step)
     return {**result, "batch_size": batch}
+
+
+def _in_transaction(conn: Any, work: Callable[[], object]) -> None:
+    """Run `work` and commit, or roll back and raise: one transaction of the driver connection."""
+    try:
+        work()
+        conn.commit()
+    except BaseException:
+        conn.rollback()
+        raise
 
 
 def _drain(settings: Settings, events: int, step: Callable[[Consumer, Any, LeanSql], int]) -> dict[str, Any]:
