@@ -216,12 +216,26 @@ def emitted(p) -> list[ExpiryEvent]:
     return [from_payload(p.codec.decode_expected("expiry_event", m.value())) for m in records]
 
 
-def test_sweep_emits_a_due_reservation_whose_row_waits_for_2100_once(pipeline):
-    p = pipeline
-    kinds = load_kinds(p.settings, p.engine)
-    rid = 5
+def parked_behind_a_due_reservation(p, rid: int) -> dict:
+    """A row left waiting for 2100 whose reservation is due a minute from NOW; the demo's kinds."""
     parked(p.engine, rid, FAR)
     reservation(p.engine, rid, NOW + timedelta(minutes=1))
+    return load_kinds(p.settings, p.engine)
+
+
+def apply_the_one_emitted(p, kinds, rid: int, at: datetime) -> ExpiryEvent:
+    """Process the single event emitted to the expiry topic at `at`: its reservation is released."""
+    (sent,) = emitted(p)
+    done = run(p.engine, [sent], at, p.settings.topology, kinds)
+    assert done.applied == [key(rid)]
+    assert status(p.engine, rid) == "released"
+    return sent
+
+
+def test_sweep_emits_a_due_reservation_whose_row_waits_for_2100_once(pipeline):
+    p = pipeline
+    rid = 5
+    kinds = parked_behind_a_due_reservation(p, rid)
     later = NOW + timedelta(minutes=2)
     producer = make_producer(p.settings)
     first = sweep_once(p.engine, producer, p.codec, p.settings, kinds, clock=lambda: later)
@@ -229,10 +243,7 @@ def test_sweep_emits_a_due_reservation_whose_row_waits_for_2100_once(pipeline):
     assert (first.emitted, second.emitted) == (1, 0)
     row = ledger(p.engine, rid)
     assert (row["state"], row["due_at"]) == ("pending", later)
-    (sent,) = emitted(p)
-    done = run(p.engine, [sent], later + timedelta(seconds=1), p.settings.topology, kinds)
-    assert done.applied == [key(rid)]
-    assert status(p.engine, rid) == "released"
+    apply_the_one_emitted(p, kinds, rid, later + timedelta(seconds=1))
     assert moves(p.engine, rid) == [("pending", "pending", "sweep"), ("pending", "applied", "w1")]
     assert outcomes(p.engine, p.settings.topology) == ["applied"]
 
@@ -249,29 +260,21 @@ def test_sweep_emits_a_reservation_that_appeared_after_its_event_as_soon_as_it_i
     due = NOW + timedelta(minutes=4)  # long before the recheck
     report = sweep_once(p.engine, producer, p.codec, p.settings, kinds, clock=lambda: due)
     assert (not_yet.emitted, report.emitted) == (0, 1)
-    (sent,) = emitted(p)
+    sent = apply_the_one_emitted(p, kinds, rid, due + timedelta(seconds=1))
     assert sent.attempt == 1  # the row's attempt: not taken for a stale wake-up
-    done = run(p.engine, [sent], due + timedelta(seconds=1), p.settings.topology, kinds)
-    assert done.applied == [key(rid)]
-    assert status(p.engine, rid) == "released"
     assert outcomes(p.engine, p.settings.topology) == ["applied"]
 
 
 def test_reconciler_brings_forward_a_due_reservation_whose_row_waits_for_2100(pipeline):
     p = pipeline
-    kinds = load_kinds(p.settings, p.engine)
     rid = 11
-    parked(p.engine, rid, FAR)
-    reservation(p.engine, rid, NOW + timedelta(minutes=1))
+    kinds = parked_behind_a_due_reservation(p, rid)
     later = NOW + timedelta(hours=1)
     rec = Reconciler(p.engine, make_producer(p.settings), p.codec, p.settings, kinds, clock=lambda: later)
     first, second = rec.run_once(), rec.run_once()
     assert first.gaps == {"waiting_past_due": 1} and first.reemitted == 1
     assert second.reemitted == 0
-    (sent,) = emitted(p)
-    done = run(p.engine, [sent], later + timedelta(seconds=1), p.settings.topology, kinds)
-    assert done.applied == [key(rid)]
-    assert status(p.engine, rid) == "released"
+    apply_the_one_emitted(p, kinds, rid, later + timedelta(seconds=1))
     with p.engine.connect() as conn:
         assert conn.execute(select(func.count()).select_from(cleanup_ledger)).scalar() == 1
     assert moves(p.engine, rid) == [("pending", "pending", "reconciler"), ("pending", "applied", "w1")]
