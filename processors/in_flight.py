@@ -68,8 +68,10 @@ class InFlight(Generic[T]):
         return self._batch is not None
 
     def ready(self) -> bool:
-        """Whether `settle` would not wait: the batch's work has ended or waits for a call."""
-        return not self._calls.empty()
+        """Whether `settle` would not wait: no batch is in flight (a rebalance callback may have
+        settled it while the worker waited for more records), or its work has ended or waits for
+        a call."""
+        return self._batch is None or not self._calls.empty()
 
     def submit(self, messages: list[Message], decoded: Any, work: Callable[[], T]) -> None:
         """Start `work` for `messages` (decoded as `decoded`) on the batch thread; the slot must
