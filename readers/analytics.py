@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from lapse.kernel.codec import Codec, DecodeError
+from lapse.kernel.connections import faust_connection
 from lapse.kernel.ledger import APPLIED, DEAD_LETTER, TERMINAL, millis
 from lapse.kernel.settings import Settings
 from lapse.readers.offsets import manual_consumer, partitions_of
@@ -131,12 +132,14 @@ def _prune(tables: Tables, now: datetime, keep: timedelta) -> None:
 
 
 def build_app(settings: Settings, options: AnalyticsOptions, partitions: int) -> faust.App:
-    """The Faust app over settings.topology.outcomes; `partitions` is that topic's partition count."""
+    """The Faust app over settings.topology.outcomes; `partitions` is that topic's partition count.
+    It reaches Kafka with the same security as the librdkafka clients (lapse.kernel.connections),
+    or refuses to be built (ConnectionRefused) when that security cannot be mapped to Faust."""
     import faust  # function-local: faust takes a second to import; `lapse --help` must not
 
     codec = Codec.from_settings(settings)
     app = faust.App(
-        options.app_id, broker=f"kafka://{settings.kafka.bootstrap_servers}", store="memory://",
+        options.app_id, **faust_connection(settings.kafka), store="memory://",
         key_serializer="json", value_serializer="json", datadir=str(options.data_dir), web_port=options.web_port,
         web_bind=settings.runtime.web_bind,
         topic_partitions=partitions, topic_replication_factor=options.replication_factor,
@@ -177,6 +180,7 @@ def run_analytics(settings: Settings, options: AnalyticsOptions) -> None:
     """Run the Faust worker until SIGTERM/SIGINT."""
     import faust  # function-local: faust takes a second to import; `lapse --help` must not
 
+    faust_connection(settings.kafka)  # refuses, before anything connects, a security Faust cannot take
     consumer = manual_consumer(settings)
     try:
         partitions = len(partitions_of(consumer, settings.topology.outcomes))

@@ -33,12 +33,13 @@ import pytest
 from hypothesis import settings as hypothesis_settings
 
 pytest_plugins = ["tests.fixtures.kafka", "tests.fixtures.db", "tests.fixtures.pipeline", "tests.fixtures.effects",
-                  "tests.fixtures.wheel"]
+                  "tests.fixtures.wheel", "tests.fixtures.secure_kafka"]
 
 KINDS = ("unit", "integration", "system")
 # What a unit test may not ask for: a broker or PostgreSQL (sqlite_url is fine).
 NOT_FOR_UNIT = {"kafka_bootstrap", "kafka_server", "embedded_bootstrap", "_kafka_under_test",
-                "pg_template", "pg_url", "pg_empty_url", "db_url", "engine", "pipeline"}
+                "pg_template", "pg_url", "pg_empty_url", "db_url", "engine", "pipeline", "secure_kafka",
+                "login_role"}
 # Module (under tests/) -> the xdist group its tests run in with -n (see the module docstring).
 GROUPS = {
     "system/test_bench.py": "heavy",  # the quick bench: every stage, naive and Faust consumers, 1 and 2 workers
@@ -48,6 +49,8 @@ GROUPS = {
     "system/test_rebalance_storm.py": "heavy",  # `lapse process` and `lapse run` processes SIGTERMed in turn
     "integration/test_outages.py": "heavy",  # `lapse run` (7 roles) through 10 s outages; a connect-timeout bound
     "integration/test_hostile_delay_headers.py": "heavy",  # delay-tier workers over fuzzed records
+    "integration/test_acls.py": "secured",  # the SASL_SSL broker with an authorizer, started once
+    "integration/test_secured_broker.py": "secured",
     "system/test_wheel.py": "wheel",  # the `installed` fixture: the wheel built and installed once a session
     "system/test_own_tables.py": "wheel",
 }

@@ -19,6 +19,7 @@ import fastavro
 from fastavro.schema import fingerprint, to_parsing_canonical_form
 from fastavro.types import Schema
 
+from lapse.kernel.connections import registry_client
 from lapse.kernel.schema_registry import SchemaRegistryClient, SchemaRegistryError
 from lapse.kernel.settings import Settings
 
@@ -147,13 +148,7 @@ class Codec:
     @classmethod
     def from_settings(cls, settings: Settings) -> Codec:
         """A codec for `settings.schemas.dir`, in Confluent format if `schema_registry_url` is set."""
-        registry = None
-        if settings.schemas.registry_url:
-            auth = settings.schemas.registry_auth
-            registry = SchemaRegistryClient(
-                settings.schemas.registry_url, auth.get_secret_value() if auth else None
-            )
-        return cls(SchemaStore(settings.schemas.dir), registry)
+        return cls(SchemaStore(settings.schemas.dir), registry_client(settings.schemas))
 
     # Encoding.
 

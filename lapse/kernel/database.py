@@ -21,6 +21,7 @@ from sqlalchemy.engine.interfaces import DBAPIConnection
 from sqlalchemy.pool import ConnectionPoolEntry
 
 from lapse.kernel import package_files
+from lapse.kernel.connections import postgres_tls_args
 from lapse.kernel.models import SCHEMA
 from lapse.kernel.settings import Settings, env_var
 
@@ -59,7 +60,8 @@ def effective_schema(url: str, schema: str) -> str | None:
 
 def make_engine(url: str, *, schema: str = DEFAULT_SCHEMA, pool_size: int = 5,
                 connect_timeout_s: float = CONNECT_TIMEOUT_S,
-                statement_timeout_s: float | None = STATEMENT_TIMEOUT_S, pre_ping: bool = True) -> Engine:
+                statement_timeout_s: float | None = STATEMENT_TIMEOUT_S, pre_ping: bool = True,
+                connect_args: Mapping[str, Any] | None = None) -> Engine:
     """An engine tuned per dialect (SQLite gets WAL, a busy timeout and immediate write locks) that
     maps the models' placeholder schema to Lapse's effective schema at `url`. On PostgreSQL a
     connection attempt gives up after `connect_timeout_s` and a statement after
@@ -68,7 +70,8 @@ def make_engine(url: str, *, schema: str = DEFAULT_SCHEMA, pool_size: int = 5,
     `pre_ping` a pooled connection is not tested (a round trip) before each use: for a caller that
     treats a dead connection's error as an outage and retries, such as the cleanup worker.
     Bound parameters are hidden from errors and logs (`hide_parameters`): they carry business
-    identifiers and payloads, which a crash line or traceback must not print."""
+    identifiers and payloads, which a crash line or traceback must not print. `connect_args` are
+    more libpq connection parameters (the TLS ones of `connect_args(settings)`)."""
     options = {"schema_translate_map": {SCHEMA: effective_schema(url, schema)}}
     parsed = make_url(url)
     if parsed.get_backend_name() == "sqlite":
@@ -93,7 +96,8 @@ def make_engine(url: str, *, schema: str = DEFAULT_SCHEMA, pool_size: int = 5,
         return engine
     return create_engine(url, pool_size=pool_size, max_overflow=pool_size, pool_pre_ping=pre_ping,
                          execution_options=options, hide_parameters=True,
-                         connect_args=_timeouts(parsed.query, connect_timeout_s, statement_timeout_s))
+                         connect_args={**_timeouts(parsed.query, connect_timeout_s, statement_timeout_s),
+                                       **(connect_args or {})})
 
 
 def _timeouts(query: Mapping[str, Any], connect_timeout_s: float,
@@ -117,12 +121,23 @@ def configured_url(settings: Settings) -> str:
     return settings.database.url_plain()
 
 
+def connect_args(settings: Settings) -> dict[str, Any]:
+    """libpq's TLS parameters (sslmode, root and client certificates) of the configured database,
+    mapped by lapse.kernel.connections; none for SQLite. Raises ConnectionRefused (one line) for a
+    TLS setting that cannot be honoured, before anything connects."""
+    url = configured_url(settings)
+    parsed = make_url(url)
+    if parsed.get_backend_name() == "sqlite":
+        return {}
+    return postgres_tls_args(settings.database, parsed.query)
+
+
 def engine_from_settings(settings: Settings, *, pool_size: int = 5, pre_ping: bool = True) -> Engine:
-    """The engine of the configured database, with its schema and timeouts from `settings`."""
+    """The engine of the configured database, with its schema, timeouts and TLS from `settings`."""
     db = settings.database
     return make_engine(configured_url(settings), schema=db.schema_name, pool_size=pool_size,
                        connect_timeout_s=db.connect_timeout_s, statement_timeout_s=db.statement_timeout_s,
-                       pre_ping=pre_ping)
+                       pre_ping=pre_ping, connect_args=connect_args(settings))
 
 
 def qualified_name(bind: Connection | Engine, table: Table) -> str:
@@ -212,7 +227,8 @@ class RevisionChange:
 
 
 def upgrade_url(url: str, revision: str = "head", *, schema: str = DEFAULT_SCHEMA,
-                connect_timeout_s: float = CONNECT_TIMEOUT_S) -> RevisionChange:
+                connect_timeout_s: float = CONNECT_TIMEOUT_S,
+                connect_args: Mapping[str, Any] | None = None) -> RevisionChange:
     """Run the Alembic migrations up to `revision` on the database at `url`, with Lapse's tables in
     `schema` (PostgreSQL). A database in the previous layout at its last revision is moved in place;
     at an earlier one it is refused (UpgradeRefused) before anything changes."""
@@ -221,7 +237,8 @@ def upgrade_url(url: str, revision: str = "head", *, schema: str = DEFAULT_SCHEM
     cfg = alembic_config(url, schema)
     effective = cfg.attributes["schema"]
     # No statement timeout: a migration may rightly run long on a big table.
-    engine = make_engine(url, schema=schema, connect_timeout_s=connect_timeout_s, statement_timeout_s=None)
+    engine = make_engine(url, schema=schema, connect_timeout_s=connect_timeout_s, statement_timeout_s=None,
+                         connect_args=connect_args)
     try:
         with engine.connect() as conn:
             before = version_context(conn, effective).get_current_revision()
@@ -243,7 +260,7 @@ def upgrade_url(url: str, revision: str = "head", *, schema: str = DEFAULT_SCHEM
 
 def upgrade(settings: Settings, revision: str = "head") -> RevisionChange:
     return upgrade_url(configured_url(settings), revision, schema=settings.database.schema_name,
-                       connect_timeout_s=settings.database.connect_timeout_s)
+                       connect_timeout_s=settings.database.connect_timeout_s, connect_args=connect_args(settings))
 
 
 def offline_sql(url: str, schema: str = DEFAULT_SCHEMA, revision: str = "head") -> str:
@@ -270,7 +287,8 @@ def history(url: str, schema: str = DEFAULT_SCHEMA) -> list[dict[str, Any]]:
 
 
 def current(url: str, schema: str = DEFAULT_SCHEMA, *, connect_timeout_s: float = CONNECT_TIMEOUT_S,
-            statement_timeout_s: float = STATEMENT_TIMEOUT_S) -> dict[str, Any]:
+            statement_timeout_s: float = STATEMENT_TIMEOUT_S,
+            connect_args: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """The database's revision of Lapse's tables against the head of the migrations; a database
     in the previous layout shows its legacy revision."""
     from alembic.script import ScriptDirectory  # function-local: alembic is slow to import
@@ -279,7 +297,7 @@ def current(url: str, schema: str = DEFAULT_SCHEMA, *, connect_timeout_s: float 
     effective = cfg.attributes["schema"]
     head = ScriptDirectory.from_config(cfg).get_current_head()
     engine = make_engine(url, schema=schema, connect_timeout_s=connect_timeout_s,
-                         statement_timeout_s=statement_timeout_s)
+                         statement_timeout_s=statement_timeout_s, connect_args=connect_args)
     try:
         with engine.connect() as conn:
             revision = version_context(conn, effective).get_current_revision()

@@ -8,49 +8,63 @@ told `allow_destructive`; the rest of the plan is applied either way.
 
 Partition counts and replication factors are never changed here: adding partitions to a keyed
 topic moves keys to other partitions (breaking per-key order), so a mismatch is reported as drift.
+
+ACLs (`plan_acls`): the bindings the topology's principals need (`lapse.kernel.acls`) are created
+when missing; an ACL on this environment's topics or groups that the topology does not declare is
+reported as drift. Removing it is destructive: `removals` turns that drift into removals, which
+`apply` carries out only when told `allow_destructive`. A broker without an authorizer has no ACLs
+to manage.
 """
 
 from __future__ import annotations
 
+import copy
 import time
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
+from enum import Enum
 from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import (
+    AclBinding,
+    AclBindingFilter,
+    AclOperation,
+    AclPermissionType,
     AdminClient,
     AlterConfigOpType,
     ConfigEntry,
     ConfigResource,
     NewTopic,
+    ResourcePatternType,
     ResourceType,
 )
 
-from lapse.kernel.topology import TopicSpec
+from lapse.kernel.acls import GROUP, LITERAL, PREFIXED, TOPIC, Grant, declared_grants, owned_resources
+from lapse.kernel.topology import TopicSpec, Topology
 
 CREATE, ALTER, DRIFT, ERROR = "create", "alter_config", "drift", "error"
+CREATE_ACL, REMOVE_ACL = "create_acl", "remove_acl"
 
 
 @dataclass(frozen=True)
 class Action:
     """One step of a plan; `status` is "planned" until `apply` sets done / failed / not fixed."""
 
-    kind: str  # create | alter_config | drift | error
-    topic: str
+    kind: str  # create | alter_config | drift | error | create_acl | remove_acl
+    topic: str  # the topic; for an ACL, its resource (`topic lapse.expiry`, `group lapse-cleanup`)
     detail: str
     changes: dict[str, list[str | None]] = field(default_factory=dict)  # key -> [current, desired]
     status: str = "planned"
     destructive: tuple[str, ...] = ()  # why a config change can lose data or weaken durability
     spec: TopicSpec | None = field(default=None, compare=False, repr=False)
+    acl: AclBinding | None = field(default=None, compare=False, repr=False)  # the ACL of an ACL action
 
     @property
     def fixable(self) -> bool:
-        return self.kind in (CREATE, ALTER)
+        return self.kind in (CREATE, ALTER, CREATE_ACL, REMOVE_ACL)
 
     def to_dict(self) -> dict[str, Any]:
-        data = asdict(self)
-        data.pop("spec")
-        return data
+        return {f.name: copy.deepcopy(getattr(self, f.name)) for f in fields(self) if f.name not in ("spec", "acl")}
 
 
 TopicConfigs = dict[str, str | None]
@@ -220,5 +234,159 @@ def apply(admin: AdminClient, actions: list[Action], timeout: float = 30.0, *,
                 results[i] = replace(action, status="failed", detail=f"{action.detail}: {_error_text(exc)}")
         elif action.kind in (DRIFT, ERROR):
             results[i] = replace(action, status="not fixed")
+    results.update(_create_acls(admin, [(i, a) for i, a in enumerate(actions) if a.kind == CREATE_ACL], timeout))
+    removals = [(i, a) for i, a in enumerate(actions) if a.kind == REMOVE_ACL]
+    results.update({i: replace(a, status="refused") for i, a in removals if not allow_destructive})
+    results.update(_remove_acls(admin, removals if allow_destructive else [], timeout))
     _wait_configs(admin, altered, timeout)
     return [results[i] for i in range(len(actions))]
+
+
+# --- ACLs ------------------------------------------------------------------------------------------
+
+_RESOURCE = {TOPIC: ResourceType.TOPIC, GROUP: ResourceType.GROUP}
+_PATTERN = {LITERAL: ResourcePatternType.LITERAL, PREFIXED: ResourcePatternType.PREFIXED}
+# None matches any principal and host (the client's type hints say str only)
+_EVERY_ACL = AclBindingFilter(ResourceType.ANY, None, ResourcePatternType.ANY, None, None,  # type: ignore[arg-type]
+                              AclOperation.ANY, AclPermissionType.ANY)
+# describe_acls' answer from a broker that has no ACLs to manage (no authorizer, or no ACL API)
+_NO_AUTHORIZER = {KafkaError.SECURITY_DISABLED, KafkaError._UNSUPPORTED_FEATURE, KafkaError.UNSUPPORTED_VERSION}
+
+
+class NoAuthorizer(Exception):
+    """The broker has no authorizer (or no ACL API): there are no ACLs to plan."""
+
+
+def binding(grant: Grant) -> AclBinding:
+    """The ALLOW binding, from any host, of `grant`."""
+    return AclBinding(_RESOURCE[grant.resource], grant.name, _PATTERN[grant.pattern], grant.principal, "*",
+                      AclOperation[grant.operation], AclPermissionType.ALLOW)
+
+
+def _name(value: Enum | str | int) -> str:
+    """An ACL field's name as Kafka spells it (the client types them as enum, string or number)."""
+    return value.name if isinstance(value, Enum) else str(value)
+
+
+def _key(acl: AclBinding) -> tuple[str, str, str, str, str, str, str]:
+    return (_name(acl.restype), acl.name, _name(acl.resource_pattern_type), acl.principal, acl.host,
+            _name(acl.operation), _name(acl.permission_type))
+
+
+def _where(acl: AclBinding) -> str:
+    prefixed = acl.resource_pattern_type == ResourcePatternType.PREFIXED
+    return f"{_name(acl.restype).lower()} {acl.name}{'*' if prefixed else ''}"
+
+
+def _authorizer(admin: AdminClient, timeout: float) -> str | None:
+    """A broker's `authorizer.class.name` ("" when it has none), None when its configs cannot be
+    read (then describe_acls' answer decides)."""
+    try:
+        broker = min(admin.list_topics(timeout=timeout).brokers)
+        resource = ConfigResource(ResourceType.BROKER, str(broker))
+        entries = admin.describe_configs([resource], request_timeout=timeout)[resource].result(timeout)
+    except Exception:  # KafkaException or ValueError: no broker listed, configs not readable here
+        return None
+    entry = entries.get("authorizer.class.name")
+    return (entry.value or "") if entry is not None else None
+
+
+def existing_acls(admin: AdminClient, timeout: float = 10.0) -> list[AclBinding]:
+    """Every ACL binding on the cluster; NoAuthorizer when the broker manages none (a broker
+    without an authorizer answers describe_acls with an empty list, so its config is asked first)."""
+    if _authorizer(admin, timeout) == "":
+        raise NoAuthorizer("authorizer.class.name is not set")
+    return _all_acls(admin, timeout)
+
+
+def _all_acls(admin: AdminClient, timeout: float) -> list[AclBinding]:
+    """describe_acls for every binding; NoAuthorizer when the broker has no ACL API to answer it."""
+    try:
+        found: list[AclBinding] = admin.describe_acls(_EVERY_ACL, request_timeout=timeout).result(timeout)
+    except KafkaException as exc:
+        err = exc.args[0] if exc.args else None
+        if isinstance(err, KafkaError) and err.code() in _NO_AUTHORIZER:
+            raise NoAuthorizer(err.str()) from None
+        raise
+    return found
+
+
+def plan_acls(admin: AdminClient, topology: Topology, timeout: float = 10.0) -> list[Action]:
+    """What `apply` would do to the cluster's ACLs: create each declared binding that is missing;
+    report each undeclared binding on this environment's own resources as drift (never removed).
+    NoAuthorizer when the broker has no ACLs to manage."""
+    current = existing_acls(admin, timeout)
+    have = {_key(acl) for acl in current}
+    wanted = [binding(grant) for grant in declared_grants(topology)]
+    actions = [Action(CREATE_ACL, _where(acl), f"allow {acl.principal} {_name(acl.operation)} from any host",
+                      acl=acl) for acl in wanted if _key(acl) not in have]
+    declared = {_key(acl) for acl in wanted}
+    owned = {(_name(_RESOURCE[r]), name, _name(_PATTERN[p])) for r, name, p in owned_resources(topology)}
+    for acl in sorted(current, key=_key):
+        if _key(acl)[:3] in owned and _key(acl) not in declared:
+            actions.append(Action(DRIFT, _where(acl), (
+                f"{_text(acl)} is not declared in the topics file; ACLs are never removed automatically"),
+                acl=acl))
+    return actions
+
+
+def _text(acl: AclBinding) -> str:
+    host = "any host" if acl.host == "*" else acl.host
+    return f"{_name(acl.permission_type).lower()} {acl.principal} {_name(acl.operation)} from {host}"
+
+
+def removals(actions: list[Action]) -> list[Action]:
+    """`actions` with each undeclared ACL (an ACL drift) turned into its removal, which is
+    destructive: `apply` refuses it unless told `allow_destructive`."""
+    return [replace(a, kind=REMOVE_ACL, detail=f"remove {_text(a.acl)}",
+                    destructive=(f"removes the undeclared ACL {_text(a.acl)}",))
+            if a.kind == DRIFT and a.acl is not None else a for a in actions]
+
+
+def _remove_acls(admin: AdminClient, removes: list[tuple[int, Action]], timeout: float) -> dict[int, Action]:
+    """Delete exactly the bindings of `removes`; returns each action with its status, once
+    describe_acls no longer shows the removed ones."""
+    results: dict[int, Action] = {}
+    for i, action in removes:
+        acl = action.acl
+        try:
+            if acl is None:
+                raise ValueError(f"remove_acl action on {action.topic} has no binding")
+            exact = AclBindingFilter(acl.restype, acl.name, acl.resource_pattern_type, acl.principal, acl.host,
+                                     acl.operation, acl.permission_type)
+            admin.delete_acls([exact], request_timeout=timeout)[exact].result(timeout)
+            results[i] = replace(action, status="done")
+        except Exception as exc:
+            results[i] = replace(action, status="failed", detail=f"{action.detail}: {_error_text(exc)}")
+    gone = {_key(a.acl) for a in results.values() if a.status == "done" and a.acl is not None}
+    deadline = time.monotonic() + timeout
+    while gone and time.monotonic() < deadline:
+        if not gone & {_key(acl) for acl in _all_acls(admin, timeout)}:
+            break
+        time.sleep(0.1)
+    return results
+
+
+def _create_acls(admin: AdminClient, creates: list[tuple[int, Action]], timeout: float) -> dict[int, Action]:
+    """Create the bindings of `creates`; returns each action with its status, once describe_acls
+    shows the created ones (the authorizer learns them a moment after the controller accepted them)."""
+    if not creates:
+        return {}
+    bindings = [action.acl for _, action in creates if action.acl is not None]
+    futures = admin.create_acls(bindings, request_timeout=timeout)
+    results: dict[int, Action] = {}
+    for i, action in creates:
+        try:
+            if action.acl is None:
+                raise ValueError(f"create_acl action on {action.topic} has no binding")
+            futures[action.acl].result(timeout)
+            results[i] = replace(action, status="done")
+        except Exception as exc:
+            results[i] = replace(action, status="failed", detail=f"{action.detail}: {_error_text(exc)}")
+    done = {_key(a.acl) for a in results.values() if a.status == "done" and a.acl is not None}
+    deadline = time.monotonic() + timeout
+    while done and time.monotonic() < deadline:
+        if done <= {_key(acl) for acl in _all_acls(admin, timeout)}:
+            break
+        time.sleep(0.1)
+    return results

@@ -1,6 +1,9 @@
 """A small Confluent schema registry client: register a schema, fetch a schema by id.
 
-Only the two calls the codec needs, over urllib so Lapse takes no extra dependency. Results are
+Only the two calls the codec needs, over urllib so Lapse takes no extra dependency (the
+`confluent_kafka.schema_registry` client needs the authlib and cachetools packages). It authenticates
+with basic auth or a bearer token and speaks TLS with the context it is given (a custom CA, a client
+certificate: lapse.kernel.connections builds it from the settings). Results are
 cached (a schema id never changes its schema); so, for `NOT_FOUND_TTL_S`, is an id the registry
 does not know, so a run of records with one unknown id costs one request, not one each. Every HTTP
 or network failure becomes one `SchemaRegistryError` with a one-line message.
@@ -10,6 +13,7 @@ from __future__ import annotations
 
 import base64
 import json
+import ssl
 import threading
 import time
 import urllib.error
@@ -49,9 +53,15 @@ class SchemaRegistryClient:
     """Registers schemas under a subject and resolves schema ids, caching both directions."""
 
     def __init__(self, url: str, auth: str | None = None, timeout_s: float = 5.0, *,
+                 bearer_token: str | None = None, ssl_context: ssl.SSLContext | None = None,
                  not_found_ttl_s: float = NOT_FOUND_TTL_S, clock: Callable[[], float] = time.monotonic):
+        """`auth` is basic auth as user:password; `bearer_token` a token sent instead (not both).
+        `ssl_context` verifies an https registry (and presents a client certificate)."""
+        if auth and bearer_token:
+            raise ValueError("schema registry: give basic auth or a bearer token, not both")
         self.url = url.rstrip("/")
         self.timeout_s = timeout_s
+        self.ssl_context = ssl_context
         self.not_found_ttl_s = not_found_ttl_s
         self.clock = clock
         self.requests = 0  # HTTP requests made (each cache miss is one)
@@ -59,6 +69,8 @@ class SchemaRegistryClient:
         if auth:
             token = base64.b64encode(auth.encode()).decode("ascii")
             self._headers["Authorization"] = f"Basic {token}"
+        elif bearer_token:
+            self._headers["Authorization"] = f"Bearer {bearer_token}"
         self._ids: dict[tuple[str, str], int] = {}
         self._schemas: dict[int, str] = {}
         self._not_found: dict[int, tuple[float, SchemaRegistryError]] = {}  # id → (until, the 404)
@@ -111,7 +123,7 @@ class SchemaRegistryClient:
         request = urllib.request.Request(self.url + path, data=data, method=method, headers=self._headers)
         self.requests += 1
         try:
-            with urllib.request.urlopen(request, timeout=self.timeout_s) as response:
+            with urllib.request.urlopen(request, timeout=self.timeout_s, context=self.ssl_context) as response:
                 answer = json.loads(response.read() or b"{}")
             if not isinstance(answer, dict):
                 raise ValueError(f"expected a JSON object, got {type(answer).__name__}")

@@ -136,6 +136,15 @@ class SchemaSettings(_Section):
     registry_url: str | None = Field(
         None, description="Confluent schema registry URL; unset means Avro single-object encoding.")
     registry_auth: SecretStr | None = Field(None, description="Schema registry basic auth as user:password.")
+    registry_bearer_token: SecretStr | None = Field(
+        None, description="Schema registry bearer token (instead of registry_auth).")
+    registry_ca_location: Path | None = Field(
+        None, description="CA that signed the https schema registry's certificate (default: the system's).")
+    registry_certificate_location: Path | None = Field(
+        None, description="Client certificate for the schema registry (https).")
+    registry_key_location: Path | None = Field(None, description="Key of the schema registry client certificate.")
+    registry_key_password: SecretStr | None = Field(
+        None, description="Password of the schema registry client certificate's key.")
 
     @model_validator(mode="before")
     @classmethod
@@ -175,6 +184,14 @@ class DatabaseSettings(_Section):
         10.0, gt=0, le=600, description="Longest wait for a database connection before it counts as unreachable.")
     statement_timeout_s: float = Field(
         60.0, gt=0, le=86_400, description="Longest a statement may run on PostgreSQL (statement_timeout).")
+    sslmode: Literal["disable", "allow", "prefer", "require", "verify-ca", "verify-full"] | None = Field(
+        None, description="PostgreSQL sslmode (libpq's default: prefer); verify-ca and verify-full need "
+                          "ssl_root_cert.")
+    ssl_root_cert: Path | None = Field(
+        None, description="PostgreSQL sslrootcert: CA that signed the server's certificate.")
+    ssl_cert: Path | None = Field(None, description="PostgreSQL sslcert: client certificate.")
+    ssl_key: Path | None = Field(None, description="PostgreSQL sslkey: client certificate's key.")
+    ssl_key_password: SecretStr | None = Field(None, description="PostgreSQL sslpassword: the client key's password.")
 
     def url_plain(self) -> str:
         return self.url.get_secret_value()
@@ -231,6 +248,21 @@ class ReconcilerSettings(_Section):
     interval_s: float = Field(60.0, gt=0, description="Pause between reconciler passes.")
 
 
+class RetentionSettings(_Section):
+    """How long finished work is kept before `lapse prune` removes it. Unset horizons are derived
+    from topics.yaml (lapse.reconciler.horizons says how); a shorter one is refused."""
+
+    ledger_horizon_s: float | None = Field(
+        None, gt=0, description="Keep applied and skipped ledger rows (and their transitions) this long after they "
+                                "finished (default: the expiry topic's retention + reconciler.grace_s).")
+    dead_letter_horizon_s: float | None = Field(
+        None, gt=0, description="Keep dead-letter ledger rows this long after they finished (default: the "
+                                "dead-letter topic's retention + reconciler.grace_s, at least the ledger horizon).")
+    outbox_horizon_s: float = Field(86_400.0, gt=0, description="Keep sent outbox rows this long (s).")
+    batch_size: int = Field(5000, ge=1, le=100_000, description="Rows removed per prune statement.")
+    interval_s: float = Field(300.0, gt=0, description="Pause between prune passes in `lapse run`.")
+
+
 class ReportSettings(_Section):
     """Where the daily report goes."""
 
@@ -240,6 +272,19 @@ class ReportSettings(_Section):
     smtp_port: int = Field(25, ge=1, le=65535, description="SMTP port of the smtp report notifier.")
     mail_from: str = Field("lapse@localhost", description="Sender of daily report mails.")
     mail_to: str | None = Field(None, description="Comma-separated recipients of report mails.")
+    smtp_starttls: bool | None = Field(
+        None, description="Upgrade the SMTP connection with STARTTLS, refusing a server without it "
+                          "(default: on unless smtp_host is this machine).")
+    smtp_ca_location: Path | None = Field(
+        None, description="CA that signed the SMTP server's certificate (default: the system's).")
+    smtp_username: str | None = Field(None, description="SMTP login user name (needs smtp_password).")
+    smtp_password: SecretStr | None = Field(None, description="SMTP login password.")
+    settle_s: float = Field(
+        300.0, ge=0, le=86_400, description="How long after midnight UTC a day counts as closed and its final "
+                                            "report is built (transactions begun before midnight commit late).")
+    interval_s: float = Field(
+        300.0, gt=0, description="Pause between report passes of the report role (the open day's partial "
+                                 "report is rebuilt each pass).")
 
 
 class RuntimeSettings(_Section):
@@ -258,6 +303,27 @@ class RuntimeSettings(_Section):
         LOOPBACK, description="Address the analytics web server (Faust) listens on (0.0.0.0: every interface).")
 
     @field_validator("metrics_bind", "web_bind")
+    @classmethod
+    def _bind_address(cls, value: str) -> str:
+        return bind_address(value)
+
+
+class ConsoleSettings(_Section):
+    """The operator console (`lapse console`): where it listens and who may use it. Without tokens it
+    serves loopback only; a token's name is the actor recorded with each action taken through it."""
+
+    bind: str = Field(LOOPBACK, description="Address the console listens on (anything but loopback needs tokens).")
+    port: int = Field(8088, ge=1, le=65535, description="Port the console listens on.")
+    viewer_tokens: dict[str, SecretStr] = Field(
+        default_factory=dict, description="Tokens that may look, as a JSON object {name: token}.")
+    operator_tokens: dict[str, SecretStr] = Field(
+        default_factory=dict, description="Tokens that may also replay dead letters, as a JSON object "
+                                          "{name: token}; the name is recorded as the actor.")
+    secret_key: SecretStr | None = Field(
+        None, description="Key that signs console sessions and form tokens (default: a random one per "
+                          "process, so sessions end when the console restarts).")
+
+    @field_validator("bind")
     @classmethod
     def _bind_address(cls, value: str) -> str:
         return bind_address(value)
@@ -289,8 +355,10 @@ class Settings(BaseSettings):
     processor: ProcessorSettings = Field(default_factory=ProcessorSettings)
     producer: ProducerSettings = Field(default_factory=ProducerSettings)
     reconciler: ReconcilerSettings = Field(default_factory=ReconcilerSettings)
+    retention: RetentionSettings = Field(default_factory=RetentionSettings)
     report: ReportSettings = Field(default_factory=ReportSettings)
     runtime: RuntimeSettings = Field(default_factory=RuntimeSettings)
+    console: ConsoleSettings = Field(default_factory=ConsoleSettings)
     dev: DevSettings = Field(default_factory=DevSettings)
 
     @classmethod

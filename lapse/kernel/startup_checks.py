@@ -25,7 +25,7 @@ import fastavro
 from fastavro.utils import generate_many
 
 from lapse.kernel.codec import SchemaStore, StoredSchema
-from lapse.kernel.database import configured_url, current, history
+from lapse.kernel.database import configured_url, connect_args, current, history
 from lapse.kernel.models import cleanup_ledger, ledger_transitions, outbox
 from lapse.kernel.settings import Settings, env_var
 from lapse.kernel.topology import load_topology
@@ -54,7 +54,7 @@ def check_database(settings: Settings) -> None:
     """The database's revision of Lapse's tables is the migrations' head."""
     url = configured_url(settings)
     state = current(url, settings.database.schema_name, connect_timeout_s=settings.database.connect_timeout_s,
-                    statement_timeout_s=settings.database.statement_timeout_s)
+                    statement_timeout_s=settings.database.statement_timeout_s, connect_args=connect_args(settings))
     if state["at_head"]:
         return
     revision = state["revision"]

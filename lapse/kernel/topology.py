@@ -3,7 +3,8 @@ which role (expiry, outcomes, dead letters, delay tiers), and the consumer group
 
 Code finds topics and groups by role through `Topology`, never by name, so one optional prefix
 renames a whole environment (side-by-side deployments, a test's own topics). Provisioning the
-cluster from it is `lapse.kernel.provisioning`.
+cluster from it is `lapse.kernel.provisioning`; the optional `principals:` section names the Kafka
+principal of each role, from which `lapse.kernel.acls` derives that role's ACLs.
 """
 
 from __future__ import annotations
@@ -29,6 +30,10 @@ GROUP_ROLES = ("cleanup", "delay", "analytics")
 # and its group name in topic group lists are dropped, with one warning, so `lapse status` shows
 # no lag of a group that never reads.
 RETIRED_GROUP_ROLES = ("reports",)
+# Roles that may have a Kafka principal of their own (`principals:`); `lapse report` reads only the
+# database, so it has none. What each may do is derived in lapse.kernel.acls.
+PRINCIPAL_ROLES = ("sweep", "process", "relay", "delay", "reconcile", "audit", "status", "analytics", "console")
+_PRINCIPAL = re.compile(r"^[A-Za-z]+:[^\s;,]+$")  # Kafka's `Type:name`, e.g. User:lapse-sweep
 
 # logging directly, as `lapse.kernel.logs.get_logger` names it: that module imports the settings,
 # which import this one
@@ -81,6 +86,7 @@ class Topology:
     tiers: tuple[DelayTier, ...]
     groups: Groups
     specs: tuple[TopicSpec, ...]
+    principals: tuple[tuple[str, str], ...] = ()  # (role, principal), roles in PRINCIPAL_ROLES order
 
     @property
     def delay_topics(self) -> list[str]:
@@ -92,6 +98,10 @@ class Topology:
 
     def declared_groups(self) -> list[str]:
         return sorted({group for spec in self.specs for group in spec.groups})
+
+    def principal(self, role: str) -> str | None:
+        """The Kafka principal `role` runs as (topics.yaml `principals:`), None when not declared."""
+        return dict(self.principals).get(role)
 
 
 def _fail(path: Path, where: str, problem: str) -> TopicsFileError:
@@ -146,9 +156,10 @@ def _read(path: Path) -> dict[str, Any]:
         raise TopicsFileError(f"{path}: not valid YAML ({line}{problem})") from None
     if not isinstance(doc, dict):
         raise TopicsFileError(f"{path}: must be a mapping with a 'topics' key")
-    unknown = set(doc) - {"defaults", "groups", "topics"}
+    unknown = set(doc) - {"defaults", "groups", "topics", "principals"}
     if unknown:
-        raise _fail(path, sorted(map(str, unknown))[0], "unknown key (expected defaults, groups, topics)")
+        raise _fail(path, sorted(map(str, unknown))[0],
+                    "unknown key (expected defaults, groups, topics, principals)")
     if not isinstance(doc.get("topics"), dict) or not doc["topics"]:
         raise _fail(path, "topics", "must map each topic name to its settings")
     return doc
@@ -218,6 +229,21 @@ def _groups(path: Path, doc: dict[str, Any], prefix: str) -> tuple[Groups, set[s
     return Groups(**live), retired - set(live.values())
 
 
+def _principals(path: Path, value: Any) -> tuple[tuple[str, str], ...]:
+    """(role, principal) pairs of the optional `principals:` mapping; a file without it has none."""
+    if value is None:
+        return ()
+    if not isinstance(value, dict):
+        raise _fail(path, "principals", "must map roles to Kafka principals (User:name)")
+    for role, principal in value.items():
+        if role not in PRINCIPAL_ROLES:
+            raise _fail(path, f"principals.{role}", f"unknown role (expected one of {', '.join(PRINCIPAL_ROLES)})")
+        if not isinstance(principal, str) or not _PRINCIPAL.fullmatch(principal):
+            raise _fail(path, f"principals.{role}", f"must be a Kafka principal like User:lapse-{role}, "
+                                                    f"got {principal!r}")
+    return tuple((role, value[role]) for role in PRINCIPAL_ROLES if role in value)
+
+
 def _by_role(path: Path, specs: list[TopicSpec], role: str) -> str:
     named = [spec.name for spec in specs if spec.role == role]
     if len(named) != 1:
@@ -263,4 +289,5 @@ def load_topology(path: Path, prefix: str = "", replication_factor: int | None =
         tiers=tuple(tiers),
         groups=groups,
         specs=tuple(specs),
+        principals=_principals(path, doc.get("principals")),
     )

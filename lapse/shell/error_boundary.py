@@ -205,6 +205,7 @@ def _configuration(exc: BaseException, _settings: Settings | None) -> tuple[Exit
     from pydantic import ValidationError
 
     from lapse.kernel.config_file import ConfigFileError
+    from lapse.kernel.connections import ConnectionRefused
     from lapse.kernel.kinds import KindsFileError
     from lapse.kernel.kinds.errors import KindError
     from lapse.kernel.settings import UnknownSetting
@@ -212,7 +213,7 @@ def _configuration(exc: BaseException, _settings: Settings | None) -> tuple[Exit
     from lapse.kernel.topology import TopicsFileError
 
     if isinstance(exc, (UnknownSetting, ConfigFileError, KindsFileError, KindError, TopicsFileError,
-                        StartupRefused)):
+                        StartupRefused, ConnectionRefused)):
         return ExitCode.CONFIG, "", str(exc)  # their messages name the setting or file themselves
     if isinstance(exc, ValidationError):
         errors = exc.errors()
@@ -302,6 +303,11 @@ def _secrets(settings: Settings | None) -> list[str]:
         values += [password, unquote(password)]
     if settings.schemas.registry_auth is not None:
         values.append(settings.schemas.registry_auth.get_secret_value().partition(":")[2])
+    # The other connections' secrets (lapse.kernel.connections maps them to their clients).
+    for secret in (settings.schemas.registry_bearer_token, settings.schemas.registry_key_password,
+                   settings.database.ssl_key_password, settings.report.smtp_password):
+        if secret is not None and secret.get_secret_value():
+            values.append(secret.get_secret_value())
     return values
 
 

@@ -222,20 +222,14 @@ def test_kinds_check_and_list_on_a_good_and_a_bad_declaration(pg_url, shop, tmp_
     ]
 
 
-def test_kinds_check_names_what_the_role_may_not_do(pg_url, shop, tmp_path):
-    role = f"lapse_ro_{uuid.uuid4().hex[:8]}"
+def test_kinds_check_names_what_the_role_may_not_do(pg_url, shop, tmp_path, login_role):
+    url = login_role(pg_url)
+    role = make_url(url).username
     with shop.begin() as conn:
-        conn.exec_driver_sql(f"CREATE ROLE {role} LOGIN")
         conn.exec_driver_sql(f"GRANT USAGE ON SCHEMA shop TO {role}")
         conn.exec_driver_sql(f"GRANT SELECT ON shop.orders, shop.sessions TO {role}")
-    try:
-        url = make_url(pg_url).set(username=role, password=None).render_as_string(hide_password=False)
-        checked = kinds_cli(["check", "--json"], url, kinds_file(tmp_path))
-        assert checked.exit_code == 1, checked.output
-        problems = {k["name"]: k["problems"] for k in json.loads(checked.output)["kinds"]}
-        assert problems == {"expire-order": ["table: the current role may not UPDATE shop.orders"],
-                            "purge-session": ["table: the current role may not DELETE shop.sessions"]}
-    finally:
-        with shop.begin() as conn:
-            conn.exec_driver_sql(f"DROP OWNED BY {role}")
-            conn.exec_driver_sql(f"DROP ROLE {role}")
+    checked = kinds_cli(["check", "--json"], url, kinds_file(tmp_path))
+    assert checked.exit_code == 1, checked.output
+    problems = {k["name"]: k["problems"] for k in json.loads(checked.output)["kinds"]}
+    assert problems == {"expire-order": ["table: the current role may not UPDATE shop.orders"],
+                        "purge-session": ["table: the current role may not DELETE shop.sessions"]}

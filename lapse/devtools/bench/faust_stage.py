@@ -2,7 +2,10 @@
 naive consumer (lapse.devtools.bench.lean: one transaction of the hand-written statements per
 record, never `apply_batch`; offsets committed by Faust), in a worker subprocess.
 
-Run as `python -m lapse.devtools.bench.faust_stage ARGS_JSON`; `run_faust` starts it and watches the ledger.
+Run as `python -m lapse.devtools.bench.faust_stage` with its arguments as JSON on stdin (they hold the
+database URL and the Kafka secrets, which a command line would show to every local user); `run_faust`
+starts it and watches the ledger. The worker reaches Kafka with the run's security settings, mapped
+to Faust by lapse.kernel.connections.
 """
 
 from __future__ import annotations
@@ -15,15 +18,19 @@ import sys
 import tempfile
 import time
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from pydantic import SecretStr
 
 from lapse.devtools.bench.lean import LeanSql, apply_one, driver_connection
 from lapse.devtools.bench.ledger_watch import StageFailed, ledger_span, wait_terminal
 from lapse.devtools.brokers import terminate_process
 from lapse.kernel.codec import Codec
+from lapse.kernel.connections import faust_connection
 from lapse.kernel.database import engine_from_settings
 from lapse.kernel.ledger import ExpiryEvent
-from lapse.kernel.settings import Settings, load_settings
+from lapse.kernel.settings import KafkaSettings, Settings, load_settings
 
 if TYPE_CHECKING:
     import faust
@@ -32,15 +39,19 @@ if TYPE_CHECKING:
 def run_faust(settings: Settings, events: int) -> dict[str, Any]:
     """Start the Faust worker on the stage's expiry topic (its app id is the stage's cleanup group);
     stop it once `events` rows are done."""
+    faust_connection(settings.kafka)  # refuses a security Faust cannot take before the worker starts
     datadir = tempfile.mkdtemp(prefix="lapse-bench-faust-")
-    args = {"bootstrap": settings.kafka.bootstrap_servers, "database_url": settings.database.url_plain(),
+    args = {"kafka": _plain(settings.kafka), "database_url": settings.database.url_plain(),
             "schemas_dir": str(settings.schemas.dir), "registry_url": settings.schemas.registry_url,
             "topics_file": str(settings.topics.file), "topic_prefix": settings.topics.prefix,
             "schema_name": settings.database.schema_name, "datadir": datadir}
     engine = engine_from_settings(settings)
-    proc = subprocess.Popen([sys.executable, "-m", "lapse.devtools.bench.faust_stage", json.dumps(args)],
-                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+    proc = subprocess.Popen([sys.executable, "-m", "lapse.devtools.bench.faust_stage"],
+                            stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                             cwd=datadir)
+    assert proc.stdin is not None
+    with proc.stdin:
+        proc.stdin.write(json.dumps(args).encode())
     started = time.time()
     try:
         try:
@@ -59,6 +70,17 @@ def run_faust(settings: Settings, events: int) -> dict[str, Any]:
             "startup_s": round(seen_at - started - span.seconds, 3)}
 
 
+def _plain(kafka: KafkaSettings) -> dict[str, Any]:
+    """The Kafka settings as JSON values, secrets included (they go to the worker through a pipe)."""
+    def value(v: Any) -> Any:
+        if isinstance(v, SecretStr):
+            return v.get_secret_value()
+        if isinstance(v, dict):
+            return {k: value(x) for k, x in v.items()}
+        return str(v) if isinstance(v, Path) else v
+    return {name: value(getattr(kafka, name)) for name in kafka.model_fields_set}
+
+
 def _stop(proc: subprocess.Popen[bytes], timeout: float = 15.0) -> None:
     terminate_process(proc, timeout)
     if proc.stderr is not None:
@@ -70,7 +92,7 @@ def _worker(args: dict[str, Any]) -> None:
     import faust  # function-local: faust is slow to import and only this subprocess needs it
 
     settings = load_settings(
-        kafka={"bootstrap_servers": args["bootstrap"]},
+        kafka=args["kafka"],
         database={"url": args["database_url"], "schema_name": args["schema_name"]},
         schemas={"dir": args["schemas_dir"], "registry_url": args["registry_url"]},
         topics={"file": args["topics_file"], "prefix": args["topic_prefix"]})
@@ -78,7 +100,7 @@ def _worker(args: dict[str, Any]) -> None:
     engine = engine_from_settings(settings)
     _, conn = driver_connection(engine)  # held for the worker's life
     sql, topology = LeanSql.for_engine(engine), settings.topology
-    app = faust.App(topology.groups.cleanup, broker=f"kafka://{args['bootstrap']}", store="memory://",
+    app = faust.App(topology.groups.cleanup, **faust_connection(settings.kafka), store="memory://",
                     datadir=args["datadir"],
                     web_enabled=False, topic_disable_leader=True, consumer_auto_offset_reset="earliest",
                     broker_session_timeout=6.0, broker_heartbeat_interval=1.0)
@@ -101,4 +123,4 @@ def _worker(args: dict[str, Any]) -> None:
 
 
 if __name__ == "__main__":
-    _worker(json.loads(sys.argv[1]))
+    _worker(json.loads(sys.stdin.read()))

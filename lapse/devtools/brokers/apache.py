@@ -129,12 +129,17 @@ class ApacheKafkaServer(BrokerProcess):
         self.cluster_id = self.cluster_id or random_cluster_id()
         fmt = subprocess.run(
             [java, "-Xmx256m", "-cp", classpath, *self._log_flags(),
-             "kafka.tools.StorageTool", "format", "-t", self.cluster_id, "-c", str(config)],
+             "kafka.tools.StorageTool", "format", "-t", self.cluster_id, "-c", str(config),
+             *self.format_options()],
             capture_output=True, text=True, timeout=120,
         )
         if fmt.returncode != 0:
             detail = summarize_output(fmt.stderr or fmt.stdout, 3)
             raise BrokerUnavailable(f"formatting {self.data_dir} failed: {detail}")
+
+    def format_options(self) -> list[str]:
+        """Extra options of the storage tool's `format` (a secured node adds its SCRAM users)."""
+        return []
 
     def launch(self) -> subprocess.Popen[bytes]:
         """Start the JVM without waiting (the cluster starts all nodes before waiting); returns

@@ -54,7 +54,7 @@ def db_upgrade(settings: Settings, offline: bool, as_json: bool) -> None:
     # function-local: keeps `lapse --help` fast
     from sqlalchemy.exc import SQLAlchemyError
 
-    from lapse.kernel.database import UpgradeRefused, offline_sql, upgrade_url
+    from lapse.kernel.database import UpgradeRefused, connect_args, offline_sql, upgrade_url
 
     url = _configured_url(settings)
     schema = settings.database.schema_name
@@ -62,7 +62,8 @@ def db_upgrade(settings: Settings, offline: bool, as_json: bool) -> None:
         click.echo(offline_sql(url, schema), nl=False)
         return
     try:
-        change = upgrade_url(url, schema=schema, connect_timeout_s=settings.database.connect_timeout_s)
+        change = upgrade_url(url, schema=schema, connect_timeout_s=settings.database.connect_timeout_s,
+                             connect_args=connect_args(settings))
     except UpgradeRefused as exc:
         raise click.ClickException(str(exc)) from None
     except SQLAlchemyError as exc:
@@ -79,12 +80,13 @@ def db_current(settings: Settings, as_json: bool) -> None:
     # function-local: keeps `lapse --help` fast
     from sqlalchemy.exc import SQLAlchemyError
 
-    from lapse.kernel.database import current
+    from lapse.kernel.database import connect_args, current
 
     url = _configured_url(settings)
     try:
         data = current(url, settings.database.schema_name, connect_timeout_s=settings.database.connect_timeout_s,
-                       statement_timeout_s=settings.database.statement_timeout_s)
+                       statement_timeout_s=settings.database.statement_timeout_s,
+                       connect_args=connect_args(settings))
     except SQLAlchemyError as exc:
         raise _failure(url, exc) from None
     emit(data, as_json, _current_text)

@@ -8,6 +8,11 @@ A destructive config change (lowering retention, changing cleanup.policy, loweri
 min.insync.replicas) is shown by `--dry-run` and refused (exit 2, nothing changed) unless
 `--allow-destructive` and a `--reason` are given; then it is applied and recorded as an operator
 action in the database (who, as which database user, why, what changed).
+
+ACLs: when topics.yaml names `principals:`, each role's ACLs are planned and created the same way
+(shown by `--dry-run`); an ACL on this environment's topics or groups that the file does not declare
+is drift (exit 1), removed only with `--allow-destructive` and a `--reason` (recorded like a
+destructive config change). A broker without an authorizer has none to manage (the JSON says so).
 """
 
 from __future__ import annotations
@@ -23,7 +28,10 @@ from lapse.shell.cli_options import emit, pass_settings, setting_option
 from lapse.shell.error_boundary import CommandFailed, ExitCode
 
 _VERB = {"create": ("created", "would create"), "alter_config": ("changed", "would change"),
-         "drift": ("DRIFT", "DRIFT"), "error": ("ERROR", "ERROR")}
+         "drift": ("DRIFT", "DRIFT"), "error": ("ERROR", "ERROR"),
+         "create_acl": ("created ACL on", "would create ACL on"),
+         "remove_acl": ("removed ACL on", "would remove ACL on")}
+_NOUN = {"create": "create", "alter_config": "alter", "create_acl": "create ACL on", "remove_acl": "remove ACL on"}
 
 
 @main.group("topics")
@@ -39,7 +47,7 @@ def _text(result: dict[str, Any]) -> str:
         done, planned = _VERB[action["kind"]]
         verb = planned if result["dry_run"] else done
         if action["status"] == "failed":
-            verb = f"FAILED to {action['kind'].replace('_config', '')}"
+            verb = f"FAILED to {_NOUN.get(action['kind'], action['kind'])}"
         elif action["status"] == "refused":
             verb = "REFUSED to change"
         line = f"{verb} {action['topic']}: {action['detail']}"
@@ -59,7 +67,8 @@ def _text(result: dict[str, Any]) -> str:
               help="Use this replication factor for every topic (1 for a single test broker).")
 @click.option("--allow-destructive", is_flag=True,
               help="Also apply config changes that can lose data or weaken durability (lower "
-                   "retention, another cleanup.policy, lower min.insync.replicas); needs --reason.")
+                   "retention, another cleanup.policy, lower min.insync.replicas) and remove ACLs "
+                   "topics.yaml does not declare; needs --reason.")
 @click.option("--reason", default=None, help="Why the destructive changes are applied (recorded).")
 @click.option("--actor", envvar="USER", show_envvar=True, default=None,
               help="Operator name recorded with a destructive apply.")
@@ -68,19 +77,30 @@ def _text(result: dict[str, Any]) -> str:
 @pass_settings
 def topics_apply(settings: Settings, dry_run: bool, replication_factor: int | None, allow_destructive: bool,
                  reason: str | None, actor: str | None, as_json: bool) -> None:
-    """Create missing topics and set declared configs; report drift it cannot fix. Destructive
-    config changes only with --allow-destructive (see them first with --dry-run)."""
+    """Create missing topics, set declared configs and create each role's ACLs (topics.yaml
+    `principals:`); report drift it cannot fix. Destructive changes (config changes that can lose
+    data, removing undeclared ACLs) only with --allow-destructive (see them first with --dry-run)."""
     # function-local: keeps `lapse --help` fast
     from lapse.kernel.kafka_clients import make_admin
     from lapse.kernel.kafka_logs import leave_connection_failures_to_caller
-    from lapse.kernel.provisioning import apply, plan
+    from lapse.kernel.provisioning import NoAuthorizer, apply, plan, plan_acls, removals
     from lapse.kernel.topology import load_topology
 
     # A wrong topics file (exit 3) or an unreachable broker (exit 4) is the error boundary's one line.
     leave_connection_failures_to_caller()
-    declared = list(load_topology(settings.topics.file, settings.topics.prefix, replication_factor).specs)
+    topology = load_topology(settings.topics.file, settings.topics.prefix, replication_factor)
     admin = make_admin(settings)
-    actions = plan(admin, declared)
+    actions = plan(admin, list(topology.specs))
+    acls = "managed"
+    if not topology.principals:
+        acls = "not managed: the topics file names no principals"
+    else:
+        try:
+            actions += plan_acls(admin, topology)
+        except NoAuthorizer as exc:
+            acls = f"not managed: the broker has no authorizer ({exc})"
+    if allow_destructive:  # undeclared ACLs are drift unless their removal is asked for
+        actions = removals(actions)
     destructive = [a for a in actions if a.destructive]
     if destructive and not dry_run:
         if not allow_destructive:
@@ -96,6 +116,7 @@ def topics_apply(settings: Settings, dry_run: bool, replication_factor: int | No
         "dry_run": dry_run,
         "changed": any(a.status == "done" for a in actions),
         "ok": not unresolved,
+        "acls": acls,
         "actions": [a.to_dict() for a in actions],
     }
     emit(result, as_json, _text)
@@ -130,10 +151,14 @@ def _apply_recorded(settings: Settings, admin: Any, actions: list[Any], reason: 
     try:
         with engine.begin() as conn:
             destructive = [a for a in actions if a.destructive]
+            changes: dict[str, dict[str, Any]] = {}
+            for action in destructive:  # one entry per topic (an ACL's resource may have several)
+                entry = changes.setdefault(action.topic, {"changes": {}, "destructive": []})
+                entry["changes"].update(action.changes)
+                entry["destructive"] += list(action.destructive)
             recorded = record_action(conn, OperatorAction(
                 TOPICS_APPLY_DESTRUCTIVE, actor, reason, ", ".join(sorted({a.topic for a in destructive})),
-                {"changes": {a.topic: {"changes": a.changes, "destructive": list(a.destructive)}
-                             for a in destructive}}), datetime.now(UTC), session_user(conn))
+                {"changes": changes}), datetime.now(UTC), session_user(conn))
             done: list[Any] = apply(admin, actions, allow_destructive=True)
     finally:
         engine.dispose()
