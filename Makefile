@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cksum pyproject.toml | cut -d' ' -f1)
 JARS := build/kafka/libs/.resolved
 
-.PHONY: help demo check lint test storm bench broker venv postgres kafka-jars clean
+.PHONY: help demo check lint test storm bench soak broker venv postgres kafka-jars chromium promtool clean
 
 help:
 	@echo "make demo       - the pipeline end to end on the embedded broker and SQLite"
@@ -14,10 +14,13 @@ help:
 	@echo "make test       - ruff, mypy, import contracts, then the whole suite on Apache Kafka and PostgreSQL"
 	@echo "make storm      - the kill storm: random SIGKILLs of workers and relays for 60 s over 20,000 events"
 	@echo "make bench      - the benchmark (JSON on stdout)"
+	@echo "make soak       - 10 minutes of steady load over a 2,000,000-row ledger with pruning (JSON on stdout)"
 	@echo "make broker     - a Kafka broker on loopback in the foreground (embedded tansu)"
 	@echo "make venv       - the virtual environment in .venv with the test and check extras"
 	@echo "make postgres   - install (where missing) and start the local PostgreSQL"
 	@echo "make kafka-jars - fetch the Apache Kafka server jars into build/kafka/libs"
+	@echo "make chromium   - install (where missing) Debian's chromium and chromium-driver for the console tests"
+	@echo "make promtool   - install (where missing) promtool, which checks the Prometheus alert rules"
 	@echo "make clean      - remove the demo state and the fetched jars"
 	@echo "make help       - this list"
 
@@ -30,6 +33,12 @@ $(STAMP): pyproject.toml
 
 postgres:
 	@scripts/ensure-postgres.sh
+
+chromium:
+	@scripts/ensure-chromium.sh
+
+promtool:
+	@scripts/ensure-promtool.sh
 
 kafka-jars: $(JARS)
 $(JARS): build/kafka/pom.xml
@@ -45,10 +54,10 @@ lint: venv
 	$(BIN)/mypy
 	$(BIN)/lint-imports
 
-check: lint
+check: lint promtool
 	$(BIN)/pytest -q tests/unit
 
-test: lint postgres kafka-jars
+test: lint postgres kafka-jars chromium promtool
 	$(BIN)/pytest -n 2 -m "not bench and not storm" -q
 
 storm: venv postgres kafka-jars
@@ -56,6 +65,9 @@ storm: venv postgres kafka-jars
 
 bench: venv postgres kafka-jars
 	$(BIN)/lapse bench --json
+
+soak: venv postgres kafka-jars
+	$(BIN)/lapse soak --minutes 10 --json
 
 broker: venv
 	$(BIN)/lapse broker

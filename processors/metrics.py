@@ -1,4 +1,5 @@
-"""Prometheus counters of the cleanup worker, counted once per committed batch.
+"""Prometheus counters of the cleanup worker, counted once per committed batch (and once per
+dead-letter circuit that opens).
 
 They live in the processor room (the shell only serves them): `observe_batch` needs a
 `BatchResult`, and the room must not import the shell.
@@ -20,11 +21,18 @@ DUPLICATES = Counter("lapse_duplicates_absorbed", "Deliveries absorbed by the le
 RETRIES = Counter("lapse_retries", "Retries scheduled, by the attempt that failed.", ["attempt"])
 DEAD_LETTERS = Counter("lapse_dead_letters", "Dead letters, by class (poison: undecodable input; "
                        "ledger: invalid or exhausted operations).", ["failure_class"])
+CIRCUITS_OPENED = Counter("lapse_circuits_opened", "Dead-letter circuits opened: a partition paused for its "
+                          "cooldown because most of its recent outcomes failed.")
 CLAIM_CONFLICTS = Counter("lapse_claim_conflicts", "Events whose op key another worker held under a live lease.")
 BATCH_SIZE = Histogram("lapse_batch_size", "Records per processed batch.",
                        buckets=(1, 5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000))
 BATCH_SECONDS = Histogram("lapse_batch_seconds", "Wall time of one batch, decode to offset commit.",
                           buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30))
+
+
+def observe_circuit_opened() -> None:
+    """Count one dead-letter circuit that opened."""
+    CIRCUITS_OPENED.inc()
 
 
 def observe_batch(records: int, result: BatchResult, events: list[ExpiryEvent], poison: int,

@@ -27,7 +27,7 @@ from lapse.processors.circuit import CircuitPolicy, DeadLetterCircuit
 from lapse.processors.commit import BatchContext, commit_batch
 from lapse.processors.decode import Poison, decode_batch, partition_of, position_of
 from lapse.processors.in_flight import InFlight, Settled
-from lapse.processors.metrics import observe_batch
+from lapse.processors.metrics import observe_batch, observe_circuit_opened
 from lapse.processors.rewind import rewind_and_back_off
 from lapse.processors.scope import BatchResult
 
@@ -306,6 +306,7 @@ class CleanupWorker:
         for tp, (good, bad) in counts.items():
             if tp in self.owned and self.circuit.record(tp, good, bad):
                 self.consumer.pause([TopicPartition(*tp)])
+                observe_circuit_opened()
                 log.error("dead-letter circuit open: partition paused", extra={
                     "topic": tp[0], "partition": tp[1],
                     "cooldown_s": self.settings.processor.circuit_cooldown_s,

@@ -12,7 +12,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 
 from confluent_kafka import Producer
 from sqlalchemy import Engine
@@ -57,21 +57,16 @@ def relay_until_empty(engine: Engine, producer: Producer, codec: Codec, limit: i
 
 
 def run_relay(engine: Engine, producer: Producer, codec: Codec, *, limit: int, idle_s: float,
-              stop: threading.Event, exit_when_idle: float | None = None,
-              keep_sent: timedelta = timedelta(days=1)) -> int:
-    """Relay until stopped; sent rows older than `keep_sent` are purged now and then. A transient
-    failure (`is_transient`) is waited out with backoff; the batch it hit is relayed again."""
+              stop: threading.Event, exit_when_idle: float | None = None) -> int:
+    """Relay until stopped. A transient failure (`is_transient`) is waited out with backoff; the
+    batch it hit is relayed again. Sent rows are removed by retention (`lapse prune`), not here."""
     delivery = DeliveryTracker()
     outage = Outage("relay", log)
-    total, idle_since, last_purge = 0, time.monotonic(), 0.0
+    total, idle_since = 0, time.monotonic()
     while not stop.is_set():
         try:
             n = relay_batch(engine, producer, codec, delivery, limit)
             now = time.monotonic()
-            if not n and now - last_purge > 60:
-                with engine.begin() as conn:
-                    relay_queries.purge_sent(conn, datetime.now(UTC) - keep_sent)
-                last_purge = now
         except Exception as exc:
             if not is_transient(exc):
                 raise

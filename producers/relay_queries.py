@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Connection, delete, select, update
+from sqlalchemy import Connection, select, update
 
 from lapse.kernel.batch_sql import any_of
 from lapse.kernel.models import outbox
@@ -29,8 +29,3 @@ def mark_sent(conn: Connection, ids: list[int], now: datetime) -> None:
     """Mark the published rows sent: their ids as one array parameter, so the statement's text is
     the same for every batch (an IN list of one placeholder per row was parsed again each time)."""
     conn.execute(update(outbox).where(any_of(conn, outbox.c.id, ids)).values(sent_at=now))
-
-
-def purge_sent(conn: Connection, before: datetime) -> int:
-    """Delete rows published before `before`; the topics keep the history."""
-    return conn.execute(delete(outbox).where(outbox.c.sent_at < before)).rowcount

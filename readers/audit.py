@@ -1,13 +1,12 @@
 """The audit: replay the retained history (expiry events, outcomes, dead letters) and check it.
 
-The topics are read by manual assignment up to the high watermarks captured at the start (or
-partition EOF), with no group and no commits. Records are joined by op key into small per-key
-tuples (payloads are not kept), and the report says which invariants hold — or that it could not
-tell: a partition holding records in the window that was not read to its end makes the audit
-incomplete, never "invariants hold", and a window with no records is "nothing to audit".
-
-On the embedded tansu broker the high watermark can be short of the log's end (PITFALLS.md), so an
-audit there may stop early; audit an Apache Kafka cluster.
+The topics are read by manual assignment, with no group and no commits, each partition to its end:
+partition EOF at or past the high watermark captured at the start (`partition_ends`), so the audit
+is exact on Apache Kafka and on the embedded broker, whose ListOffsets answer can be short of the
+end (PITFALLS.md). A partition that cannot be read to its end in time makes the audit refuse
+(`EndNotReached`, naming it and how far it got); a partition whose offsets did not all yield a
+record makes it incomplete — never "invariants hold". Records are joined by op key into small
+per-key tuples (payloads are not kept), and a window with no records is "nothing to audit".
 """
 
 from __future__ import annotations
@@ -24,7 +23,8 @@ from confluent_kafka import Consumer, Message
 from lapse.kernel.codec import Codec, DecodeError
 from lapse.kernel.ledger import APPLIED, SKIPPED, TERMINAL, millis
 from lapse.kernel.settings import Settings
-from lapse.readers.offsets import Span, manual_consumer, offsets_at, partitions_of, read_spans, watermarks
+from lapse.readers.offsets import Span, manual_consumer, offsets_at, partitions_of, watermarks
+from lapse.readers.partition_ends import EndTracker, read_to_ends
 
 SAMPLE = 20  # op keys listed per finding; counts are always complete
 HOLD = "invariants hold"
@@ -35,6 +35,7 @@ NOTHING = "nothing to audit"
 EVENT_FIELDS = ("op_key", "replay_id")
 OUTCOME_FIELDS = ("outcome_id", "op_key", "status", "occurred_at", "replay_id")
 DEAD_LETTER_FIELDS = ("op_key", "dead_lettered_at")
+STALL_S = 30.0  # a partition with no record and no end for this long is not read to its end
 
 
 @dataclass
@@ -61,9 +62,9 @@ class AuditReport:
     unresolved_sample: list[str] = field(default_factory=list)
     replays: dict[str, dict[str, int]] = field(default_factory=dict)
     broken: list[str] = field(default_factory=list)
-    in_range: dict[str, int] = field(default_factory=dict)      # records the broker holds in the spans read
+    in_range: dict[str, int] = field(default_factory=dict)      # offsets from each start to the end reached
     scanned: dict[str, int] = field(default_factory=dict)       # records read from them (before --since/--until)
-    unread: list[dict[str, Any]] = field(default_factory=list)  # partitions not read to their end
+    unread: list[dict[str, Any]] = field(default_factory=list)  # partitions whose offsets did not all yield a record
     incomplete: list[str] = field(default_factory=list)
     verdict: str = NOTHING
 
@@ -167,8 +168,10 @@ def _plan_spans(consumer: Consumer, topic: str, since: datetime | None, report: 
 
 def run_audit(settings: Settings, *, since: datetime | None = None, until: datetime | None = None,
               grace: timedelta = timedelta(minutes=5), now: datetime | None = None,
-              progress: bool = True) -> AuditReport:
-    """Read the three topics and build the report. `since` None means from the beginning."""
+              progress: bool = True, stall_s: float = STALL_S) -> AuditReport:
+    """Read the three topics to their ends and build the report. `since` None means from the
+    beginning. Raises EndNotReached when a partition makes no progress for `stall_s` seconds
+    before its end."""
     now = now or datetime.now(UTC)
     report = AuditReport(since=since.isoformat() if since else None,
                          until=until.isoformat() if until else None)
@@ -181,19 +184,17 @@ def run_audit(settings: Settings, *, since: datetime | None = None, until: datet
     since_ms = millis(since) if since else None
     until_ms = millis(until) if until else None
     consumer = manual_consumer(settings)
-    read_to: dict[tuple[str, int], int] = {}
     scanned: Counter[str] = Counter()
     try:
         spans = [s for topic in expected for s in _plan_spans(consumer, topic, since, report)]
+        tracker = EndTracker(spans, time.monotonic())
         bar = Progress(sum(s.size for s in spans)) if progress else None
         records: Counter[str] = Counter()
         undecodable: Counter[str] = Counter()
-        for msg in read_spans(consumer, spans, on_message=bar):
+        for msg in read_to_ends(consumer, spans, tracker, stall_s=stall_s, on_message=bar):
             topic, ts_ms = msg.topic(), msg.timestamp()[1]
-            partition, offset = msg.partition(), msg.offset()
-            if topic is None or partition is None or offset is None:  # read_spans yields records only
+            if topic is None:  # read_to_ends yields records only
                 continue
-            read_to[(topic, partition)] = offset + 1
             scanned[topic] += 1
             if (since_ms is not None and ts_ms < since_ms) or (until_ms is not None and ts_ms >= until_ms):
                 continue
@@ -215,21 +216,13 @@ def run_audit(settings: Settings, *, since: datetime | None = None, until: datet
         consumer.close()
     report.records = {t: records[t] for t in expected}
     report.undecodable = {t: undecodable[t] for t in expected}
-    report.in_range = {t: sum(s.size for s in spans if s.topic == t) for t in expected}
+    report.in_range = {t: sum((p.end or p.position) - p.start for p in tracker.parts.values() if p.topic == t)
+                       for t in expected}
     report.scanned = {t: scanned[t] for t in expected}
-    report.unread = unread_spans(spans, read_to)
+    report.unread = tracker.short()
     _summarise(history, report, cutoff_ms=millis(min(until or now, now) - grace))
     judge(report)
     return report
-
-
-def unread_spans(spans: list[Span], read_to: dict[tuple[str, int], int]) -> list[dict[str, Any]]:
-    """The spans holding records that were not read to their end: `read_to` is the offset after the
-    last record read per (topic, partition). Lapse's topics are neither compacted nor written in
-    transactions, so their offsets have no gaps and a span read to its end ends at `end`."""
-    return [{"topic": s.topic, "partition": s.partition, "read_to": read_to.get((s.topic, s.partition), s.start),
-             "end": s.end, "missing": s.end - read_to.get((s.topic, s.partition), s.start)}
-            for s in spans if s.size > 0 and read_to.get((s.topic, s.partition), s.start) < s.end]
 
 
 def judge(report: AuditReport) -> None:

@@ -102,6 +102,10 @@ cleanup_ledger = Table(
     # Dead letters oldest first: `lapse dlq` list and replay.
     Index("ix_lapse_ledger_dead_letters", "finished_at", "op_key",
           postgresql_where=text("state = 'dead_letter'"), sqlite_where=text("state = 'dead_letter'")),
+    # Applied and skipped rows by finish time: retention's prune (migration 0007 says why and what it costs).
+    Index("ix_lapse_ledger_settled_finished", "state", "finished_at",
+          postgresql_where=text("state IN ('applied', 'skipped')"),
+          sqlite_where=text("state IN ('applied', 'skipped')")),
     schema=SCHEMA,
 )
 

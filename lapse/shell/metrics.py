@@ -1,46 +1,68 @@
-"""The Prometheus endpoint of every long-running Lapse process, served on `metrics_port` at
-`metrics_bind` (127.0.0.1 unless configured: this host only), and the alarm gauges the monitor role
-sets from `lapse status` figures (`observe_status`). The processor's batch counters are defined in
-its room (`lapse.processors.metrics`). In `lapse run` each role serves on metrics_port plus its
-index, since every role is its own process.
+"""The Prometheus endpoint of Lapse's long-running processes, served on `metrics_port` at
+`metrics_bind` (127.0.0.1 unless configured: this host only).
+
+- A single-role command (`lapse process`, `lapse relay`, …) serves its own process's registry
+  (`serve`); the processor's batch counters are defined in its room (`lapse.processors.metrics`).
+- `lapse run` serves one endpoint for its whole process tree (`serving_process_tree`): the roles
+  write their metrics to files in a directory of their own (prometheus_client's multiprocess mode)
+  and the supervisor's endpoint sums them, plus the status samples, read once, by the parent.
+- The status samples (`lapse status` figures) come from a scrape-time collector
+  (`lapse.shell.status_collector`); `monitor` serves them from a `lapse status --watch` process.
 """
 
 from __future__ import annotations
 
+import glob
+import os
 import threading
-from datetime import UTC, datetime
-from typing import Any
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 
-from prometheus_client import Gauge, start_http_server
+from prometheus_client import REGISTRY, CollectorRegistry, start_http_server
+from prometheus_client.metrics_core import Metric
+from prometheus_client.multiprocess import MultiProcessCollector
+from prometheus_client.registry import Collector
 
-from lapse.kernel.database import engine_from_settings
-from lapse.kernel.ledger import STATES
 from lapse.kernel.logs import get_logger
 from lapse.kernel.settings import Settings
-from lapse.readers import status_report
+from lapse.shell.status_collector import status_collector
 
 log = get_logger("metrics")
 
-OLDEST_ELIGIBLE = Gauge("lapse_oldest_eligible_age_seconds",
-                        "Age of the oldest due operation not finished (pending, claimed, retry).")
-EXPIRED_CLAIMS = Gauge("lapse_expired_claims", "Claims whose lease has expired.")
-OUTBOX_UNSENT = Gauge("lapse_outbox_unsent", "Outbox rows the relay has not published yet.")
-OUTBOX_OLDEST_UNSENT = Gauge("lapse_outbox_oldest_unsent_age_seconds",
-                             "Age of the oldest outbox row not yet published (0: none).")
-LEDGER_ROWS = Gauge("lapse_ledger_rows", "Ledger rows by state.", ["state"])
-LAG_RECORDS = Gauge("lapse_consumer_lag_records", "Records behind the end of the log.", ["group", "topic"])
-LAG_SECONDS = Gauge("lapse_consumer_lag_seconds", "Age of the oldest unconsumed record.", ["group", "topic"])
-
 _served: set[int] = set()
-_lag_labels: set[tuple[str, str]] = set()  # the (group, topic) series the last observe_status set
 
 
-def serve(settings: Settings, offset: int = 0) -> int | None:
-    """Serve /metrics on settings.runtime.metrics_port + offset (once per process) at
-    settings.runtime.metrics_bind (127.0.0.1 unless configured); None when no port is set."""
-    if settings.runtime.metrics_port is None:
+class ProcessTreeCollector(MultiProcessCollector):
+    """The metric files of a process tree, merged, leaving out a file a role process is still
+    creating (empty for an instant) and one removed as listed (a process marked dead): a scrape
+    while a role starts or ends must not fail."""
+
+    def __init__(self, registry: CollectorRegistry, path: str) -> None:
+        self.path = path
+        super().__init__(registry, path=path)
+
+    def collect(self) -> Iterable[Metric]:
+        for _ in range(3):
+            files = []
+            for name in glob.glob(os.path.join(self.path, "*.db")):
+                try:
+                    if os.path.getsize(name) >= 8:  # the header a writer puts first
+                        files.append(name)
+                except FileNotFoundError:
+                    continue
+            try:
+                return self.merge(files, accumulate=True)  # type: ignore[no-any-return]
+            except FileNotFoundError:  # removed since listed: list again
+                continue
+        return []
+
+
+def serve(settings: Settings) -> int | None:
+    """Serve this process's metrics on settings.runtime.metrics_port (once per process) at
+    settings.runtime.metrics_bind; None when no port is set."""
+    port = settings.runtime.metrics_port
+    if port is None:
         return None
-    port = settings.runtime.metrics_port + offset
     if port not in _served:
         start_http_server(port, addr=settings.runtime.metrics_bind)
         _served.add(port)
@@ -48,41 +70,37 @@ def serve(settings: Settings, offset: int = 0) -> int | None:
     return port
 
 
-def observe_status(report: dict[str, Any]) -> None:
-    """Set the alarm gauges from a `lapse.readers.status.status_report` dict, leaving no series of
-    an earlier report behind: every ledger state is set (0 when absent), lag series not in this
-    report are removed. `lapse_ledger_rows` of applied and skipped may be estimates (the report's
-    `ledger_estimated`)."""
-    OLDEST_ELIGIBLE.set(report["oldest_eligible_age_s"] or 0)
-    EXPIRED_CLAIMS.set(report["expired_claims"]["count"])
-    OUTBOX_UNSENT.set(report["outbox"]["unsent"])
-    OUTBOX_OLDEST_UNSENT.set(report["outbox"]["oldest_unsent_age_s"] or 0)
-    # Every state every time (0 when it has no rows), so a state emptied since shows 0, not its
-    # last count.
-    for state in STATES:
-        LEDGER_ROWS.labels(state=state).set(sum(report["ledger"].get(state, {}).values()))
-    # The lag of the (group, topic) pairs in this report; a pair gone from it, or whose lag could
-    # not be read this time, loses its series rather than keep a stale value.
-    lag = {(row["group"], row["topic"]): row for row in report.get("lag", []) if "error" not in row}
-    for labels in _lag_labels - lag.keys():
-        LAG_RECORDS.remove(*labels)
-        LAG_SECONDS.remove(*labels)
-    for (group, topic), row in lag.items():
-        LAG_RECORDS.labels(group=group, topic=topic).set(row["records"])
-        LAG_SECONDS.labels(group=group, topic=topic).set(row["seconds"])
-    _lag_labels.clear()
-    _lag_labels.update(lag.keys())
+@contextmanager
+def serving_process_tree(settings: Settings, multiproc_dir: str, *collectors: Collector) -> Iterator[int | None]:
+    """While in the block, serve on metrics_port the metrics every process of a tree writes to
+    `multiproc_dir` (counters and histograms summed over processes, gauges by their
+    `multiprocess_mode`), the status samples and `collectors`; yields the port (None: no port set,
+    nothing served)."""
+    port = settings.runtime.metrics_port
+    if port is None:
+        yield None
+        return
+    registry = CollectorRegistry()
+    ProcessTreeCollector(registry, multiproc_dir)
+    for collector in collectors:
+        registry.register(collector)
+    with status_collector(settings) as status:
+        registry.register(status)
+        server, _ = start_http_server(port, addr=settings.runtime.metrics_bind, registry=registry)
+        log.info("metrics of the process tree served", extra={"port": port, "bind": settings.runtime.metrics_bind})
+        try:
+            yield port
+        finally:
+            server.shutdown()
+            server.server_close()
 
 
 def monitor(settings: Settings, stop: threading.Event, interval_s: float = 15.0) -> None:
-    """Refresh the status gauges every `interval_s` until stopped."""
-    engine = engine_from_settings(settings)
-    try:
-        while not stop.is_set():
-            try:
-                observe_status(status_report(settings, engine, datetime.now(UTC)))
-            except Exception as exc:
-                log.warning("status refresh failed", extra={"error": str(exc)[:200]})
-            stop.wait(interval_s)
-    finally:
-        engine.dispose()
+    """Add the status samples to this process's metrics, each reading serving scrapes for up to
+    `interval_s`, and wait until stopped (`lapse status --watch`, the monitor role)."""
+    with status_collector(settings, max_age_s=interval_s) as status:
+        REGISTRY.register(status)
+        try:
+            stop.wait()
+        finally:
+            REGISTRY.unregister(status)

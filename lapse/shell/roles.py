@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
 
 from sqlalchemy import Engine
@@ -23,7 +24,14 @@ from lapse.kernel.signals import stop_on_signals
 from lapse.kernel.startup_checks import check_startup
 from lapse.processors import CleanupWorker, DelayWorker
 from lapse.producers import run_relay, sweep_once
-from lapse.reconciler import Reconciler
+from lapse.reconciler import (
+    PassResult,
+    Reconciler,
+    horizons_from_settings,
+    notifier_from_settings,
+    prune_once,
+    run_daily_reports,
+)
 from lapse.shell.metrics import monitor
 from lapse.shell.supervisor import Role
 
@@ -165,18 +173,99 @@ def run_reconcile_role(settings: Settings, kwargs: dict[str, Any]) -> None:
 
 
 def run_monitor_role(settings: Settings, kwargs: dict[str, Any]) -> None:
-    """Keep the oldest-eligible, claim and lag gauges current until stopped."""
+    """Add the status samples (oldest eligible age, ledger rows, outbox, lag) to this process's
+    metrics, read when scraped, until stopped: a monitor of its own (`lapse status --watch`,
+    compose's monitor service). `lapse run` needs none: its supervisor serves them."""
     check_startup(settings)
     monitor(settings, stop_on_signals(), kwargs.get("interval_s", 15.0))
 
 
-def pipeline_roles(workers: int) -> list[Role]:
-    """The smallest topology: a sweep, `workers` processors, a relay, a delay-tier forwarder and a
-    reconciler; role i serves metrics on metrics_port + i."""
+def run_report_role(settings: Settings, kwargs: dict[str, Any]) -> None:
+    """The daily report until stopped: each pass (every `report.interval_s`) rebuilds the open day's
+    partial report and stores and sends the final report of a day once it has closed. A pass that
+    meets an outage is waited out with backoff (`when_reachable`); any other failed pass is logged
+    and retried next time."""
+    stop = stop_on_signals()
+    notifier = notifier_from_settings(settings)  # a notifier without what it needs: a config error
+    engine = engine_from_settings(settings)
+
+    def start() -> bool:
+        check_startup(settings)
+        return True
+
+    if when_reachable("report", stop, start) is None:
+        engine.dispose()
+        return
+
+    def guarded(run: Callable[[], PassResult]) -> Callable[[], PassResult]:
+        def one_pass() -> PassResult:
+            try:
+                return run()
+            except Exception as exc:
+                if _is_outage(exc):
+                    raise
+                log.exception("report pass failed")
+                return PassResult()
+        return one_pass
+
+    try:
+        run_daily_reports(engine, notifier, settle=timedelta(seconds=settings.report.settle_s),
+                          interval_s=settings.report.interval_s, stop=stop,
+                          attempt=lambda run: when_reachable("report", stop, guarded(run)))
+    finally:
+        engine.dispose()
+
+
+def run_prune_role(settings: Settings, kwargs: dict[str, Any]) -> None:
+    """Retention until stopped: a prune pass every `retention.interval_s`, each in bounded batches
+    that stop between batches on SIGTERM. A horizon shorter than topics.yaml allows is refused
+    before any work; a pass that meets an outage is waited out with backoff (`when_reachable`), any
+    other failed pass is logged and retried next time."""
+    stop = stop_on_signals()
+    horizons = horizons_from_settings(settings)  # a refused horizon is a configuration error
+
+    def start() -> bool:
+        check_startup(settings)
+        return True
+
+    if when_reachable("prune", stop, start) is None:  # stopped first
+        return
+    engine = engine_from_settings(settings)
+
+    def one_pass() -> bool:
+        try:
+            prune_once(engine, horizons, datetime.now(UTC), settings.retention.batch_size, stop=stop)
+        except Exception as exc:
+            if _is_outage(exc):
+                raise
+            log.exception("prune pass failed")
+        return True
+
+    try:
+        while when_reachable("prune", stop, one_pass) is not None:
+            stop.wait(settings.retention.interval_s)
+    finally:
+        engine.dispose()
+
+
+def run_console_role(settings: Settings, kwargs: dict[str, Any]) -> None:
+    """The operator console (`lapse console`) until SIGTERM, which uvicorn turns into a clean stop."""
+    # function-local: the console's web stack (starlette, uvicorn) is the optional `console` extra
+    from lapse.shell.console.server import serve
+
+    serve(settings)
+
+
+def pipeline_roles(workers: int, *, console: bool = False) -> list[Role]:
+    """The smallest topology: a sweep, `workers` processors, a relay, a delay-tier forwarder, a
+    reconciler, the daily report and retention's prune, and with `console` the operator console.
+    With a metrics port, the supervisor serves all their metrics on that one port."""
     roles = [Role("sweep", run_sweep_role, {}), Role("relay", run_relay_role, {})]
     roles += [Role(f"process-{i}", run_worker, {}) for i in range(workers)]
     roles.append(Role("delay", run_delay_role, {}))  # forwards retries and wake-ups when due
     roles.append(Role("reconcile", run_reconcile_role, {}))  # its own, slower interval
-    for offset, role in enumerate(roles):
-        role.kwargs["metrics_offset"] = offset
+    roles.append(Role("report", run_report_role, {}))  # the daily report, once each day closes
+    roles.append(Role("prune", run_prune_role, {}))  # retention, every retention.interval_s
+    if console:
+        roles.append(Role("console", run_console_role, {}))
     return roles

@@ -3,24 +3,39 @@
 `lapse run` and `lapse demo` use it; production deployments usually run each role as its own
 service instead (see compose/). Shutdown forwards SIGTERM to every role, waits a bounded grace
 for each to finish its step and leave, then SIGKILLs the stragglers.
+
+With a metrics port set, the tree has one metrics endpoint, served by the supervisor: before the
+first role starts, PROMETHEUS_MULTIPROC_DIR names a fresh directory in which every role process
+writes its metrics (prometheus_client's multiprocess mode); the endpoint sums them and adds the
+status samples and each role's liveness. A role process that ends is marked dead, so gauges of a
+`live…` mode forget it.
 """
 
 from __future__ import annotations
 
 import multiprocessing as mp
 import os
+import shutil
 import signal
+import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections import Counter
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack
 from dataclasses import dataclass
 from multiprocessing.connection import wait
 from multiprocessing.process import BaseProcess
 from typing import Any
 
+from prometheus_client import Gauge
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.multiprocess import mark_process_dead
+from prometheus_client.registry import Collector
+
 from lapse.kernel.logs import configure_logging, get_logger
 from lapse.kernel.settings import Settings
-from lapse.shell.metrics import serve
+from lapse.shell.metrics import serving_process_tree
 
 log = get_logger("supervisor")
 
@@ -29,6 +44,13 @@ RoleTarget = Callable[[Settings, dict[str, Any]], object]
 # How long shutdown waits after SIGTERM for the roles to finish their batch, commit and leave:
 # under the 30 s a deployment usually allows, above a batch plus a consumer close.
 SHUTDOWN_GRACE_S = 25.0
+# The variable prometheus_client reads, at import, to write metrics to files shared by a process tree.
+MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
+
+# Set by each role process as it starts; one series per live process (its pid label), so a
+# restarted role shows its new process only.
+ROLE_STARTED = Gauge("lapse_role_start_time_seconds", "When each live role process started (Unix time; "
+                     "the pid label tells the processes apart).", ["role"], multiprocess_mode="liveall")
 
 
 @dataclass
@@ -43,9 +65,27 @@ def _child(target: RoleTarget, settings: Settings, kwargs: dict[str, Any], role_
     # complete each other's leases.
     settings = settings.with_(runtime={"worker_id": f"{settings.runtime.worker_id}/{role_name}-{os.getpid()}"})
     configure_logging(settings)
-    serve(settings, kwargs.get("metrics_offset", 0))  # one port per role process
+    ROLE_STARTED.labels(role=role_name).set_to_current_time()  # the supervisor serves the tree's metrics
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides when children stop
     target(settings, kwargs)
+
+
+class RolesCollector(Collector):
+    """Each role's liveness and restarts, as the supervisor sees them at scrape time."""
+
+    def __init__(self, supervisor: Supervisor) -> None:
+        self.supervisor = supervisor
+
+    def collect(self) -> Iterator[Metric]:
+        up = GaugeMetricFamily("lapse_role_up", "1 while the role's process runs, 0 when it is down.", labels=["role"])
+        restarts = CounterMetricFamily("lapse_role_restarts", "Restarts of the role after its process died.",
+                                       labels=["role"])
+        for role in self.supervisor.roles:
+            proc = self.supervisor.procs.get(role.name)
+            up.add_metric([role.name], 1 if proc is not None and proc.is_alive() else 0)
+            restarts.add_metric([role.name], self.supervisor.restarts[role.name])
+        yield up
+        yield restarts
 
 
 class Supervisor:
@@ -61,6 +101,11 @@ class Supervisor:
         self.procs: dict[str, BaseProcess] = {}
         self.stop = threading.Event()  # set: stop watching and shut down
         self.hurry = threading.Event()  # set (a second signal): end the shutdown grace now
+        self.restarts: Counter[str] = Counter()
+        self.multiproc_dir: str | None = None  # the roles' metric files, while a metrics port is served
+        self._env_before: str | None = None
+        self._metrics = ExitStack()  # the tree's endpoint while it is served
+        self._marked_dead: set[int] = set()
 
     def _start(self, role: Role) -> None:
         proc = self.ctx.Process(target=_child, args=(role.target, self.settings, role.kwargs, role.name),
@@ -69,7 +114,34 @@ class Supervisor:
         self.procs[role.name] = proc
         log.info("role started", extra={"role": role.name, "pid": proc.pid})
 
+    def _serve_metrics(self) -> None:
+        """With a metrics port: a fresh directory for the roles' metric files, named in the
+        environment the roles inherit, and the tree's one endpoint on that port."""
+        if self.settings.runtime.metrics_port is None:
+            return
+        self.multiproc_dir = tempfile.mkdtemp(prefix="lapse-metrics-")
+        self._env_before = os.environ.get(MULTIPROC_ENV)
+        os.environ[MULTIPROC_ENV] = self.multiproc_dir  # read by each spawned role at its import
+        self._metrics.enter_context(serving_process_tree(self.settings, self.multiproc_dir, RolesCollector(self)))
+
+    def _mark_dead(self, proc: BaseProcess) -> None:
+        """Forget an ended role process's `live…` gauges (its counters keep counting in the sums)."""
+        if self.multiproc_dir is not None and proc.pid is not None and proc.pid not in self._marked_dead:
+            mark_process_dead(proc.pid, self.multiproc_dir)
+            self._marked_dead.add(proc.pid)
+
+    def _stop_metrics(self) -> None:
+        self._metrics.close()
+        if self.multiproc_dir is not None:
+            if self._env_before is None:
+                os.environ.pop(MULTIPROC_ENV, None)
+            else:
+                os.environ[MULTIPROC_ENV] = self._env_before
+            shutil.rmtree(self.multiproc_dir, ignore_errors=True)
+            self.multiproc_dir = None
+
     def start(self) -> None:
+        self._serve_metrics()
         for role in self.roles:
             self._start(role)
 
@@ -78,9 +150,12 @@ class Supervisor:
         while not self.stop.is_set() and not (until and until()):
             for role in self.roles:
                 proc = self.procs[role.name]
+                if not proc.is_alive() and proc.exitcode is not None:
+                    self._mark_dead(proc)
                 if not proc.is_alive() and proc.exitcode not in (0, None):
                     log.warning("role died, restarting", extra={"role": role.name, "exitcode": proc.exitcode})
                     time.sleep(self.restart_delay_s)
+                    self.restarts[role.name] += 1
                     self._start(role)
             self.stop.wait(poll_s)
 
@@ -104,4 +179,6 @@ class Supervisor:
                         extra={"role": name, "grace_s": grace, "hurried": self.hurry.is_set()})
         for proc in self.procs.values():
             proc.join()
+            self._mark_dead(proc)
+        self._stop_metrics()
         return killed

@@ -123,31 +123,3 @@ def test_the_alarm_counts_due_rows_no_sweep_has_emitted_and_the_outbox_backlog(k
     assert re.search(r"oldest eligible unfinished: 180\d\ds", result.stdout), result.stdout
     assert re.search(r"outbox unsent: 2 \(oldest written \d+s ago\)", result.stdout), result.stdout
     engine.dispose()
-
-
-def test_the_status_gauges_keep_no_stale_series():
-    """A state emptied since the last refresh shows 0, not its last count; a (group, topic) gone
-    from the report, or whose lag could not be read, loses its lag series."""
-    from prometheus_client import REGISTRY
-
-    from lapse.shell.metrics import observe_status
-
-    def report(ledger: dict, lag: list) -> dict:
-        return {"oldest_eligible_age_s": None, "expired_claims": {"count": 0}, "ledger": ledger,
-                "outbox": {"unsent": 0, "oldest_unsent_age_s": None}, "lag": lag}
-
-    def rows(state: str) -> float | None:
-        return REGISTRY.get_sample_value("lapse_ledger_rows", {"state": state})
-
-    def lag(group: str) -> float | None:
-        return REGISTRY.get_sample_value("lapse_consumer_lag_records", {"group": group, "topic": "stale-t"})
-
-    observe_status(report({"pending": {"a": 2, "b": 3}, "applied": {"a": 7}},
-                          [{"group": "stale-g1", "topic": "stale-t", "records": 5, "seconds": 1.0},
-                           {"group": "stale-g2", "topic": "stale-t", "records": 6, "seconds": 2.0}]))
-    assert (rows("pending"), rows("applied"), rows("dead_letter")) == (5, 7, 0)
-    assert (lag("stale-g1"), lag("stale-g2")) == (5, 6)
-    observe_status(report({"applied": {"a": 9}},
-                          [{"group": "stale-g1", "topic": "stale-t", "error": "broker down"}]))
-    assert (rows("pending"), rows("applied")) == (0, 9)
-    assert (lag("stale-g1"), lag("stale-g2")) == (None, None)

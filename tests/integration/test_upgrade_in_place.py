@@ -23,7 +23,8 @@ from tests.fixtures.db import build_legacy_layout, schema_diff
 LEGACY_NAMES = {cleanup_ledger: "cleanup_ledger", ledger_transitions: "ledger_transitions",
                 outbox: "outbox", daily_reports: "daily_reports"}
 T0 = datetime(2026, 11, 1, 12, 0, tzinfo=UTC)
-HEAD = "0006"  # the head: 0004 moves the tables in place, 0005 changes their indexes, 0006 adds a table
+HEAD = "0007"  # the head: 0004 moves the tables in place, 0005 changes their indexes, 0006 adds a table,
+# 0007 adds retention's index
 
 
 @pytest.fixture(params=["postgresql", "sqlite"])

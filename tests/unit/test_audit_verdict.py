@@ -1,48 +1,87 @@
-"""The audit's verdict: "invariants hold" only when everything the topics hold in the window was
-read; a partition not read to its end makes the audit incomplete (exit 1), and an empty window is
-"nothing to audit" — never a success claimed over records that were not seen (PITFALLS.md: tansu
-once handed a consumer no partitions and an audit of 421 of 452 events reported success)."""
+"""The audit's verdict and its reading to the ends: "invariants hold" only when every partition was
+read to its end (partition EOF at or past the high watermark captured at the start) and every
+offset in between yielded a record; a partition that stalls before its end makes the audit refuse,
+naming it and how far it got; an empty window is "nothing to audit" — never a success claimed over
+records that were not seen (PITFALLS.md: an audit on tansu once read 421 of 452 events and
+reported success)."""
 
 from __future__ import annotations
 
-from lapse.readers.audit import BROKEN, HOLD, INCOMPLETE, NOTHING, AuditReport, judge, unread_spans
+from lapse.readers.audit import BROKEN, HOLD, INCOMPLETE, NOTHING, AuditReport, judge
 from lapse.readers.offsets import Span
+from lapse.readers.partition_ends import EndTracker
 
 SPANS = [Span("t.expiry", 0, 0, 10), Span("t.expiry", 1, 5, 5), Span("t.outcomes", 0, 2, 4)]
 
 
-def _report(read_to: dict[tuple[str, int], int], records: int, broken: list[str] | None = None) -> AuditReport:
+def _read(tracker: EndTracker, topic: str, partition: int, offsets: range, eof: int | None, now: float = 1.0) -> None:
+    for offset in offsets:
+        tracker.record(topic, partition, offset, now)
+    if eof is not None:
+        tracker.eof(topic, partition, eof, now)
+
+
+def _report(tracker: EndTracker, records: int, broken: list[str] | None = None) -> AuditReport:
+    parts = tracker.parts.values()
     report = AuditReport(records={"t.expiry": records, "t.outcomes": 0}, broken=broken or [],
-                         in_range={"t.expiry": 10, "t.outcomes": 2},
-                         scanned={"t.expiry": read_to.get(("t.expiry", 0), 0), "t.outcomes": 0})
-    report.unread = unread_spans(SPANS, read_to)
+                         in_range={t: sum((p.end or p.position) - p.start for p in parts if p.topic == t)
+                                   for t in ("t.expiry", "t.outcomes")},
+                         scanned={t: sum(p.records for p in parts if p.topic == t) for t in ("t.expiry", "t.outcomes")})
+    report.unread = tracker.short()
     judge(report)
     return report
 
 
-def test_everything_read_and_nothing_broken_holds():
-    report = _report({("t.expiry", 0): 10, ("t.outcomes", 0): 4}, records=10)
+def test_every_partition_read_to_its_end_holds():
+    tracker = EndTracker(SPANS, 0.0)
+    _read(tracker, "t.expiry", 0, range(0, 10), eof=10)
+    _read(tracker, "t.expiry", 1, range(0), eof=5)
+    _read(tracker, "t.outcomes", 0, range(2, 4), eof=4)
+    report = _report(tracker, records=10)
+    assert tracker.pending == []
     assert (report.verdict, report.unread, report.incomplete) == (HOLD, [], [])
 
 
-def test_reading_nothing_of_what_the_topics_hold_is_incomplete():
-    report = _report({}, records=0)
-    assert report.verdict == INCOMPLETE
-    assert report.incomplete[0] == "read nothing although the topics hold 12 records in range"
-    assert [(u["topic"], u["partition"], u["read_to"], u["end"]) for u in report.unread] == [
-        ("t.expiry", 0, 0, 10), ("t.outcomes", 0, 2, 4)]
+def test_records_past_a_short_high_watermark_are_read_to_partition_eof():
+    """The embedded broker's ListOffsets can answer short of the end: EOF decides, not the mark."""
+    tracker = EndTracker([Span("t.expiry", 0, 0, 7)], 0.0)
+    _read(tracker, "t.expiry", 0, range(0, 7), eof=None)
+    assert [p.partition for p in tracker.pending] == [0]  # at the captured mark, but no EOF yet
+    _read(tracker, "t.expiry", 0, range(7, 10), eof=10)
+    assert tracker.pending == [] and tracker.parts[("t.expiry", 0)].records == 10
 
 
-def test_a_partition_read_short_of_its_end_is_incomplete():
-    report = _report({("t.expiry", 0): 7, ("t.outcomes", 0): 4}, records=7)
+def test_an_eof_short_of_the_captured_high_watermark_is_not_the_end():
+    tracker = EndTracker([Span("t.expiry", 0, 0, 10)], 0.0)
+    _read(tracker, "t.expiry", 0, range(0, 6), eof=6, now=1.0)
+    assert [p.position for p in tracker.pending] == [6]
+    assert tracker.stalled(now=5.0, stall_s=5.0) == []  # it moved at 1.0
+    (stalled,) = tracker.stalled(now=6.0, stall_s=5.0)
+    assert tracker.refusal([stalled], 5.0) == (
+        "1 partition not read to the end (no record and no end-of-partition for 5s): t.expiry[0] at offset 6 "
+        "of at least 10 (6 records read); the broker did not deliver the whole log, so the invariants cannot "
+        "be checked")
+
+
+def test_offsets_that_yielded_no_record_make_the_audit_incomplete():
+    tracker = EndTracker(SPANS, 0.0)
+    _read(tracker, "t.expiry", 0, range(0, 7), eof=10)  # EOF at 10 after offset 6: three never came
+    _read(tracker, "t.expiry", 1, range(0), eof=5)
+    _read(tracker, "t.outcomes", 0, range(2, 4), eof=4)
+    report = _report(tracker, records=7)
     assert report.verdict == INCOMPLETE
     assert report.incomplete == ["3 of 12 records in range not read, from 1 partition",
                                  "t.expiry[0] read to offset 7 of 10"]
 
 
 def test_broken_wins_and_an_empty_window_is_nothing_to_audit():
-    assert _report({}, records=0, broken=["1 op keys applied more than once"]).verdict == BROKEN
-    empty = AuditReport(records={"t.expiry": 0}, in_range={"t.expiry": 0}, scanned={"t.expiry": 0})
-    empty.unread = unread_spans([Span("t.expiry", 0, 3, 3)], {})
-    judge(empty)
-    assert (empty.verdict, empty.incomplete) == (NOTHING, [])
+    tracker = EndTracker(SPANS, 0.0)
+    _read(tracker, "t.expiry", 0, range(0), eof=10)
+    assert _report(tracker, records=0, broken=["1 op keys applied more than once"]).verdict == BROKEN
+    assert _report(tracker, records=0).incomplete[0] == "read nothing although the topics hold 10 records in range"
+    empty = EndTracker([Span("t.expiry", 0, 3, 3)], 0.0)
+    _read(empty, "t.expiry", 0, range(0), eof=3)
+    report = AuditReport(records={"t.expiry": 0}, in_range={"t.expiry": 0}, scanned={"t.expiry": 0})
+    report.unread = empty.short()
+    judge(report)
+    assert (report.verdict, report.incomplete) == (NOTHING, [])

@@ -64,3 +64,11 @@ def test_config_is_a_root_option_that_every_command_sees(tmp_path, monkeypatch):
     line = next(line for line in result.output.splitlines() if line.startswith("kafka.bootstrap_servers "))
     assert line.split() == ["kafka.bootstrap_servers", "kafka-9:9092", "(file", f"{config})"]
     assert "--config FILE" in CliRunner().invoke(main, ["--help"]).output
+
+
+def test_run_with_the_console_refuses_a_public_bind_without_tokens_before_starting_anything(monkeypatch):
+    monkeypatch.setenv("LAPSE_CONSOLE__BIND", "0.0.0.0")
+    result = CliRunner().invoke(main, ["run", "--console"])
+    assert result.exit_code == 3
+    assert result.output.count("\n") == 1
+    assert "the console would serve 0.0.0.0 with no tokens" in result.output

@@ -10,7 +10,8 @@ This module is the package's face: every other module imports the ledger from he
 - `rows`    — the typed rows the statements return and take;
 - `queries` — every statement of the state machine (the SQL);
 - `reads`   — the probes business-table selects embed, and the aggregates status and reports show;
-- `writes`  — the accumulator a transaction fills and flushes once.
+- `writes`  — the accumulator a transaction fills and flushes once;
+- `retention` — the bounded deletes of finished rows, their transitions and sent outbox rows.
 """
 
 from lapse.kernel.ledger.keys import InvalidEvent, InvalidOpKey, new_correlation_id, op_key, parse_op_key
@@ -70,6 +71,17 @@ from lapse.kernel.ledger.records import (
     outcome_record,
     safe_text,
     time_problem,
+)
+from lapse.kernel.ledger.retention import (
+    count_prunable,
+    prune_dead_letters,
+    prune_dead_letters_statement,
+    prune_outbox,
+    prune_outbox_statement,
+    prune_settled,
+    prune_settled_statement,
+    prune_transitions,
+    prune_transitions_statement,
 )
 from lapse.kernel.ledger.rows import (
     ClaimedMove,
@@ -141,6 +153,7 @@ __all__ = [
     "check",
     "claim",
     "clip_original",
+    "count_prunable",
     "counts_by_state_and_kind",
     "dead_letter_record",
     "dead_letters",
@@ -168,6 +181,14 @@ __all__ = [
     "parse_op_key",
     "pending_row",
     "probe_rows",
+    "prune_dead_letters",
+    "prune_dead_letters_statement",
+    "prune_outbox",
+    "prune_outbox_statement",
+    "prune_settled",
+    "prune_settled_statement",
+    "prune_transitions",
+    "prune_transitions_statement",
     "read_rows",
     "release_dead_letters",
     "renew_leases",

@@ -2,7 +2,8 @@
 
 Exit 0 when they hold (or the window holds no records: "nothing to audit"); 1 when one is broken or
 the audit could not read everything in the window; 2 for a wrong window; 3 when a topic is missing;
-4 when the broker cannot be reached (the error boundary's one line).
+4 when the broker cannot be reached (the error boundary's one line); 5 when a partition could not be
+read to its end within --read-timeout (a one-line refusal naming it and how far it got).
 """
 
 from __future__ import annotations
@@ -58,29 +59,38 @@ _VERDICTS = {"invariants hold": "invariants hold", "broken": "invariants broken"
 @click.option("--until", type=TIMESTAMP, help="Ignore records at or after this time.")
 @click.option("--grace", type=DURATION, default="5m", show_default=True,
               help="How long an event may wait for its terminal outcome.")
+@click.option("--read-timeout", "read_timeout", type=DURATION, default="30s", show_default=True,
+              help="Refuse when a partition delivers neither a record nor its end for this long.")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 @click.option("--out", type=click.Path(dir_okay=False, writable=True), help="Also write the JSON report here.")
 @pass_settings
 def audit(settings: Settings, since: datetime | None, from_beginning: bool, until: datetime | None,
-          grace: timedelta, as_json: bool, out: str | None) -> None:
+          grace: timedelta, read_timeout: timedelta, as_json: bool, out: str | None) -> None:
     """Replay lapse.expiry, lapse.outcomes and lapse.dlq (manual assignment, no commits) and check
-    that every event reached one terminal outcome and no op key was applied twice."""
+    that every event reached one terminal outcome and no op key was applied twice. Every partition
+    is read to its end (partition EOF, at or past the high watermark asked at the start)."""
     # function-local: keeps `lapse --help` fast
     from lapse.kernel.kafka_logs import leave_connection_failures_to_caller
     from lapse.readers.audit import BROKEN, INCOMPLETE, run_audit
     from lapse.readers.offsets import OffsetsError
+    from lapse.readers.partition_ends import EndNotReached
 
     if bool(since) == from_beginning:
         raise click.UsageError("give exactly one of --since TS or --from-beginning")
+    if read_timeout.total_seconds() <= 0:
+        raise click.UsageError("--read-timeout must be longer than 0s")
     if since is not None and until is not None and since >= until:
         raise click.UsageError(f"--since {since.isoformat()} is not before --until {until.isoformat()}: "
                                "the window holds nothing")
     leave_connection_failures_to_caller()  # an unreachable broker is the error boundary's one line
     try:
-        report = run_audit(settings, since=since, until=until, grace=grace).to_dict()
+        report = run_audit(settings, since=since, until=until, grace=grace,
+                           stall_s=read_timeout.total_seconds()).to_dict()
     except OffsetsError as exc:  # a topic of the topology is not on the cluster
         raise CommandFailed(ExitCode.CONFIG, f"audit: {exc} (`lapse topics apply` creates it; "
                                              "is the topic prefix right?)") from None
+    except EndNotReached as exc:  # the broker did not deliver a partition to its end in time
+        raise CommandFailed(ExitCode.INTERRUPTED, f"audit refused: {exc}") from None
     if out:
         with open(out, "w") as fh:
             json.dump(report, fh, indent=2, sort_keys=True)

@@ -10,17 +10,15 @@ from __future__ import annotations
 
 import sys
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import click
 
 from lapse.kernel.settings import Settings
 from lapse.shell.cli import main
 from lapse.shell.cli_options import F, emit, pass_settings, setting_option
+from lapse.shell.dead_letters import describe_selection, poison_records
 from lapse.shell.error_boundary import CommandFailed, ExitCode
-
-if TYPE_CHECKING:
-    from lapse.kernel.ledger import Selection
 
 
 def _selection_options(func: F) -> F:
@@ -38,46 +36,6 @@ def _selection_options(func: F) -> F:
 @main.group()
 def dlq() -> None:
     """Inspect and replay dead letters (never replayed automatically)."""
-
-
-def poison_records(settings: Settings, kind: str | None, tenant: str | None, limit: int) -> list[dict[str, Any]]:
-    """The poison dead letters on the DLQ topic, oldest first per partition, up to `limit`: records
-    no ledger row could be made for, so they exist only there. Read by manual assignment to
-    partition EOF; each is decoded with the codec (one that does not decode is listed as such).
-    Positions and reasons only, never the original bytes."""
-    # function-local: keeps `lapse --help` fast
-    from lapse.kernel.codec import Codec, DecodeError
-    from lapse.kernel.kafka_logs import leave_connection_failures_to_caller
-    from lapse.readers.offsets import OffsetsError, read_to_end
-
-    leave_connection_failures_to_caller()  # an unreachable broker is the error boundary's one line
-    codec = Codec.from_settings(settings)
-    found: list[dict[str, Any]] = []
-    try:
-        for msg in read_to_end(settings, settings.topology.dlq):
-            try:
-                record = codec.decode_expected("dead_letter", msg.value() or b"")
-            except DecodeError as exc:
-                record = {"failure_class": "poison", "reason": f"dead letter does not decode: {exc}"}
-            if record.get("failure_class") != "poison":
-                continue  # an operation's dead letter: the ledger lists it
-            if (kind and record.get("kind") != kind) or (tenant and record.get("tenant") != tenant):
-                continue
-            at = record.get("dead_lettered_at")
-            found.append({
-                "poison": True, "op_key": record.get("op_key"), "kind": record.get("kind"),
-                "tenant": record.get("tenant"), "subject_id": record.get("subject_id"),
-                "attempt": record.get("attempt"),
-                "last_failure_class": "poison", "last_failure": record.get("reason"), "replay_id": None,
-                "finished_at": at.isoformat() if isinstance(at, datetime) else at,
-                "source": {"topic": record.get("source_topic"), "partition": record.get("source_partition"),
-                           "offset": record.get("source_offset")},
-                "dlq": {"topic": msg.topic(), "partition": msg.partition(), "offset": msg.offset()}})
-            if len(found) >= limit:
-                break
-    except OffsetsError:  # the DLQ topic is not there: nothing was ever dead-lettered as poison
-        return []
-    return found
 
 
 def _list_text(data: dict[str, Any]) -> str:
@@ -121,16 +79,6 @@ def dlq_list(settings: Settings, kind: str | None, tenant: str | None, as_json: 
     if poison:
         rows += poison_records(settings, kind, tenant, limit)
     emit({"dead_letters": rows}, as_json, _list_text)
-
-
-def describe_selection(selection: Selection) -> str:
-    """The selection in one line, as it is shown and recorded: `all` or its terms."""
-    terms = [f"{name}={value}" for name, value in (("kind", selection.kind), ("tenant", selection.tenant))
-             if value]
-    if selection.op_keys:
-        terms.append("op_keys=" + ",".join(selection.op_keys))
-    text = " ".join(terms) or "all"
-    return text + (" (replayed ones included)" if selection.include_replayed else "")
 
 
 def confirm_or_refuse(question: str, yes: bool) -> None:

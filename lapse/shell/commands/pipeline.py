@@ -107,13 +107,16 @@ def relay(settings: Settings, exit_when_idle: float | None) -> None:
 
 @main.command()
 @connection_options
-@setting_option("runtime.metrics_port", help="Serve Prometheus metrics from port N + role index.")
+@setting_option("runtime.metrics_port", help="Serve every role's metrics and the status samples on this one port.")
 @click.option("--workers", type=click.IntRange(1, 64), default=2, show_default=True,
               help="Processor processes.")
+@click.option("--console", "with_console", is_flag=True,
+              help="Also serve the operator console (console.bind, console.port; the `console` extra).")
 @pass_settings
-def run(settings: Settings, workers: int) -> None:
-    """Run sweep, processors, relay, delay tiers and reconciler in one process tree until
-    interrupted; a role that dies is restarted."""
+def run(settings: Settings, workers: int, with_console: bool) -> None:
+    """Run sweep, processors, relay, delay tiers, reconciler, daily report and prune (and with
+    --console the operator console) in one process tree until interrupted; a role that dies is
+    restarted."""
     # function-local: keeps `lapse --help` fast
     from lapse.kernel.database import engine_from_settings
     from lapse.kernel.kinds import load_kinds
@@ -121,9 +124,17 @@ def run(settings: Settings, workers: int) -> None:
     from lapse.kernel.startup_checks import check_startup
     from lapse.shell.commands.kinds import kinds_file_errors
     from lapse.shell.error_boundary import CommandFailed, ExitCode
-    from lapse.shell.roles import pipeline_roles, run_monitor_role
-    from lapse.shell.supervisor import Role, Supervisor
+    from lapse.shell.roles import pipeline_roles
+    from lapse.shell.supervisor import Supervisor
 
+    if with_console:
+        # function-local: the console's access rules load only with --console
+        from lapse.shell.console.access import Access
+
+        try:
+            Access(settings.console).check_bind(settings.console.bind)
+        except ValueError as exc:  # no tokens and a bind beyond this host: not a role to restart forever
+            raise CommandFailed(ExitCode.CONFIG, str(exc)) from None
     check_startup(settings)  # refused here, in one line, rather than by every role in a restart loop
     engine = engine_from_settings(settings)
     try:
@@ -131,10 +142,9 @@ def run(settings: Settings, workers: int) -> None:
             load_kinds(settings, engine)
     finally:
         engine.dispose()
-    roles = pipeline_roles(workers)
-    # The status gauges (oldest eligible age, expired claims, lag) come from one monitor role.
-    roles.append(Role("monitor", run_monitor_role, {"metrics_offset": len(roles)}))
-    sup = Supervisor(settings, roles)
+    # The status samples (oldest eligible age, ledger, outbox, lag) are read by the supervisor's
+    # metrics endpoint when scraped: no monitor role.
+    sup = Supervisor(settings, pipeline_roles(workers, console=with_console))
     stop_on_signals(sup.stop, hurry=sup.hurry)  # SIGTERM/Ctrl-C: stop; a second one: no more grace
     sup.start()
     try:

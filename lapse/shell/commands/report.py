@@ -1,4 +1,5 @@
-"""`lapse report`: enqueue the daily cleanup report of one UTC day and deliver pending reports."""
+"""`lapse report`: store the daily cleanup report of one UTC day and deliver pending final reports;
+with `--serve`, run as the report role (a pass every `report.interval_s`) until stopped."""
 
 from __future__ import annotations
 
@@ -11,10 +12,13 @@ from lapse.kernel.settings import Settings
 from lapse.shell.cli import main
 from lapse.shell.cli_options import emit, pass_settings, setting_option
 from lapse.shell.error_boundary import CommandFailed, ExitCode
+from lapse.shell.time_args import Duration
 
 
 def _text(r: dict[str, Any]) -> str:
-    stored = "stored" if r["enqueued"] else "already stored"
+    stored = ("stored" if r["enqueued"] else "already stored") + (
+        " (partial: the day has not closed; rebuilt by each run until it has, sent once final)"
+        if r["partial"] else "")
     line = f"{r['report_key']}: {stored}; delivered {len(r['delivered'])} via {r['notifier']}"
     if r["failed"]:
         line += f"; failed {len(r['failed'])} (retried next run): {next(iter(r['failed'].values()))}"
@@ -30,27 +34,44 @@ def _text(r: dict[str, Any]) -> str:
               help="UTC day to report, YYYY-MM-DD (default: yesterday). A missed day is enqueued "
                    "by giving its date.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+@click.option("--serve", is_flag=True,
+              help="Run as the report role until stopped: rebuild the open day's partial report every "
+                   "report.interval_s and send each day's final report once it has closed.")
+@setting_option("report.interval_s", "--interval", type=Duration(as_seconds=True), metavar="DURATION")
+@setting_option("report.settle_s", "--settle", type=Duration(as_seconds=True), metavar="DURATION")
+@setting_option("runtime.metrics_port")
 @pass_settings
-def report(settings: Settings, day: datetime | None, as_json: bool) -> None:
-    """Store the daily report `daily-report:YYYY-MM-DD` once and send undelivered reports."""
+def report(settings: Settings, day: datetime | None, as_json: bool, serve: bool) -> None:
+    """Store the daily report `daily-report:YYYY-MM-DD` (partial while the day is open, final once it
+    has closed) and send undelivered final reports, each once."""
     # function-local: keeps `lapse --help` fast
     from lapse.kernel.database import engine_from_settings
     from lapse.reconciler.daily_report import deliver_pending, enqueue_report
     from lapse.reconciler.notifiers import notifier_from_settings
 
+    if serve and day is not None:
+        raise click.UsageError("give --date or --serve, not both: the report role picks its days itself")
     try:
         notifier = notifier_from_settings(settings)
     except ValueError as exc:  # a notifier without what it needs (smtp without a host)
         raise CommandFailed(ExitCode.CONFIG, str(exc)) from None
+    if serve:
+        # function-local: keeps `lapse --help` fast
+        from lapse.shell.metrics import serve as serve_metrics
+        from lapse.shell.roles import run_report_role
+
+        serve_metrics(settings)
+        run_report_role(settings, {})
+        return
     now = datetime.now(UTC)
     target = day.date() if day else (now - timedelta(days=1)).date()
     engine = engine_from_settings(settings)
     try:
-        key, created = enqueue_report(engine, target, now)
+        stored = enqueue_report(engine, target, now, timedelta(seconds=settings.report.settle_s))
         result = deliver_pending(engine, notifier, now)
     finally:
         engine.dispose()
-    emit({"report_key": key, "enqueued": created, "delivered": result.delivered,
-          "failed": result.failed, "notifier": notifier.name}, as_json, _text)
+    emit({"report_key": stored.key, "enqueued": stored.changed, "partial": stored.partial,
+          "delivered": result.delivered, "failed": result.failed, "notifier": notifier.name}, as_json, _text)
     if result.failed:
         raise SystemExit(1)

@@ -1,0 +1,28 @@
+"""`lapse console`: the operator console in the browser (overview, dead letters and their replay,
+one operation's history, reports and operator actions), served until interrupted.
+
+Without tokens (`console.viewer_tokens`, `console.operator_tokens`) it serves loopback only: a
+non-loopback `--bind` is refused in one line (exit 3)."""
+
+from __future__ import annotations
+
+from lapse.kernel.settings import Settings
+from lapse.shell.cli import main
+from lapse.shell.cli_options import connection_options, pass_settings, setting_option
+from lapse.shell.error_boundary import CommandFailed, ExitCode
+
+
+@main.command()
+@connection_options
+@setting_option("console.bind", "--bind")
+@setting_option("console.port", "--port")
+@pass_settings
+def console(settings: Settings) -> None:
+    """Serve the operator console at http://BIND:PORT/ until interrupted."""
+    # function-local: starlette and uvicorn load only for this command (keeps `lapse --help` fast)
+    from lapse.shell.console.server import serve
+
+    try:
+        serve(settings)
+    except ValueError as exc:  # no tokens and a bind beyond this host
+        raise CommandFailed(ExitCode.CONFIG, str(exc)) from None

@@ -1,0 +1,97 @@
+"""`lapse prune`: remove finished ledger rows, their transitions and sent outbox rows older than their
+horizons, in bounded batches; `--dry-run` counts them and says why each horizon is what it is."""
+
+from __future__ import annotations
+
+import sys
+import time
+from datetime import UTC, datetime
+from typing import Any
+
+import click
+
+from lapse.kernel.settings import Settings
+from lapse.shell.cli import main
+from lapse.shell.cli_options import emit, pass_settings, setting_option
+from lapse.shell.error_boundary import CommandFailed, ExitCode
+from lapse.shell.time_args import Duration
+
+# Long work reports progress on stderr at most this often (stdout stays the result).
+PROGRESS_EVERY_S = 2.0
+
+
+def _text(r: dict[str, Any]) -> str:
+    # function-local: keeps `lapse --help` fast
+    from lapse.reconciler.horizons import duration_text
+
+    verb = "would remove" if r["dry_run"] else "removed"
+    lines = []
+    for table, t in r["tables"].items():
+        n = t["would_remove" if r["dry_run"] else "removed"]
+        horizon = "forever" if t["horizon_s"] is None else duration_text(t["horizon_s"])
+        lines.append(f"{table:<20} {verb} {n:>10}  horizon {horizon}: {t['reason']}")
+    tail = f"total {verb} {r['total']}"
+    if not r["dry_run"]:
+        tail += f" in {r['batches']} batches" + (" (stopped early)" if r["stopped"] else "")
+    return "\n".join([*lines, tail])
+
+
+class _Progress:
+    """Prints `table: n removed` to stderr once a pass has run a while, then at most every few seconds."""
+
+    def __init__(self) -> None:
+        self.started = self.last = time.monotonic()
+
+    def __call__(self, table: str, removed: int) -> None:
+        now = time.monotonic()
+        if now - self.last >= PROGRESS_EVERY_S:
+            self.last = now
+            sys.stderr.write(f"prune: {table} {removed} removed so far ({now - self.started:.0f}s)\n")
+            sys.stderr.flush()
+
+
+@main.command()
+@setting_option("database.url")
+@setting_option("topics.file")
+@setting_option("topics.prefix")
+@setting_option("runtime.log_level")
+@setting_option("retention.ledger_horizon_s", "--ledger-horizon", type=Duration(as_seconds=True),
+                metavar="DURATION", help="Keep applied and skipped rows this long (default: derived from topics.yaml).")
+@setting_option("retention.dead_letter_horizon_s", "--dead-letter-horizon", type=Duration(as_seconds=True),
+                metavar="DURATION", help="Keep dead letters this long (default: derived from topics.yaml).")
+@setting_option("retention.outbox_horizon_s", "--outbox-horizon", type=Duration(as_seconds=True),
+                metavar="DURATION")
+@setting_option("retention.batch_size", "--batch-size", type=click.IntRange(1, 100_000))
+@setting_option("retention.interval_s", "--interval", type=Duration(as_seconds=True), metavar="DURATION")
+@click.option("--dry-run", is_flag=True, help="Count what would be removed, per table, and change nothing.")
+@click.option("--watch", is_flag=True, help="Keep pruning, a pass every --interval, until stopped (a service).")
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+@pass_settings
+def prune(settings: Settings, dry_run: bool, watch: bool, as_json: bool) -> None:
+    """Remove finished work older than its retention horizon (one pass, or a pass every interval)."""
+    # function-local: keeps `lapse --help` fast
+    from lapse.kernel.database import engine_from_settings
+    from lapse.reconciler import HorizonRefused, horizons_from_settings, prune_dry_run, prune_once
+
+    try:
+        horizons = horizons_from_settings(settings)
+    except HorizonRefused as exc:
+        raise CommandFailed(ExitCode.CONFIG, str(exc)) from None
+    if watch:
+        if dry_run:
+            raise click.UsageError("--watch removes rows; a dry run is one pass")
+        # function-local: keeps `lapse --help` fast
+        from lapse.shell.roles import run_prune_role
+
+        run_prune_role(settings, {})
+        return
+    now = datetime.now(UTC)
+    engine = engine_from_settings(settings)
+    try:
+        if dry_run:
+            report = prune_dry_run(engine, horizons, now)
+        else:
+            report = prune_once(engine, horizons, now, settings.retention.batch_size, progress=_Progress())
+    finally:
+        engine.dispose()
+    emit(report.to_dict(), as_json, _text)

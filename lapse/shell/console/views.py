@@ -1,0 +1,218 @@
+"""What each console page shows, as plain data, read through the functions the CLI reads with:
+`lapse status` (`status_report`), `lapse show` (`operation_history`, `correlated_op_keys`),
+`lapse dlq list` (its poison records) and `lapse dlq replay` (`dead_letters`, `replay`,
+`record_action`). A page never runs SQL of its own."""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from sqlalchemy import Engine
+from sqlalchemy.exc import DBAPIError
+
+from lapse.kernel.ledger import InvalidOpKey, Selection, dead_letters, parse_op_key
+from lapse.kernel.operator_actions import (
+    REPLAY,
+    OperatorAction,
+    log_action,
+    recent_actions,
+    record_action,
+    session_user,
+)
+from lapse.kernel.outages import is_transient
+from lapse.kernel.settings import Settings
+from lapse.processors import replay
+from lapse.readers import (
+    daily_reports,
+    filtered_dead_letters,
+    ledger_states,
+    operator_action,
+    status_report,
+    throughput,
+)
+from lapse.readers.history import correlated_op_keys, operation_history
+from lapse.readers.status import lag_status
+from lapse.shell.console.verdict import judge
+from lapse.shell.dead_letters import describe_selection, poison_records
+from lapse.shell.error_boundary import diagnose
+from lapse.shell.time_args import parse_timestamp
+
+# How far back a correlation id is looked for, and how many operations a search shows (as `lapse show`).
+CORRELATION_LOOKBACK = timedelta(days=1)
+SEARCH_LIMIT = 20
+# The most dead letters one console replay releases (the CLI's --limit, bounded for a page).
+REPLAY_LIMIT = 500
+LIST_LIMIT = 200
+
+
+def overview(settings: Settings, engine: Engine, now: datetime) -> dict[str, Any]:
+    """The status report (`lapse status --json`'s figures), its verdict and the throughput. With
+    the broker away the ledger's figures are still shown, and the lag as unreadable (failing)."""
+    with ThreadPoolExecutor(2, thread_name_prefix="console-lag") as pool:  # the broker and the database at once
+        lag = pool.submit(lag_status, settings, now)
+        report = status_report(settings, engine, now, lag=False)
+        try:
+            report["lag"] = lag.result()  # what status_report(lag=True) would add
+        except Exception as exc:
+            if not is_transient(exc):
+                raise
+            report["lag"] = [{"group": "every group", "topic": "every topic", "error": one_line(exc, settings)}]
+    with engine.connect() as conn:
+        rates = throughput(conn, now)
+    return {"status": report, "verdict": asdict(judge(report)), "throughput": rates}
+
+
+@dataclass(frozen=True)
+class DeadLetterFilter:
+    """The dead-letter list's filters, from the page's query string; `problems` names what was
+    refused (an unparsable time)."""
+
+    kind: str | None = None
+    tenant: str | None = None
+    failure_class: str | None = None
+    since: datetime | None = None
+    until: datetime | None = None
+    poison: bool = True
+    problems: tuple[str, ...] = field(default=())
+
+    @classmethod
+    def parse(cls, query: dict[str, str]) -> DeadLetterFilter:
+        def text(name: str) -> str | None:
+            return (query.get(name) or "").strip() or None
+
+        times: dict[str, datetime | None] = {}
+        problems = []
+        for name in ("since", "until"):
+            value = text(name)
+            try:
+                times[name] = parse_timestamp(value) if value else None
+            except ValueError as exc:
+                problems.append(f"{name}: {exc}")
+                times[name] = None
+        return cls(text("kind"), text("tenant"), text("failure_class"), times["since"], times["until"],
+                   query.get("poison", "1") != "0", tuple(problems))
+
+    @property
+    def wants_poison(self) -> bool:
+        """Poison records have no tenant and no time in the ledger: listed unless those filter."""
+        return self.poison and not self.tenant and self.failure_class in (None, "poison")
+
+
+def dead_letter_list(settings: Settings, engine: Engine, flt: DeadLetterFilter) -> dict[str, Any]:
+    """The ledger's dead letters under `flt`, then the poison records of the DLQ topic."""
+    rows: list[dict[str, Any]] = []
+    if flt.failure_class != "poison":
+        with engine.connect() as conn:
+            rows = filtered_dead_letters(conn, kind=flt.kind, tenant=flt.tenant, failure_class=flt.failure_class,
+                                         since=flt.since, until=flt.until, limit=LIST_LIMIT)
+    poison: list[dict[str, Any]] = []
+    poison_error = None
+    if flt.wants_poison:
+        try:
+            poison = poison_records(settings, flt.kind, None, LIST_LIMIT)
+        except Exception as exc:  # the broker away: the ledger's dead letters are still shown
+            if not is_transient(exc) or isinstance(exc, DBAPIError):
+                raise
+            poison_error = one_line(exc, settings)
+    return {"dead_letters": rows, "poison": poison, "poison_error": poison_error}
+
+
+def with_timeline(h: dict[str, Any] | None) -> dict[str, Any] | None:
+    """`h` with its transitions and outbox records merged into one `timeline`, oldest first, a
+    transition before the records its transaction wrote (as `lapse show` prints them)."""
+    if h is None:
+        return None
+    entries = ([(t["at"], 0, t["id"], "transition", t) for t in h["transitions"]]
+               + [(o["created_at"], 1, o["id"], "outbox", o) for o in h["outbox"]])
+    return {**h, "timeline": [{"type": kind, **entry} for *_, kind, entry in sorted(entries, key=lambda e: e[:3])]}
+
+
+def history(engine: Engine, settings: Settings, op_key: str) -> dict[str, Any] | None:
+    """One operation's whole history, as `lapse show OP_KEY` has it (None: no ledger row)."""
+    with engine.connect() as conn:
+        return with_timeline(operation_history(conn, op_key, settings.topology))
+
+
+def search(engine: Engine, settings: Settings, query: str, now: datetime) -> dict[str, Any]:
+    """An op key's history, or the histories of the operations a correlation id was seen with in
+    the last day (as `lapse show --correlation-id`)."""
+    query = query.strip()
+    try:
+        parse_op_key(query)
+        is_key = True
+    except InvalidOpKey:
+        is_key = False
+    with engine.connect() as conn:
+        if is_key:
+            found = with_timeline(operation_history(conn, query, settings.topology))
+            return {"query": query, "operations": [found] if found else [], "more": False}
+        keys = correlated_op_keys(conn, query, now - CORRELATION_LOOKBACK, now, SEARCH_LIMIT + 1)
+        found_all = [with_timeline(operation_history(conn, k, settings.topology)) for k in keys[:SEARCH_LIMIT]]
+    return {"query": query, "operations": [h for h in found_all if h is not None], "more": len(keys) > SEARCH_LIMIT}
+
+
+def replay_selection(op_keys: list[str], include_replayed: bool) -> Selection:
+    """The dead letters a console replay names: the op keys ticked on the list."""
+    return Selection(op_keys=tuple(sorted(set(op_keys))), include_replayed=include_replayed)
+
+
+def replay_preview(engine: Engine, selection: Selection) -> dict[str, Any]:
+    """The dry run: which of the selected dead letters a replay would release now."""
+    with engine.connect() as conn:
+        matching = [row.op_key for row in dead_letters(conn, selection, REPLAY_LIMIT)]
+    return {"selection": describe_selection(selection), "would_release": len(matching), "op_keys": matching,
+            "limit": REPLAY_LIMIT}
+
+
+def run_replay(settings: Settings, engine: Engine, selection: Selection, *, actor: str, reason: str,
+               shown: int, now: datetime) -> dict[str, Any]:
+    """Release the selection under one replay id and record the operator action in the same
+    transaction, as `lapse dlq replay` does; returns the replay id, the op keys released and the
+    action's id (None: nothing matched any more)."""
+    with engine.begin() as conn:
+        db_user = session_user(conn)
+        replay_id, released = replay(conn, selection, limit=REPLAY_LIMIT, reason=reason, actor=actor, now=now,
+                                     expiry_topic=settings.topology.expiry)
+        recorded = None
+        if released:
+            recorded = record_action(conn, OperatorAction(REPLAY, actor, reason, describe_selection(selection), {
+                "replay_id": replay_id, "released": len(released), "limit": REPLAY_LIMIT,
+                "shown_before_confirming": shown, "op_keys": [r["op_key"] for r in released],
+                "via": "console"}), now, db_user)
+    if recorded is None:
+        return {"replay_id": None, "released": [], "action_id": None}
+    log_action(recorded)
+    return {"replay_id": replay_id, "released": [r["op_key"] for r in released], "action_id": recorded.id}
+
+
+def action_progress(engine: Engine, action_id: int) -> dict[str, Any] | None:
+    """An operator action and, for a console replay, where each released op key is now."""
+    with engine.connect() as conn:
+        action = operator_action(conn, action_id)
+        if action is None:
+            return None
+        keys = list((action["details"] or {}).get("op_keys") or [])
+        states = ledger_states(conn, keys)
+    return {"action": action, "op_keys": [states.get(k, {"op_key": k, "state": None}) for k in keys]}
+
+
+def activity(engine: Engine) -> dict[str, Any]:
+    """The stored daily reports and the recent operator actions."""
+    with engine.connect() as conn:
+        return {"reports": daily_reports(conn), "actions": [asdict(a) for a in recent_actions(conn, 100)]}
+
+
+def now_utc() -> datetime:
+    return datetime.now(UTC)
+
+
+def one_line(exc: BaseException, settings: Settings) -> str:
+    """An error as the CLI's one line says it (secrets masked, no traceback, SQL or parameters)."""
+    return diagnose(exc, settings).line.removeprefix("lapse: ").removesuffix(" (run with --debug for the traceback)")
+
+
+__all__ = ["DeadLetterFilter", "action_progress", "activity", "dead_letter_list", "history", "now_utc", "overview",
+           "replay_preview", "replay_selection", "run_replay", "search"]
