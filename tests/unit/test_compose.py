@@ -1,17 +1,27 @@
 """compose/ is consistent with the code: every LAPSE_<SECTION>__<FIELD> variable names a field of
 that Settings section, topics.yaml
-fits the three brokers, each image is pinned, and Prometheus scrapes what serves metrics.
+fits the three brokers, each image is pinned, and Prometheus scrapes what serves metrics. And it is
+least privilege: ports published on loopback only, Grafana's admin password a secret with anonymous
+access off, SASL_SSL and mutual TLS on Kafka with an authorizer, registry authentication, and each
+service its own Kafka user and database role with only its grants (make-secrets.sh is run).
 (Docker cannot run here; see compose/README.md.)"""
 
 from __future__ import annotations
 
 import json
 import re
+import shutil
+import subprocess
+import tomllib
 from pathlib import Path
 
+import pytest
 import yaml
+from sqlalchemy.engine import make_url
 
-from lapse.kernel.settings import ENV_NESTED_DELIMITER, ENV_PREFIX, REPO_ROOT, env_var, field_info
+from lapse.kernel.config_file import CONFIG_ENV_VAR
+from lapse.kernel.connections import faust_credentials
+from lapse.kernel.settings import ENV_NESTED_DELIMITER, ENV_PREFIX, REPO_ROOT, env_var, field_info, load_settings
 from lapse.kernel.topology import load_topology
 
 COMPOSE = REPO_ROOT / "compose"
@@ -41,13 +51,14 @@ def test_every_lapse_variable_is_a_settings_field():
     seen = set()
     for name, service in services.items():
         variables = _lapse_vars(service.get("environment") or {})
-        unknown = {var for var in variables if not _names_a_field(var)}
+        unknown = {var for var in variables if not _names_a_field(var) and var != CONFIG_ENV_VAR}
         assert not unknown, f"service {name} sets {sorted(unknown)}, which name no Settings field"
         seen |= variables
     dockerfile = (COMPOSE / "Dockerfile").read_text()
     dockerfile_vars = set(re.findall(r"\b(LAPSE_[A-Z_]+)=", dockerfile))
     assert dockerfile_vars and all(_names_a_field(var) for var in dockerfile_vars), sorted(dockerfile_vars)
-    assert {env_var("kafka.bootstrap_servers"), env_var("database.url"), env_var("runtime.metrics_port")} <= seen
+    # The database URL and every credential come from each service's config file (LAPSE_CONFIG, a secret).
+    assert {env_var("kafka.bootstrap_servers"), env_var("runtime.metrics_port"), CONFIG_ENV_VAR} <= seen
 
 
 def test_old_flat_names_are_not_fields():
@@ -59,13 +70,13 @@ def test_old_flat_names_are_not_fields():
 
 def test_topics_fit_three_brokers_and_services_are_there():
     services = _compose()["services"]
-    brokers = [n for n, s in services.items() if str(s.get("image", "")).startswith("apache/kafka:")]
+    brokers = [n for n, s in services.items() if "KAFKA_NODE_ID" in (s.get("environment") or {})]
     assert len(brokers) == 3
     for spec in load_topology(REPO_ROOT / "topics.yaml").specs:
         assert spec.replication_factor <= len(brokers), spec.name
         assert int(spec.config.get("min.insync.replicas", "1")) < spec.replication_factor, spec.name
-    for role in ("sweep", "process", "relay", "delay", "reconcile", "analytics", "monitor", "migrate",
-                 "postgres", "schema-registry", "prometheus", "grafana"):
+    for role in ("sweep", "process", "relay", "delay", "reconcile", "analytics", "monitor", "prune", "report",
+                 "console", "migrate", "postgres", "schema-registry", "prometheus", "grafana", "kafka-init"):
         assert role in services, role
     assert services["process"]["deploy"]["replicas"] == 3
 
@@ -78,9 +89,172 @@ def test_images_are_pinned_and_prometheus_scrapes_the_metrics_port():
     targets = {t for job in scrape for c in job.get("static_configs", []) for t in c["targets"]}
     targets |= {f"{n}:{c['port']}" for job in scrape for c in job.get("dns_sd_configs", []) for n in c["names"]}
     port = _compose()["x-lapse-env"][env_var("runtime.metrics_port")]
-    assert {f"{s}:{port}" for s in ("sweep", "process", "relay", "monitor")} <= targets
+    assert {f"{s}:{port}" for s in ("sweep", "process", "relay", "monitor", "report")} <= targets
     dashboard = json.loads(Path(COMPOSE / "grafana/dashboards/lapse.json").read_text())
     exprs = " ".join(t["expr"] for p in dashboard["panels"] for t in p["targets"])
     for metric in ("lapse_oldest_eligible_age_seconds", "lapse_consumer_lag_records",
                    "lapse_dead_letters_total", "lapse_batch_seconds_bucket", "lapse_retries_total"):
         assert metric in exprs
+
+
+# --- least privilege: published ports, Grafana, Kafka listeners, one identity per service ------------
+
+LAPSE_SERVICES = ("migrate", "sweep", "process", "relay", "delay", "reconcile", "analytics", "monitor",
+                  "prune", "report", "console")
+# The topics.yaml role each service runs as on Kafka (`lapse status --watch` is the status role; the
+# console reads lag as status does).
+KAFKA_ROLE = {"sweep": "sweep", "process": "process", "relay": "relay", "delay": "delay",
+              "reconcile": "reconcile", "analytics": "analytics", "monitor": "status", "console": "console"}
+# The services that use no Kafka (their start-up checks read only files and the database): no user,
+# no registry login.
+NO_KAFKA = {"prune", "report"}
+# The services that use no database (and so get no role and no URL).
+NO_DATABASE = {"delay", "analytics"}
+
+
+def test_published_ports_listen_on_loopback_only():
+    published = {name: service["ports"] for name, service in _compose()["services"].items() if service.get("ports")}
+    assert set(published) == {"analytics", "prometheus", "grafana", "console"}
+    for name, ports in published.items():
+        assert all(str(port).startswith("127.0.0.1:") for port in ports), f"{name} publishes {ports}"
+
+
+def test_grafana_takes_its_admin_password_from_a_secret_and_lets_no_one_in_anonymously():
+    compose = _compose()
+    grafana = compose["services"]["grafana"]
+    env = grafana["environment"]
+    assert env["GF_AUTH_ANONYMOUS_ENABLED"] == "false"
+    assert "GF_SECURITY_ADMIN_PASSWORD" not in env
+    secret = env["GF_SECURITY_ADMIN_PASSWORD__FILE"].removeprefix("/run/secrets/")
+    assert secret in grafana["secrets"] and secret in compose["secrets"]
+
+
+def test_no_secret_is_written_in_the_compose_file():
+    text = (COMPOSE / "docker-compose.yml").read_text()
+    assert not re.search(r"://[^/\s:@\"]+:[^/\s@\"]+@", text), "a URL with a password"
+    for name, service in _compose()["services"].items():
+        for key, value in (service.get("environment") or {}).items():
+            if re.search(r"PASSWORD|SECRET|TOKEN", key):
+                assert key.endswith("_FILE") and str(value).startswith("/run/secrets/"), f"{name}: {key}"
+        assert env_var("database.url") not in (service.get("environment") or {}), name
+    for name, service in _compose()["services"].items():
+        for secret in service.get("secrets", []):
+            assert secret in _compose()["secrets"], f"{name}: undeclared secret {secret}"
+
+
+def test_kafka_clients_use_sasl_ssl_brokers_mutual_tls_and_an_authorizer():
+    env = _compose()["x-kafka-env"]
+    protocols = dict(pair.split(":") for pair in env["KAFKA_LISTENER_SECURITY_PROTOCOL_MAP"].split(","))
+    assert protocols == {"CLIENT": "SASL_SSL", "CONTROLLER": "SSL", "INTERNAL": "SSL"}
+    assert env["KAFKA_SASL_ENABLED_MECHANISMS"] == "SCRAM-SHA-512"
+    assert env["KAFKA_LISTENER_NAME_INTERNAL_SSL_CLIENT_AUTH"] == "required"
+    assert env["KAFKA_LISTENER_NAME_CONTROLLER_SSL_CLIENT_AUTH"] == "required"
+    assert env["KAFKA_AUTHORIZER_CLASS_NAME"].endswith("StandardAuthorizer")
+    assert env["KAFKA_ALLOW_EVERYONE_IF_NO_ACL_FOUND"] == "false"
+    services = _compose()["services"]
+    for n in (1, 2, 3):
+        advertised = services[f"kafka-{n}"]["environment"]["KAFKA_ADVERTISED_LISTENERS"]
+        assert advertised == f"CLIENT://kafka-{n}:9092,INTERNAL://kafka-{n}:9094"
+    registry = services["schema-registry"]["environment"]
+    assert registry["SCHEMA_REGISTRY_KAFKASTORE_SECURITY_PROTOCOL"] == "SASL_SSL"
+    assert registry["SCHEMA_REGISTRY_AUTHENTICATION_METHOD"] == "BASIC"
+
+
+@pytest.fixture(scope="module")
+def made_secrets(tmp_path_factory) -> Path:
+    """compose/make-secrets.sh run in a copy of compose/ (it needs openssl); its secrets folder."""
+    copy = tmp_path_factory.mktemp("compose") / "compose"
+    shutil.copytree(COMPOSE, copy, ignore=shutil.ignore_patterns("secrets"))
+    first = subprocess.run(["bash", str(copy / "make-secrets.sh")], capture_output=True, text=True, check=True)
+    assert "made ca.pem" in first.stdout
+    again = subprocess.run(["bash", str(copy / "make-secrets.sh")], capture_output=True, text=True, check=True)
+    assert "made" not in again.stdout  # a second run keeps every file
+    return copy / "secrets"
+
+
+def test_make_secrets_makes_every_declared_secret(made_secrets):
+    declared = {spec["file"].removeprefix("./secrets/") for spec in _compose()["secrets"].values()}
+    assert declared <= {p.name for p in made_secrets.iterdir()}
+    assert oct(made_secrets.stat().st_mode & 0o777) == "0o700"
+    assert oct((made_secrets / "ca.key").stat().st_mode & 0o777) == "0o600"
+
+
+def test_each_lapse_service_has_its_own_kafka_user_and_database_role(made_secrets):
+    services = _compose()["services"]
+    topology = load_topology(REPO_ROOT / "topics.yaml")
+    super_users = _compose()["x-kafka-env"]["KAFKA_SUPER_USERS"].split(";")
+    db_users = set()
+    for name in LAPSE_SERVICES:
+        env = services[name]["environment"]
+        config = env["LAPSE_CONFIG"].removeprefix("/run/secrets/")
+        assert config in services[name]["secrets"], name
+        settings = load_settings(made_secrets / config)
+        kafka = settings.kafka
+        if name in NO_KAFKA:
+            assert not {"kafka", "schemas"} & set(tomllib.loads((made_secrets / config).read_text())), name
+            assert kafka.sasl_username is None and settings.schemas.registry_auth is None, name
+        else:
+            assert (kafka.security_protocol, kafka.sasl_mechanism) == ("SASL_SSL", "SCRAM-SHA-512"), name
+            assert kafka.ssl_ca_location == Path("/run/secrets/ca.pem")
+            if name == "migrate":
+                assert f"User:{kafka.sasl_username}" in super_users  # topics apply creates topics and ACLs
+            else:
+                assert f"User:{kafka.sasl_username}" == topology.principal(KAFKA_ROLE[name]), name
+                assert f"User:{kafka.sasl_username}" not in super_users
+            assert settings.schemas.registry_auth is not None
+        if name in NO_DATABASE:
+            assert "url" not in settings.database.model_fields_set, name
+            continue
+        url = make_url(settings.database.url_plain())
+        assert url.username == f"lapse_{name}" and (url.host, url.database) == ("postgres", "lapse")
+        assert (settings.database.sslmode, settings.database.ssl_root_cert) == (
+            "verify-full", Path("/run/secrets/ca.pem"))
+        db_users.add(url.username)
+    assert len(db_users) == len(LAPSE_SERVICES) - len(NO_DATABASE)
+    assert set(KAFKA_ROLE) | NO_KAFKA | {"migrate"} == set(LAPSE_SERVICES)
+    analytics = load_settings(made_secrets / "lapse-analytics.toml").kafka
+    assert faust_credentials(analytics.model_copy(update={"ssl_ca_location": made_secrets / "ca.pem"})) is not None
+
+
+def test_database_roles_get_grants_and_nothing_more():
+    script = (COMPOSE / "postgres" / "init-roles.sh").read_text()
+    sql = script[script.index("<<SQL"):script.index("\nSQL\n")]
+    created = set(re.findall(r"CREATE ROLE (\w+) LOGIN PASSWORD '\$\(secret (\w+)\)'", sql))
+    assert created == {(f"lapse_{s}", s) for s in LAPSE_SERVICES if s not in NO_DATABASE}
+    assert not re.search(r"SUPERUSER|CREATEDB|CREATEROLE|BYPASSRLS|GRANT ALL|GRANT CREATE", sql)
+    assert "CREATE SCHEMA lapse AUTHORIZATION lapse_migrate" in sql
+    assert "REVOKE ALL ON DATABASE" in sql and "REVOKE CREATE ON SCHEMA public FROM PUBLIC" in sql
+    grants = re.findall(r"GRANT ([A-Z, ]+) ON TABLES TO ([\w, ]+);", sql)
+    granted = {role.strip(): privileges for privileges, roles in grants for role in roles.split(",")}
+    # process withdraws a ledger row it inserted when its effect changed nothing; only prune removes
+    # finished rows (retention), so relay and reconcile delete nothing.
+    assert granted == {"lapse_sweep": "SELECT, INSERT, UPDATE", "lapse_process": "SELECT, INSERT, UPDATE, DELETE",
+                       "lapse_relay": "SELECT, UPDATE", "lapse_reconcile": "SELECT, INSERT, UPDATE",
+                       "lapse_monitor": "SELECT", "lapse_prune": "SELECT, DELETE",
+                       "lapse_report": "SELECT, INSERT, UPDATE", "lapse_console": "SELECT, INSERT, UPDATE"}
+    sequences = re.findall(r"GRANT USAGE ON SEQUENCES TO ([\w, ]+);", sql)
+    assert {r.strip() for roles in sequences for r in roles.split(",")} == {
+        "lapse_sweep", "lapse_process", "lapse_reconcile", "lapse_console"}
+    postgres = _compose()["services"]["postgres"]
+    assert "/docker-entrypoint-initdb.d/10-roles.sh" in " ".join(postgres["volumes"])
+    assert "ssl=on" in postgres["command"]
+
+
+def test_the_console_carries_its_tokens_and_session_key_and_the_report_its_volume(made_secrets):
+    """The console binds beyond loopback in its container, which it refuses without tokens: its
+    config file has an operator and a viewer token and a session key. The report writes its files
+    to a named volume."""
+    compose = _compose()
+    console = load_settings(made_secrets / "lapse-console.toml").console
+    assert set(console.operator_tokens) == {"operator"} and set(console.viewer_tokens) == {"viewer"}
+    tokens = [t.get_secret_value() for t in (*console.operator_tokens.values(), *console.viewer_tokens.values())]
+    assert all(len(t) >= 32 for t in tokens) and len(set(tokens)) == 2
+    assert console.secret_key is not None and len(console.secret_key.get_secret_value()) >= 32
+    service = compose["services"]["console"]
+    assert service["command"] == ["console", "--bind", "0.0.0.0", "--port", "8088"]
+    assert service["ports"] == ["127.0.0.1:8088:8088"]
+    report = compose["services"]["report"]
+    assert report["environment"][env_var("report.dir")] == "/app/.lapse/reports"
+    assert report["environment"][env_var("report.notifier")] == "file"
+    assert "reports:/app/.lapse/reports" in report["volumes"] and "reports" in compose["volumes"]
+    assert compose["services"]["prune"]["command"] == ["prune", "--watch"]
