@@ -15,6 +15,13 @@ history), records who, why and when as a transition, and puts the event back on 
 through the outbox with source=replay. Rows that already went through a replay are left out
 unless `include_replayed` is given, so a replayed failure returns to the dead letters and stays
 there: nothing ever loops, and repeating a replay selects nothing new.
+
+A discard is an operator's word that a dead letter will never be retried: one transaction moves
+at most `limit` matching dead letters (replayed ones included) dead_letter → discarded, recording
+who and why as each row's transition. A discarded row is final: no replay selects it, and a late
+redelivery of its event is absorbed as a duplicate. It publishes nothing (no outcome: the
+operation's last outcome stays its dead letter, and the transition and the operator action are
+the record).
 """
 
 from __future__ import annotations
@@ -31,6 +38,7 @@ from lapse.kernel.codec import Codec
 from lapse.kernel.kafka_clients import DeliveryFailed, DeliveryTracker, produce_or_refusal
 from lapse.kernel.ledger import (
     DEAD_LETTER,
+    DISCARDED,
     PENDING,
     ClippedOriginal,
     LedgerWrites,
@@ -40,6 +48,7 @@ from lapse.kernel.ledger import (
     clip_original,
     dead_letter_record,
     dead_letters,
+    discard_dead_letters,
     event_for_row,
     release_dead_letters,
 )
@@ -142,3 +151,19 @@ def replay(conn: Connection, selection: Selection, *, limit: int, reason: str, a
     released = [{"op_key": r.op_key, "kind": r.kind, "tenant": r.tenant, "subject_id": r.subject_id,
                  "last_failure_class": r.last_failure_class} for r in rows]
     return replay_id, released
+
+
+def discard(conn: Connection, selection: Selection, *, limit: int, reason: str, actor: str,
+            now: datetime) -> list[dict[str, Any]]:
+    """Discard up to `limit` dead letters matching `selection` (replayed ones included); returns
+    the rows discarded."""
+    if limit < 1:
+        raise ValueError("limit must be at least 1")
+    rows = discard_dead_letters(conn, replace(selection, include_replayed=True), limit, now)
+    writes = LedgerWrites(actor, now)
+    for row in rows:
+        writes.transition(row.op_key, DEAD_LETTER, DISCARDED, row.attempt, reason=reason,
+                          replay_id=row.replay_id, correlation_id=row.correlation_id)
+    writes.flush(conn)
+    return [{"op_key": r.op_key, "kind": r.kind, "tenant": r.tenant, "subject_id": r.subject_id,
+             "last_failure_class": r.last_failure_class} for r in rows]

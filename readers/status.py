@@ -16,6 +16,7 @@ from sqlalchemy import Connection, Engine, func, or_, select
 from lapse.kernel.kinds import CleanupKind, load_kinds
 from lapse.kernel.ledger import (
     DEAD_LETTER,
+    DISCARDED,
     UNFINISHED,
     expired_claims,
     has_ledger_row,
@@ -51,6 +52,7 @@ def ledger_status(conn: Connection, now: datetime) -> dict[str, Any]:
         "ledger_estimated": sorted(counted.estimated),
         "oldest_eligible_age_s": _age_s(now, oldest_due),
         "dead_letters": sum(by_state.get(DEAD_LETTER, {}).values()),
+        "discarded": sum(by_state.get(DISCARDED, {}).values()),
         "expired_claims": {"count": expired.count,
                            "oldest_expired_for_s": _age_s(now, expired.oldest_claim_until)},
         "outbox": {"unsent": backlog.unsent, "oldest_unsent_age_s": _age_s(now, backlog.oldest_created_at)},

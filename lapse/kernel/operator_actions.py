@@ -1,6 +1,6 @@
-"""Operator actions: every action an operator takes that changes something (a dead-letter replay,
-an offsets reset, a destructive topics apply) is one row in `lapse_operator_actions` and one log
-line, so that nobody has to guess later who did what, as which database user, and why.
+"""Operator actions: every action an operator takes that changes something (a dead-letter replay or
+discard, an offsets reset, a destructive topics apply) is one row in `lapse_operator_actions` and
+one log line, so that nobody has to guess later who did what, as which database user, and why.
 
 Every statement on the table is named here. Only actions really taken are recorded (a dry run or a
 refusal is not an action). The database session user is PostgreSQL's `current_user`; SQLite has
@@ -20,6 +20,7 @@ from lapse.kernel.logs import get_logger
 from lapse.kernel.models import operator_actions as A
 
 REPLAY, OFFSETS_RESET, TOPICS_APPLY_DESTRUCTIVE = "dlq_replay", "offsets_reset", "topics_apply_destructive"
+DISCARD = "dlq_discard"
 log = get_logger("operator_actions")
 
 
@@ -99,5 +100,5 @@ def log_action(recorded: RecordedAction) -> None:
                     "details": recorded.details})
 
 
-__all__ = ["OFFSETS_RESET", "REPLAY", "TOPICS_APPLY_DESTRUCTIVE", "OperatorAction", "RecordedAction",
+__all__ = ["DISCARD", "OFFSETS_RESET", "REPLAY", "TOPICS_APPLY_DESTRUCTIVE", "OperatorAction", "RecordedAction",
            "insert_action", "log_action", "os_user", "recent_actions", "record_action", "session_user"]

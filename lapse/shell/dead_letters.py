@@ -1,6 +1,7 @@
 """What `lapse dlq` and the console share about dead letters: the poison records, read from the
-DLQ topic (they have no ledger row), and how a replay's selection is shown and recorded. `lapse
-dlq` imports this module at start-up, so what it needs beyond that is imported where it is used."""
+DLQ topic (they have no ledger row), how a replay's selection is shown and recorded, and the
+discard (its dry run, and the discard with its operator action). `lapse dlq` imports this module
+at start-up, so what it needs beyond that is imported where it is used."""
 
 from __future__ import annotations
 
@@ -8,6 +9,8 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from sqlalchemy import Engine
+
     from lapse.kernel.ledger import Selection
     from lapse.kernel.settings import Settings
 
@@ -60,3 +63,46 @@ def describe_selection(selection: Selection) -> str:
         terms.append("op_keys=" + ",".join(selection.op_keys))
     text = " ".join(terms) or "all"
     return text + (" (replayed ones included)" if selection.include_replayed else "")
+
+
+def discard_selection(kind: str | None = None, tenant: str | None = None, op_keys: tuple[str, ...] = ()
+                      ) -> Selection:
+    """The dead letters a discard names; replayed ones are included (a discard never loops)."""
+    from lapse.kernel.ledger import Selection  # function-local: keeps `lapse --help` fast
+
+    return Selection(kind, tenant, tuple(sorted(set(op_keys))), include_replayed=True)
+
+
+def discard_preview(engine: Engine, selection: Selection, limit: int) -> dict[str, Any]:
+    """The dry run: which dead letters of `selection` a discard would take now (at most `limit`)."""
+    from lapse.kernel.ledger import dead_letters  # function-local: keeps `lapse --help` fast
+
+    with engine.connect() as conn:
+        matching = [row.op_key for row in dead_letters(conn, selection, limit)]
+    return {"selection": describe_selection(selection), "would_discard": len(matching), "op_keys": matching,
+            "limit": limit}
+
+
+def run_discard(engine: Engine, selection: Selection, *, limit: int, actor: str, reason: str, shown: int,
+                now: datetime, via: str | None = None) -> dict[str, Any]:
+    """Discard up to `limit` dead letters of `selection` and record the operator action in the same
+    transaction, then log it; returns the rows discarded and the action's id (None: nothing matched
+    any more, nothing recorded)."""
+    # function-local: keeps `lapse --help` fast
+    from lapse.kernel.operator_actions import DISCARD, OperatorAction, log_action, record_action, session_user
+    from lapse.processors import discard
+
+    recorded = None
+    with engine.begin() as conn:
+        db_user = session_user(conn)
+        discarded = discard(conn, selection, limit=limit, reason=reason, actor=actor, now=now)
+        if discarded:
+            details: dict[str, Any] = {"discarded": len(discarded), "limit": limit, "shown_before_confirming": shown,
+                                       "op_keys": [r["op_key"] for r in discarded]}
+            if via:
+                details["via"] = via
+            recorded = record_action(conn, OperatorAction(DISCARD, actor, reason, describe_selection(selection),
+                                                          details), now, db_user)
+    if recorded is not None:
+        log_action(recorded)
+    return {"discarded": discarded, "action_id": recorded.id if recorded else None}

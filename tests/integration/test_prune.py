@@ -191,8 +191,9 @@ def test_every_prune_statement_searches_an_index_on_sqlite(sqlite_url):
     with engine.connect() as conn:
         for statement, parameters in statements:
             plans[statement] = [row[-1] for row in conn.exec_driver_sql("EXPLAIN QUERY PLAN " + statement, parameters)]
-    # applied, skipped, dead letters, transitions (the first batch and those after), outbox; four counts
-    assert len(plans) == 2 + 1 + 2 + 1 + 4
+    # applied, skipped, dead letters, discarded (by their transitions), transitions (the first batch and
+    # those after), outbox; five counts
+    assert len(plans) == 2 + 1 + 1 + 2 + 1 + 5
     for statement, plan in plans.items():
         assert not [step for step in plan if step.startswith("SCAN")], (statement, plan)
     settled = [p for s, p in plans.items() if s.startswith("DELETE FROM main.lapse_ledger") and "'applied'" in s]

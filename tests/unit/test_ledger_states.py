@@ -31,7 +31,7 @@ EXPECTED = {
     ("retry_scheduled", "skipped"), ("retry_scheduled", "dead_letter"),
     ("claimed", "claimed"), ("claimed", "pending"), ("claimed", "applied"), ("claimed", "skipped"),
     ("claimed", "retry_scheduled"), ("claimed", "dead_letter"),
-    ("dead_letter", "pending"),
+    ("dead_letter", "pending"), ("dead_letter", "discarded"),
 }
 
 
@@ -43,8 +43,14 @@ def test_the_table_names_every_state_and_only_states():
 
 def test_finished_rows_stay_finished_and_only_a_replay_reopens_a_dead_letter():
     assert ledger.ALLOWED[ledger.APPLIED] == ledger.ALLOWED[ledger.SKIPPED] == frozenset()
-    assert ledger.ALLOWED[ledger.DEAD_LETTER] == {ledger.PENDING}
+    assert ledger.ALLOWED[ledger.DEAD_LETTER] == {ledger.PENDING, ledger.DISCARDED}
     assert not any(ledger.PENDING in ledger.ALLOWED[s] for s in ledger.TERMINAL - {ledger.DEAD_LETTER})
+
+
+def test_only_a_dead_letter_can_be_discarded_and_a_discarded_row_is_final():
+    assert {a for a, targets in ledger.ALLOWED.items() if ledger.DISCARDED in targets} == {ledger.DEAD_LETTER}
+    assert ledger.ALLOWED[ledger.DISCARDED] == frozenset()
+    assert ledger.DISCARDED in ledger.TERMINAL and ledger.DISCARDED not in ledger.UNFINISHED
 
 
 def test_every_state_is_reachable_from_a_new_row():

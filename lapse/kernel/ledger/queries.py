@@ -352,6 +352,29 @@ def release_dead_letters(conn: Connection, selection: Selection, limit: int, rep
     return [released[k] for k in keys if k in released]
 
 
+def discard_dead_letters(conn: Connection, selection: Selection, limit: int, now: datetime
+                         ) -> list[LedgerRow]:
+    """dead_letter → discarded, finished now: up to `limit` dead letters matching `selection`,
+    oldest first (skipping rows a concurrent replay or discard holds); returns them as discarded.
+    The row keeps its last failure and replay id; it is final (`states.TERMINAL`)."""
+    states.check(states.DEAD_LETTER, states.DISCARDED)
+    pick = (select(L.c.op_key).where(*_dead_letter_filter(selection))
+            .order_by(L.c.finished_at, L.c.op_key).limit(limit))
+    if conn.dialect.name == "postgresql":
+        pick = pick.with_for_update(skip_locked=True)
+    keys = list(conn.execute(pick).scalars())
+    if not keys:
+        return []
+    stmt = (
+        update(L)
+        .where(L.c.op_key.in_(keys), L.c.state == states.DEAD_LETTER)
+        .values(state=states.DISCARDED, finished_at=now, claim_owner=None, claim_until=None, updated_at=now)
+        .returning(*ROW_COLUMNS)
+    )
+    discarded = {row[0]: LedgerRow(*row) for row in conn.execute(stmt)}
+    return [discarded[k] for k in keys if k in discarded]
+
+
 def stuck_order(state: str) -> tuple[ColumnElement[Any], ColumnElement[Any]]:
     """The keyset of a stuck scan: claims by lease end (ix_cleanup_ledger_claimed_until), the
     waiting states by due time (ix_cleanup_ledger_state_due_key); op key breaks ties."""

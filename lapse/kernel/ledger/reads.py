@@ -80,10 +80,10 @@ def ledger_counts(conn: Connection, exact_below: int = EXACT_BELOW_ROWS) -> Ledg
     The unfinished states (pending, claimed, retry_scheduled) and dead_letter are always exact,
     counted through their partial indexes (ix_lapse_ledger_unfinished_due,
     ix_lapse_ledger_dead_letters): in a healthy system they are a small set. The finished states
-    (applied, skipped), most of the ledger, are estimated on PostgreSQL when the planner puts the
-    ledger at `exact_below` rows or more: the table's row count as the planner scales it
-    (pg_class.reltuples per page times the pages now), less the exact counts, split between
-    applied and skipped, and between kinds, by the column statistics of the last ANALYZE
+    (applied, skipped; discarded once the statistics see it), most of the ledger, are estimated on
+    PostgreSQL when the planner puts the ledger at `exact_below` rows or more: the table's row
+    count as the planner scales it (pg_class.reltuples per page times the pages now), less the
+    exact counts, split between those states, and between kinds, by the column statistics of the last ANALYZE
     (pg_stats.most_common_vals/most_common_freqs of `state` and `kind`). Those states are named in
     `estimated`. Exact everywhere (one grouped count of the ledger) on SQLite, on a smaller ledger,
     or when the ledger has no statistics yet (never analyzed). tests/integration/test_status_scale.py
@@ -109,14 +109,17 @@ def ledger_counts(conn: Connection, exact_below: int = EXACT_BELOW_ROWS) -> Ledg
         exact_by_kind[c.kind] = exact_by_kind.get(c.kind, 0) + c.rows
     by_kind = {k: max(0.0, f * total - exact_by_kind.get(k, 0)) for k, f in kind_freq.items()}
     kind_sum = sum(by_kind.values())
-    state_sum = sum(state_freq.get(s, 0.0) for s in FINISHED)
+    # Discarded dead letters are final too and have no index to count them by: estimated like
+    # applied and skipped once the statistics see them, otherwise a share too small to tell apart.
+    guessed = FINISHED + ((states.DISCARDED,) if states.DISCARDED in state_freq else ())
+    state_sum = sum(state_freq.get(s, 0.0) for s in guessed)
     estimates = [
         StateKindCount(state, kind, n)
-        for state in FINISHED for kind, rows in sorted(by_kind.items())
+        for state in guessed for kind, rows in sorted(by_kind.items())
         if kind_sum and state_sum
         and (n := round(finished * rows / kind_sum * state_freq.get(state, 0.0) / state_sum)) > 0
     ]
-    return LedgerCounts(tuple(exact + estimates), frozenset(FINISHED))
+    return LedgerCounts(tuple(exact + estimates), frozenset(guessed))
 
 
 def _planner_rows(conn: Connection, schema: str | None) -> float | None:

@@ -9,6 +9,11 @@ on a 2,000,000-row ledger):
 - applied and skipped rows: ix_lapse_ledger_settled_finished (state, finished_at, partial to those
   states);
 - dead letters: ix_lapse_ledger_dead_letters (finished_at, op_key, partial to dead_letter);
+- discarded dead letters (the same horizon as dead letters): no ledger index covers them (the
+  partial indexes above would need their predicates changed, a migration, for a handful of rows),
+  so they are found through their discard transition, which stays while the row does: a walk of
+  ix_lapse_transitions_at before the cutoff, the range the transitions' prune walks anyway, each
+  candidate's ledger row probed by primary key;
 - transitions: ix_lapse_transitions_at, each candidate's ledger row probed by primary key;
 - sent outbox rows: ix_lapse_outbox_sent (sent_at, partial to sent rows).
 
@@ -16,7 +21,7 @@ The state terms are literals, not parameters: SQLite's planner uses a partial in
 query repeats the index's WHERE term, and PostgreSQL cannot match a partial index against a
 parameter in a generic (prepared) plan. A batch picks its rows oldest first, in index order, in a
 subquery, and the DELETE re-checks the conditions, so a dead letter replayed meanwhile (back to
-`pending`) stays.
+`pending`) stays. Discarded dead letters count with the dead letters (`ledger_dead_letters`).
 """
 
 from __future__ import annotations
@@ -48,6 +53,11 @@ def settled() -> ColumnElement[bool]:
 def dead_lettered() -> ColumnElement[bool]:
     """`state = 'dead_letter'`: the predicate of ix_lapse_ledger_dead_letters."""
     return L.c.state == literal_column(f"'{states.DEAD_LETTER}'")
+
+
+def discarded() -> ColumnElement[bool]:
+    """`state = 'discarded'`, a literal like the other state terms."""
+    return L.c.state == literal_column(f"'{states.DISCARDED}'")
 
 
 def _finished_before(state_term: ColumnElement[bool], cutoff: datetime) -> list[ColumnElement[bool]]:
@@ -87,6 +97,22 @@ def prune_dead_letters_statement(dialect: str, cutoff: datetime, limit: int) -> 
     return delete(L).where(_in_batch(dialect, L.c.op_key, batch), *conds)
 
 
+def _discarded_before(cutoff: datetime) -> list[ColumnElement[bool]]:
+    """Discard transitions recorded before `cutoff` whose ledger row is still discarded and finished
+    before `cutoff` (a correlated probe by primary key per transition walked, as in
+    `_ledger_key_of_transition`): the discarded rows a pass removes, one transition each."""
+    still = (select(L.c.op_key).where(L.c.op_key == T.c.op_key, *_finished_before(discarded(), cutoff))
+             .scalar_subquery())
+    return [T.c.at < cutoff, T.c.to_state == literal_column(f"'{states.DISCARDED}'"), still.is_not(None)]
+
+
+def prune_discarded_statement(dialect: str, cutoff: datetime, limit: int) -> Delete:
+    """Delete up to `limit` discarded rows finished before `cutoff`, oldest discard first, found by
+    their discard transitions (see the module's docstring)."""
+    batch = select(T.c.op_key).where(*_discarded_before(cutoff)).order_by(T.c.at).limit(limit)
+    return delete(L).where(_in_batch(dialect, L.c.op_key, batch), *_finished_before(discarded(), cutoff))
+
+
 def prune_settled(conn: Connection, cutoff: datetime, limit: int) -> int:
     """One batch of at most `limit` applied, then skipped rows (`prune_settled_statement`); returns
     the rows removed (fewer than `limit`: none of either state is left past the cutoff)."""
@@ -98,8 +124,13 @@ def prune_settled(conn: Connection, cutoff: datetime, limit: int) -> int:
 
 
 def prune_dead_letters(conn: Connection, cutoff: datetime, limit: int) -> int:
-    """One batch of `prune_dead_letters_statement`; returns the rows removed."""
-    return conn.execute(prune_dead_letters_statement(conn.dialect.name, cutoff, limit)).rowcount
+    """One batch of at most `limit` dead letters (`prune_dead_letters_statement`), then discarded
+    ones (`prune_discarded_statement`): one horizon for both. Returns the rows removed (fewer than
+    `limit`: none of either is left past the cutoff)."""
+    removed = conn.execute(prune_dead_letters_statement(conn.dialect.name, cutoff, limit)).rowcount
+    if removed < limit:
+        removed += conn.execute(prune_discarded_statement(conn.dialect.name, cutoff, limit - removed)).rowcount
+    return removed
 
 
 # Transitions -------------------------------------------------------------------------------------
@@ -166,11 +197,16 @@ def count_dead_letters_statement(cutoff: datetime) -> Select[int]:
     return select(func.count()).select_from(L).where(*_finished_before(dead_lettered(), cutoff))
 
 
+def count_discarded_statement(cutoff: datetime) -> Select[int]:
+    return select(func.count()).select_from(T).where(*_discarded_before(cutoff))
+
+
 def count_transitions_statement(cutoff: datetime, settled_cutoff: datetime | None,
                                 dead_letter_cutoff: datetime | None) -> Select[int]:
     """Transitions a pass would remove: recorded before `cutoff`, of an op key with no ledger row
     or one the same pass removes (finished before its horizon's cutoff; None: never)."""
-    removed = [(settled(), settled_cutoff), (dead_lettered(), dead_letter_cutoff)]
+    removed = [(settled(), settled_cutoff), (dead_lettered(), dead_letter_cutoff),
+               (discarded(), dead_letter_cutoff)]
     kept = (select(L.c.op_key)
             .where(L.c.op_key == T.c.op_key,
                    *(~and_(term, L.c.finished_at < at) for term, at in removed if at is not None))
@@ -189,7 +225,8 @@ def count_prunable(conn: Connection, *, settled_cutoff: datetime | None, dead_le
         "ledger_settled": 0 if settled_cutoff is None else
         conn.execute(count_settled_statement(settled_cutoff)).scalar_one(),
         "ledger_dead_letters": 0 if dead_letter_cutoff is None else
-        conn.execute(count_dead_letters_statement(dead_letter_cutoff)).scalar_one(),
+        conn.execute(count_dead_letters_statement(dead_letter_cutoff)).scalar_one()
+        + conn.execute(count_discarded_statement(dead_letter_cutoff)).scalar_one(),
         "transitions": 0 if transitions_cutoff is None else
         conn.execute(count_transitions_statement(transitions_cutoff, settled_cutoff,
                                                  dead_letter_cutoff)).scalar_one(),

@@ -56,7 +56,7 @@ class ClaimedMove:
 @dataclass(frozen=True)
 class Selection:
     """Which dead letters: by kind, tenant and/or explicit op keys (all optional, combined with
-    AND); those already replayed once only with `include_replayed`."""
+    AND); those already replayed once only with `include_replayed` (a discard always sets it)."""
 
     kind: str | None = None
     tenant: str | None = None

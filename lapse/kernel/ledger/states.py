@@ -15,9 +15,12 @@ APPLIED = "applied"
 SKIPPED = "skipped"
 RETRY_SCHEDULED = "retry_scheduled"
 DEAD_LETTER = "dead_letter"
+# An operator's decision that a dead letter will never be retried: final, never replayed, and a
+# late redelivery of its event is absorbed as a duplicate.
+DISCARDED = "discarded"
 
-STATES = (PENDING, CLAIMED, APPLIED, SKIPPED, RETRY_SCHEDULED, DEAD_LETTER)
-TERMINAL = frozenset({APPLIED, SKIPPED, DEAD_LETTER})
+STATES = (PENDING, CLAIMED, APPLIED, SKIPPED, RETRY_SCHEDULED, DEAD_LETTER, DISCARDED)
+TERMINAL = frozenset({APPLIED, SKIPPED, DEAD_LETTER, DISCARDED})
 WAITING = (PENDING, RETRY_SCHEDULED)
 # Due work not yet finished: waiting, or claimed and not yet applied, skipped or dead-lettered.
 UNFINISHED = (PENDING, CLAIMED, RETRY_SCHEDULED)
@@ -48,9 +51,13 @@ ALLOWED: Mapping[str | None, frozenset[str]] = {
         RETRY_SCHEDULED,  # processor: failed attempt, retried later
         DEAD_LETTER,      # processor: invalid, exhausted or ambiguous
     }),
-    DEAD_LETTER: frozenset({PENDING}),  # operator replay
+    DEAD_LETTER: frozenset({
+        PENDING,          # operator replay
+        DISCARDED,        # operator discard: never to be retried
+    }),
     APPLIED: frozenset(),
     SKIPPED: frozenset(),
+    DISCARDED: frozenset(),
 }
 
 

@@ -1,9 +1,12 @@
-"""`lapse dlq list` and `lapse dlq replay`: dead letters are released only by an operator.
+"""`lapse dlq list`, `lapse dlq replay` and `lapse dlq discard`: dead letters are released, or
+given up for good, only by an operator.
 
 A replay names what it releases (`--kind`, `--tenant`, `--op-key`, or `--all`), says how many
 dead letters that is and asks before releasing them (`--yes` answers for a script; without a
 terminal and without `--yes` it refuses); `--dry-run` only counts. A replay that releases anything
 is recorded as an operator action (actor, reason, database user, selection, count, replay id).
+A discard follows the same rules (a selection, a reason, the count confirmed, `--dry-run`) and
+moves dead letters to `discarded`: never retried, never replayed, pruned with the dead letters.
 """
 
 from __future__ import annotations
@@ -17,7 +20,13 @@ import click
 from lapse.kernel.settings import Settings
 from lapse.shell.cli import main
 from lapse.shell.cli_options import F, emit, pass_settings, setting_option
-from lapse.shell.dead_letters import describe_selection, poison_records
+from lapse.shell.dead_letters import (
+    describe_selection,
+    discard_preview,
+    discard_selection,
+    poison_records,
+    run_discard,
+)
 from lapse.shell.error_boundary import CommandFailed, ExitCode
 
 
@@ -35,7 +44,7 @@ def _selection_options(func: F) -> F:
 
 @main.group()
 def dlq() -> None:
-    """Inspect and replay dead letters (never replayed automatically)."""
+    """Inspect, replay or discard dead letters (never replayed automatically)."""
 
 
 def _list_text(data: dict[str, Any]) -> str:
@@ -92,6 +101,21 @@ def confirm_or_refuse(question: str, yes: bool) -> None:
         raise CommandFailed(ExitCode.INTERRUPTED, "not confirmed: nothing changed")
 
 
+def check_operator_input(verb: str, reason: str, actor: str, kind: str | None, tenant: str | None,
+                         op_keys: tuple[str, ...], select_all: bool) -> None:
+    """Refuse (a usage error) an action on dead letters without a reason, an actor, or a selection:
+    --kind, --tenant, --op-key, or --all alone."""
+    if not reason.strip():
+        raise click.UsageError("--reason must say why")
+    if not actor.strip():
+        raise click.UsageError("--actor must name the operator")
+    selected = bool(kind or tenant or op_keys)
+    if not selected and not select_all:
+        raise click.UsageError(f"say which dead letters to {verb}: --kind, --tenant or --op-key, or --all")
+    if selected and select_all:
+        raise click.UsageError("--all selects every dead letter: give it without --kind, --tenant, --op-key")
+
+
 @dlq.command("replay")
 @_selection_options
 @click.option("--limit", type=click.IntRange(1, 10_000), required=True,
@@ -120,15 +144,7 @@ def dlq_replay(settings: Settings, kind: str | None, tenant: str | None, as_json
     from lapse.kernel.operator_actions import REPLAY, OperatorAction, log_action, record_action, session_user
     from lapse.processors import replay
 
-    if not reason.strip():
-        raise click.UsageError("--reason must say why")
-    if not actor.strip():
-        raise click.UsageError("--actor must name the operator")
-    selected = bool(kind or tenant or op_keys)
-    if not selected and not select_all:
-        raise click.UsageError("say which dead letters to replay: --kind, --tenant or --op-key, or --all")
-    if selected and select_all:
-        raise click.UsageError("--all selects every dead letter: give it without --kind, --tenant, --op-key")
+    check_operator_input("replay", reason, actor, kind, tenant, op_keys, select_all)
     selection = Selection(kind, tenant, tuple(op_keys), include_replayed)
     target = describe_selection(selection)
     engine = engine_from_settings(settings)
@@ -165,3 +181,51 @@ def dlq_replay(settings: Settings, kind: str | None, tenant: str | None, as_json
         f"replay {d['replay_id']}: released {len(d['released'])} dead letters\n"
         + "\n".join(f"  {r['op_key']}" for r in d["released"])) if d["released"]
         else "nothing to replay: no dead letters match")
+
+
+@dlq.command("discard")
+@_selection_options
+@click.option("--limit", type=click.IntRange(1, 10_000), required=True,
+              help="Most dead letters to discard in this action (required).")
+@click.option("--reason", required=True, help="Why they will never be retried, kept in the audit trail.")
+@click.option("--op-key", "op_keys", multiple=True, help="Only these op keys (repeatable).")
+@click.option("--actor", envvar="USER", show_envvar=True, required=True,
+              help="Operator name recorded with the discard.")
+@click.option("--all", "select_all", is_flag=True,
+              help="Select every dead letter (instead of --kind, --tenant or --op-key).")
+@click.option("--dry-run", is_flag=True, help="Only count what would be discarded; change nothing.")
+@click.option("--yes", is_flag=True, help="Discard without asking (for scripts).")
+@pass_settings
+def dlq_discard(settings: Settings, kind: str | None, tenant: str | None, as_json: bool, limit: int,
+                reason: str, op_keys: tuple[str, ...], actor: str, select_all: bool, dry_run: bool,
+                yes: bool) -> None:
+    """Discard a bounded selection of dead letters: they will never be retried or replayed.
+
+    Name the selection (--kind, --tenant, --op-key) or give --all; replayed dead letters are
+    included. The count is shown and confirmed (--yes) before anything changes; each row's
+    transition and an operator action record who and why. A late redelivery of a discarded
+    operation's event is absorbed as a duplicate."""
+    from lapse.kernel.database import engine_from_settings  # function-local: keeps `lapse --help` fast
+
+    check_operator_input("discard", reason, actor, kind, tenant, op_keys, select_all)
+    selection = discard_selection(kind, tenant, op_keys)
+    engine = engine_from_settings(settings)
+    try:
+        preview = discard_preview(engine, selection, limit)
+        if dry_run:
+            emit({"dry_run": True, **preview}, as_json, lambda d: (
+                f"dry run: would discard {d['would_discard']} dead letters ({d['selection']}, limit "
+                f"{d['limit']}); nothing changed"))
+            return
+        done: dict[str, Any] = {"discarded": [], "action_id": None}
+        if preview["op_keys"]:
+            confirm_or_refuse(f"Discard {preview['would_discard']} dead letters ({preview['selection']}, limit "
+                              f"{limit}) for good? They will never be retried.", yes)
+            done = run_discard(engine, selection, limit=limit, actor=actor, reason=reason,
+                               shown=preview["would_discard"], now=datetime.now(UTC))
+    finally:
+        engine.dispose()
+    emit({**done, "actor": actor}, as_json, lambda d: (
+        f"discarded {len(d['discarded'])} dead letters (operator action {d['action_id']})\n"
+        + "\n".join(f"  {r['op_key']}" for r in d["discarded"])) if d["discarded"]
+        else "nothing to discard: no dead letters match")

@@ -33,6 +33,7 @@ from lapse.shell.console.access import (
     Identity,
     require_operator,
 )
+from lapse.shell.dead_letters import discard_preview, discard_selection, run_discard
 
 HERE = Path(__file__).parent
 log = get_logger("console")
@@ -196,6 +197,39 @@ class Console:
                                message="nothing replayed: none of those dead letters is waiting any more")
         return RedirectResponse(f"/actions/{done['action_id']}", status_code=303)
 
+    async def discard_preview(self, request: Request) -> Response:
+        """The dry run of a discard of the ticked dead letters, with the confirmation form."""
+        try:
+            who, form = await self.acting(request)
+        except AccessRefused as exc:
+            return self.refused(request, self.who(request), exc)
+        selection = discard_selection(op_keys=tuple(str(k) for k in form.getlist("op_key")))
+        if not selection.op_keys:
+            return self.render(request, who, "error.html", 400, message="tick the dead letters to discard first")
+        preview = await run_in_threadpool(discard_preview, self.engine, selection, views.REPLAY_LIMIT)
+        return self.render(request, who, "discard_preview.html", preview=preview)
+
+    async def discard_confirm(self, request: Request) -> Response:
+        """The confirmed discard: the dead letters move to `discarded`, recorded with the token's
+        name as the actor; then the action's page."""
+        try:
+            who, form = await self.acting(request)
+        except AccessRefused as exc:
+            return self.refused(request, self.who(request), exc)
+        reason = str(form.get("reason") or "").strip()
+        selection = discard_selection(op_keys=tuple(str(k) for k in form.getlist("op_key")))
+        if not reason or not selection.op_keys:
+            return self.render(request, who, "error.html", 400,
+                               message="a discard needs the dead letters and a reason (kept in the audit trail)")
+        shown = str(form.get("shown") or "0")
+        done = await run_in_threadpool(lambda: run_discard(
+            self.engine, selection, limit=views.REPLAY_LIMIT, actor=who.name, reason=reason,
+            shown=int(shown) if shown.isdigit() else 0, now=views.now_utc(), via="console"))
+        if done["action_id"] is None:
+            return self.render(request, who, "error.html", 409,
+                               message="nothing discarded: none of those dead letters is waiting any more")
+        return RedirectResponse(f"/actions/{done['action_id']}", status_code=303)
+
     # Application -------------------------------------------------------------------------------
 
     def routes(self) -> list[Route | Mount]:
@@ -204,6 +238,8 @@ class Console:
             Route("/dead-letters", self.page(self.dead_letters)),
             Route("/dead-letters/replay", self.replay_preview, methods=["POST"]),
             Route("/dead-letters/replay/confirm", self.replay_confirm, methods=["POST"]),
+            Route("/dead-letters/discard", self.discard_preview, methods=["POST"]),
+            Route("/dead-letters/discard/confirm", self.discard_confirm, methods=["POST"]),
             Route("/operations/{op_key:path}", self.page(self.operation)),
             Route("/search", self.page(self.search)),
             Route("/actions/{action_id:int}", self.page(self.action)),
