@@ -147,7 +147,8 @@ class Codec:
 
     @classmethod
     def from_settings(cls, settings: Settings) -> Codec:
-        """A codec for `settings.schemas.dir`, in Confluent format if `schema_registry_url` is set."""
+        """A codec for `settings.schemas.dir`, in Confluent format if `settings.schemas.registry_url`
+        is set (the registry client comes from lapse.kernel.connections)."""
         return cls(SchemaStore(settings.schemas.dir), registry_client(settings.schemas))
 
     # Encoding.

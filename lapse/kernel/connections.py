@@ -3,7 +3,7 @@
 librdkafka takes the Kafka settings as they are (`KafkaSettings.client_config`); every other client
 needs them mapped: Faust (aiokafka) takes credentials and an `ssl.SSLContext`, PostgreSQL (libpq)
 takes sslmode and certificate paths, the SMTP notifier takes STARTTLS and a login, the schema
-registry client takes basic auth or a bearer token and a TLS context. The mapping lives
+registry client takes its own basic auth, bearer token and `ssl.*` keys. The mapping lives
 here, once per client, and a client whose security cannot be mapped refuses to start with one line
 (`ConnectionRefused`) rather than connect with less than the settings ask for.
 """
@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import SecretStr
 
-from lapse.kernel.schema_registry import SchemaRegistryClient
+from lapse.kernel.schema_registry import SchemaRegistryClient, auth_config
 from lapse.kernel.settings import DatabaseSettings, KafkaSettings, ReportSettings, SchemaSettings
 
 if TYPE_CHECKING:
@@ -193,18 +193,39 @@ def smtp_security(report: ReportSettings) -> dict[str, Any]:
 
 def registry_client(schemas: SchemaSettings, timeout_s: float = 5.0) -> SchemaRegistryClient | None:
     """The schema registry client of the settings (None without `registry_url`: the codec then uses
-    the registry-free single-object encoding). Refused: basic auth and a bearer token together, and
-    a CA or client certificate for a registry that is not https."""
+    the registry-free single-object encoding)."""
     if not schemas.registry_url:
         return None
+    return SchemaRegistryClient(schemas.registry_url, timeout_s=timeout_s, config=registry_config(schemas))
+
+
+def registry_config(schemas: SchemaSettings) -> dict[str, Any]:
+    """The schema registry client's authentication and TLS keys from the settings: basic auth as
+    `basic.auth.user.info`, a bearer token as a static token, the CA, client certificate, key and key
+    password as `ssl.*` (the system's CAs when no CA is set). The CA and client certificate are loaded
+    here first, so a wrong path or key password is refused in one line. Refused also: basic auth and
+    a bearer token together, and a CA or client certificate for a registry that is not https."""
     what = "schema registry"
     if schemas.registry_auth is not None and schemas.registry_bearer_token is not None:
         raise ConnectionRefused(f"{what}: set schemas.registry_auth or schemas.registry_bearer_token, not both")
-    tls = (schemas.registry_ca_location, schemas.registry_certificate_location, schemas.registry_key_location)
-    https = schemas.registry_url.lower().startswith("https://")
-    if any(path is not None for path in tls) and not https:
+    ca, certificate, key = (schemas.registry_ca_location, schemas.registry_certificate_location,
+                            schemas.registry_key_location)
+    https = (schemas.registry_url or "").lower().startswith("https://")
+    if any(path is not None for path in (ca, certificate, key)) and not https:
         raise ConnectionRefused(f"{what}: a CA or client certificate needs an https:// schemas.registry_url")
-    context = ssl_context(what, *tls, schemas.registry_key_password) if https else None
     auth, token = schemas.registry_auth, schemas.registry_bearer_token
-    return SchemaRegistryClient(schemas.registry_url, auth.get_secret_value() if auth else None, timeout_s,
-                                bearer_token=token.get_secret_value() if token else None, ssl_context=context)
+    config: dict[str, Any] = auth_config(auth.get_secret_value() if auth else None,
+                                         token.get_secret_value() if token else None)
+    if https:
+        ssl_context(what, ca, certificate, key, schemas.registry_key_password)
+        system = ssl.get_default_verify_paths()  # the library's own default would be certifi's bundle
+        ca_location = ca or next((p for p in (system.cafile, system.capath) if p and Path(p).exists()), None)
+        if ca_location is not None:
+            config["ssl.ca.location"] = str(ca_location)
+        if certificate is not None:
+            config["ssl.certificate.location"] = str(certificate)
+        if key is not None:
+            config["ssl.key.location"] = str(key)
+        if schemas.registry_key_password is not None:
+            config["ssl.key.password"] = schemas.registry_key_password.get_secret_value()
+    return config
