@@ -93,10 +93,15 @@ def operation_history(conn: Connection, op_key: str, topology: Topology | None =
             "dead_letter": dead_letter}
 
 
+def has_operation(conn: Connection, op_key: str) -> bool:
+    """Whether `op_key` has a ledger row (one probe of the primary key)."""
+    return ledger_record(conn, op_key) is not None
+
+
 def correlated_op_keys(conn: Connection, correlation_id: str, since: datetime, until: datetime,
                        limit: int) -> list[str]:
     """Op keys whose transitions in [since, until) carry `correlation_id`, first seen first."""
     return op_keys_of_correlation(conn, correlation_id, since, until, limit)
 
 
-__all__ = ["correlated_op_keys", "iso", "operation_history", "topic_role"]
+__all__ = ["correlated_op_keys", "has_operation", "iso", "operation_history", "topic_role"]

@@ -15,6 +15,7 @@ TARGETS = {  # ratio or figure → the least it should be (latency: the most, P9
     "lapse_2w_vs_1w": 1.3, "relay_vs_lapse": 2.0, "reconciler_rows_per_s": 100_000.0, "audit_records_per_s": 100_000.0,
 }
 P99_TARGET_MS = 500.0
+CONSOLE_PAGE_TARGET_MS = 300.0  # the slowest console page's median render, at most
 RATIOS = ("lapse_vs_copy", "lapse_vs_consumer", "lapse_vs_naive", "lapse_vs_faust", "lapse_vs_batched_naive",
           "lapse_2w_vs_1w", "relay_vs_lapse")
 BASELINES = ("naive", "faust", "batched_naive")
@@ -53,6 +54,7 @@ def summarize(out: dict[str, Any], default_batch: int) -> dict[str, Any]:
                "audit_records_per_s": out["audit_replay"]["records_per_s"]}
     targets = {k: (figures[k] is not None and figures[k] >= v) for k, v in TARGETS.items()}
     targets["latency_p99_ms"] = out["latency"]["p99_ms"] <= P99_TARGET_MS
+    targets["console_page_ms"] = out["console_pages"]["worst_ms"] <= CONSOLE_PAGE_TARGET_MS
     stages = [*(f"lapse {r['workers']}w b{r['batch_size']}" for r in out["lapse"] if not r.get("verified")),
               *(name for name in (*BASELINES, "relay") if name in out and not out[name].get("verified"))]
     return {**out, "lapse_best": {"workers": best["workers"], "batch_size": best["batch_size"],
@@ -104,6 +106,10 @@ def table(result: dict[str, Any]) -> str:
     rows.append(("reconciler scan", s["rows"], s["rows_per_s"], s["method"]))
     a = result["audit_replay"]
     rows.append(("audit replay", a["records"], a["records_per_s"], a["method"]))
+    p = result["console_pages"]
+    rows.append(("console pages (ledger rows)", p["rows"], "",
+                 ", ".join(f"{name} {page['median_ms']} ms" for name, page in p["pages"].items())
+                 + f"; worst {p['worst_ms']} ms (target ≤ {CONSOLE_PAGE_TARGET_MS:.0f})"))
     widths = [max(len(str(row[i])) for row in rows) for i in range(3)]
     lines = [f"{r[0]!s:<{widths[0]}}  {r[1]!s:>{widths[1]}}  {r[2]!s:>{widths[2]}}  {r[3]}"
              for r in rows]

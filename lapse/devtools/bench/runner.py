@@ -16,7 +16,7 @@ from datetime import UTC, datetime, timedelta
 from functools import partial
 from typing import Any, TypeVar
 
-from lapse.devtools.bench import faust_stage, lapse_stage, latency, limits, naive, relay_stage, scans
+from lapse.devtools.bench import console_pages, faust_stage, lapse_stage, latency, limits, naive, relay_stage, scans
 from lapse.devtools.bench.databases import BenchDatabases, admin_url_for
 from lapse.devtools.bench.end_state import verify_end_state
 from lapse.devtools.bench.environments import StageEnvironments
@@ -47,12 +47,13 @@ class BenchPlan:
     latency_seconds: float = 5.0
     baseline_cap: int = BASELINE_CAP
     faust: bool = True
+    console_rows: int = 2_000_000
 
     @classmethod
     def quick(cls, events: int = 300, workers: int = 2, batch_sizes: tuple[int, ...] = (100,)) -> BenchPlan:
         """A plan small enough for a smoke test: every stage runs, on a few hundred events."""
         return cls(events, workers, tuple(batch_sizes), scan_rows=20_000, latency_seconds=1.0,
-                   baseline_cap=min(events, 200))
+                   baseline_cap=min(events, 200), console_rows=20_000)
 
     @property
     def default_batch(self) -> int:
@@ -150,6 +151,10 @@ def _stages(envs: StageEnvironments, plan: BenchPlan, progress: Callable[[str], 
     progress(f"reconciler scan over {plan.scan_rows} rows, audit replay of {n} records")
     out["reconciler_scan"] = _in(envs, "scan", lambda s: scans.reconciler_scan(s, plan.scan_rows))
     out["audit_replay"] = scans.audit_replay(envs.settings("lapse1w"))  # its topic holds all n
+
+    progress(f"console pages on a ledger of {plan.console_rows:,} rows")
+    out["console_pages"] = _in(envs, "console", lambda s: console_pages.console_pages(s, plan.console_rows, progress),
+                               events=events)  # the cleanup group's lag is read on a topic with records
     return summarize(out, plan.default_batch)
 
 

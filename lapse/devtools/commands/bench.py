@@ -1,5 +1,5 @@
 """`lapse bench`: Lapse against three baselines (naive, Faust, batched naive) and two ceilings (a
-raw COPY into the ledger, the consumer alone)."""
+raw COPY into the ledger, the consumer alone), and the console's pages timed on a big ledger."""
 
 from __future__ import annotations
 
@@ -34,8 +34,12 @@ def _batch_sizes(ctx: click.Context, param: click.Parameter, value: str) -> tupl
                    "is the default run.")
 @click.option("--scan-rows", type=click.IntRange(1000, 100_000_000), default=1_000_000, show_default=True,
               help="Rows in the business table of the reconciler scan.")
+@click.option("--console-rows", type=click.IntRange(1000, 100_000_000), default=2_000_000, show_default=True,
+              help="Ledger rows (finished, with their transitions and some dead letters) the console's "
+                   "pages are timed on.")
 @click.option("--no-faust", is_flag=True, help="Skip the Faust baseline.")
-@click.option("--quick", is_flag=True, help="A smoke-test run: 300 events, one batch size, small scan.")
+@click.option("--quick", is_flag=True,
+              help="A smoke-test run: 300 events, one batch size, small scan, 20,000 console ledger rows.")
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Also draw throughput per stage and the latency histogram to this PNG.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object with every figure.")
@@ -45,7 +49,7 @@ def _batch_sizes(ctx: click.Context, param: click.Parameter, value: str) -> tupl
                 help="The JDK for the bench's own broker (else java on PATH).")
 @pass_settings
 def bench(settings: Settings, events: int, workers: int, batch_sizes: tuple[int, ...], scan_rows: int,
-          no_faust: bool, quick: bool, plot_path: Path | None, as_json: bool) -> None:
+          console_rows: int, no_faust: bool, quick: bool, plot_path: Path | None, as_json: bool) -> None:
     """Benchmark Lapse on Apache Kafka and PostgreSQL against honest baselines and ceilings.
 
     Starts its own Apache Kafka from the cached jars unless --bootstrap-servers (or
@@ -66,7 +70,7 @@ def bench(settings: Settings, events: int, workers: int, batch_sizes: tuple[int,
     if quick:
         plan = BenchPlan.quick(events=min(events, 300), workers=workers, batch_sizes=batch_sizes[:1])
     else:
-        plan = BenchPlan(events, workers, batch_sizes, scan_rows=scan_rows)
+        plan = BenchPlan(events, workers, batch_sizes, scan_rows=scan_rows, console_rows=console_rows)
     if no_faust:
         plan = replace(plan, faust=False)
     progress = (lambda msg: click.echo(f"bench: {msg}", err=True))

@@ -5,6 +5,8 @@
 
 from __future__ import annotations
 
+import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -33,7 +35,7 @@ from lapse.readers import (
     status_report,
     throughput,
 )
-from lapse.readers.history import correlated_op_keys, operation_history
+from lapse.readers.history import correlated_op_keys, has_operation, operation_history
 from lapse.readers.status import lag_status
 from lapse.shell.console.verdict import judge
 from lapse.shell.dead_letters import describe_selection, poison_records
@@ -46,13 +48,20 @@ SEARCH_LIMIT = 20
 # The most dead letters one console replay releases (the CLI's --limit, bounded for a page).
 REPLAY_LIMIT = 500
 LIST_LIMIT = 200
+# How long one reading of the consumer lag serves the overview (its figures are seconds old at most).
+LAG_FRESH_S = 5.0
+_lag_lock = threading.Lock()
+_lag_kept: dict[int, tuple[Settings, float, list[dict[str, Any]]]] = {}
 
 
 def overview(settings: Settings, engine: Engine, now: datetime) -> dict[str, Any]:
     """The status report (`lapse status --json`'s figures), its verdict and the throughput. With
-    the broker away the ledger's figures are still shown, and the lag as unreadable (failing)."""
-    with ThreadPoolExecutor(2, thread_name_prefix="console-lag") as pool:  # the broker and the database at once
-        lag = pool.submit(lag_status, settings, now)
+    the broker away the ledger's figures are still shown, and the lag as unreadable (failing).
+    The broker's lag (kept LAG_FRESH_S: see fresh_lag), the ledger's figures and the throughput
+    are read at once, each on its own connection: the page takes the slowest of the three."""
+    with ThreadPoolExecutor(3, thread_name_prefix="console-overview") as pool:
+        lag = pool.submit(fresh_lag, settings, now)
+        rates = pool.submit(_throughput, engine, now)
         report = status_report(settings, engine, now, lag=False)
         try:
             report["lag"] = lag.result()  # what status_report(lag=True) would add
@@ -60,9 +69,27 @@ def overview(settings: Settings, engine: Engine, now: datetime) -> dict[str, Any
             if not is_transient(exc):
                 raise
             report["lag"] = [{"group": "every group", "topic": "every topic", "error": one_line(exc, settings)}]
+        return {"status": report, "verdict": asdict(judge(report)), "throughput": rates.result()}
+
+
+def fresh_lag(settings: Settings, now: datetime) -> list[dict[str, Any]]:
+    """`lag_status` read at most once per LAG_FRESH_S for these settings: each declared group and
+    topic takes the broker a round of requests (about 300 ms for the six of the default topology),
+    the most of an overview; pages opened together, or reloaded, share one reading. A reading
+    that failed is not kept."""
+    with _lag_lock:
+        kept = _lag_kept.get(id(settings))
+        if kept is not None and kept[0] is settings and time.monotonic() - kept[1] < LAG_FRESH_S:
+            return kept[2]
+    lag = lag_status(settings, now)
+    with _lag_lock:
+        _lag_kept[id(settings)] = (settings, time.monotonic(), lag)
+    return lag
+
+
+def _throughput(engine: Engine, now: datetime) -> list[dict[str, Any]]:
     with engine.connect() as conn:
-        rates = throughput(conn, now)
-    return {"status": report, "verdict": asdict(judge(report)), "throughput": rates}
+        return throughput(conn, now)
 
 
 @dataclass(frozen=True)
@@ -137,8 +164,8 @@ def history(engine: Engine, settings: Settings, op_key: str) -> dict[str, Any] |
 
 
 def search(engine: Engine, settings: Settings, query: str, now: datetime) -> dict[str, Any]:
-    """An op key's history, or the histories of the operations a correlation id was seen with in
-    the last day (as `lapse show --correlation-id`)."""
+    """An op key that has a ledger row (named only: see the search page), or the histories of the
+    operations a correlation id was seen with in the last day (as `lapse show --correlation-id`)."""
     query = query.strip()
     try:
         parse_op_key(query)
@@ -146,8 +173,8 @@ def search(engine: Engine, settings: Settings, query: str, now: datetime) -> dic
     except InvalidOpKey:
         is_key = False
     with engine.connect() as conn:
-        if is_key:
-            found = with_timeline(operation_history(conn, query, settings.topology))
+        if is_key:  # named only: the page sends the browser to the operation's page, which reads its history
+            found = {"op_key": query} if has_operation(conn, query) else None
             return {"query": query, "operations": [found] if found else [], "more": False}
         keys = correlated_op_keys(conn, query, now - CORRELATION_LOOKBACK, now, SEARCH_LIMIT + 1)
         found_all = [with_timeline(operation_history(conn, k, settings.topology)) for k in keys[:SEARCH_LIMIT]]
