@@ -22,6 +22,7 @@ creates may have a fixed name. Three rules keep the workers from disturbing each
 from __future__ import annotations
 
 import fcntl
+import logging
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -59,6 +60,18 @@ GROUPS = {
 # test: two workers on two cores stretch examples past it. A test's own `@settings(deadline=…)` wins.
 hypothesis_settings.register_profile("lapse", deadline=timedelta(seconds=5))
 hypothesis_settings.load_profile("lapse")
+
+
+@pytest.fixture(autouse=True)
+def _lapse_logging_restored() -> Iterator[None]:
+    """A command run in the test process configures the `lapse` logger (its level, handler and
+    propagation): put it back after each test, so one test's command never silences another's logs."""
+    logger = logging.getLogger("lapse")
+    saved = (logger.level, list(logger.handlers), logger.propagate)
+    yield
+    logger.setLevel(saved[0])
+    logger.handlers[:] = saved[1]
+    logger.propagate = saved[2]
 
 
 @pytest.hookimpl(tryfirst=True)  # before `-m` deselects by marker
