@@ -5,6 +5,7 @@ tree, summing its role processes' counters and forgetting a restarted process's 
 
 from __future__ import annotations
 
+import os
 import threading
 import urllib.error
 import urllib.request
@@ -32,6 +33,10 @@ from tests.fixtures.polling import eventually
 from tests.fixtures.processes import RoleProcesses
 from tests.fixtures.readers import READER_TOPICS, produce_events, sweep
 from tests.fixtures.workers import process_until_done
+
+# The stated bound: `lapse run` and every role are gone within this of one SIGTERM (the shutdown grace
+# is 25 s).
+EXIT_BOUND_S = 30.0
 
 
 def scrape(port: int) -> dict[tuple, float]:
@@ -225,8 +230,8 @@ def test_one_endpoint_sums_the_role_processes_and_forgets_a_restarted_one(kafka_
 def test_lapse_run_serves_every_role_and_the_status_on_one_port(kafka_bootstrap, pg_url, unique, tmp_path):
     """The real `lapse run --metrics-port P`: due reservations swept and applied, counted on P with
     each running role's process there once and the status read by the supervisor (no monitor
-    role); SIGTERM stops it all. (One processor: a second one's join adds a rebalance, and the sum
-    over processes is the test above.)"""
+    role); one SIGTERM stops every role and the run exits 0 within `EXIT_BOUND_S`. (One processor:
+    a second one's join adds a rebalance, and the sum over processes is the test above.)"""
     settings = make_pipeline_settings(kafka_bootstrap, pg_url, unique, expiry_partitions=2)
     engine = make_engine(pg_url)
     with engine.begin() as conn:
@@ -252,15 +257,26 @@ def test_lapse_run_serves_every_role_and_the_status_on_one_port(kafka_bootstrap,
         running = {dict(labels)["role"] for labels, v in samples(scraped, "lapse_role_up").items() if v == 1}
         started = [dict(labels) for labels in samples(scraped, "lapse_role_start_time_seconds")]
         assert sorted(s["role"] for s in started) == sorted(running)  # one process per running role
-        assert len({s["pid"] for s in started}) == len(running)
+        children = {int(s["pid"]) for s in started}
+        assert len(children) == len(running)
         assert "monitor" not in roles and scraped[("lapse_status_up", ())] == 1
         assert scraped[("lapse_events_consumed_total", ())] == 3
     finally:
         if run.proc.poll() is None:
             run.terminate()  # the supervisor stops its roles (a SIGKILL would orphan them)
-        code = run.wait_exit(60)
+        code = run.wait_exit(EXIT_BOUND_S)
         procs.close()
-    assert code == 0, run.tail()
+    # One SIGTERM stopped every role within the bound (none had to be killed) and none outlived it.
+    assert code == 0, f"lapse run: not exit 0 within {EXIT_BOUND_S:g} s of SIGTERM: {code}\n{run.tail()}"
+    assert not [pid for pid in children if alive(pid)], "a role outlived `lapse run`"
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
 
 
 def test_lapse_status_watch_serves_the_status_samples(kafka_bootstrap, pg_url, unique, tmp_path):

@@ -5,9 +5,7 @@ exactly once with every offset committed at the end."""
 
 from __future__ import annotations
 
-import os
 import random
-import re
 import threading
 import time
 
@@ -91,30 +89,3 @@ def test_every_worker_stopped_in_a_rebalance_storm_exits_cleanly_and_nothing_is_
     assert_each_applied_once(pipeline, EVENTS)
     print(f"rebalance storm: {len(stopped)} workers SIGTERMed, exits after (s): "
           f"{[round(w.exit_s or 0, 1) for w in stopped]}")
-
-
-def test_lapse_run_forwards_sigterm_and_every_role_exits(pipeline, tmp_path):
-    """`lapse run`: one SIGTERM to the supervisor stops every role within the bound, and the run
-    exits 0 (no role had to be killed)."""
-    ids = seed(pipeline, 200, tenant="t1")
-    procs = RoleProcesses(pipeline.settings, tmp_path)
-    try:
-        run = procs.start("run", "--workers", "2")
-        eventually(lambda: run.said(ASSIGNED) and ledger_settled(pipeline.engine, terminal=len(ids)),
-                   timeout_s=120, interval_s=0.5, what="the pipeline of `lapse run` at work and done")
-        children = [int(pid) for pid in re.findall(r"role started .*?pid=(\d+)", run.log.read_text())]
-        assert len(children) >= 6, run.tail()
-        run.terminate()
-        code = run.wait_exit(EXIT_BOUND_S)
-        assert code == 0, f"lapse run: not exit 0 within {EXIT_BOUND_S:g} s of SIGTERM: {code}\n{run.tail()}"
-    finally:
-        procs.close()
-    assert not [pid for pid in children if alive(pid)], "a role outlived `lapse run`"
-
-
-def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
