@@ -58,7 +58,7 @@ check: lint promtool
 	$(BIN)/pytest -q tests/unit
 
 test: lint postgres kafka-jars chromium promtool
-	$(BIN)/pytest -n 2 -m "not bench and not storm" -q
+	$(BIN)/pytest -n 2 -m "not bench and not storm" -q --durations=15
 
 storm: venv postgres kafka-jars
 	$(BIN)/pytest -m storm -q -s tests/system/test_kill_storm.py
