@@ -25,18 +25,16 @@ from sqlalchemy import Engine, func, select
 from lapse.devtools.bench.databases import BenchDatabases, admin_url_for
 from lapse.devtools.bench.events import delete_topics
 from lapse.devtools.bench.runner import own_broker
+from lapse.devtools.demo import prepare
 from lapse.devtools.demo_kinds import write_demo_kinds
-from lapse.devtools.demo_tables import create_demo_tables
 from lapse.devtools.soak.load import OfferedLoad
 from lapse.devtools.soak.samples import Sample, finished_between, take_sample
 from lapse.devtools.soak.seed import seed_finished
 from lapse.devtools.soak.verdict import judge, per_minute
-from lapse.kernel.database import engine_from_settings, upgrade
-from lapse.kernel.kafka_clients import make_admin
+from lapse.kernel.database import engine_from_settings
 from lapse.kernel.ledger import APPLIED
 from lapse.kernel.logs import configure_logging
 from lapse.kernel.models import cleanup_ledger
-from lapse.kernel.provisioning import apply, plan
 from lapse.kernel.settings import Settings
 from lapse.kernel.topology import load_topology
 from lapse.shell.roles import pipeline_roles, run_prune_role
@@ -105,7 +103,9 @@ def run_soak(settings: Settings, soak: SoakPlan, progress: Callable[[str], None]
                 topics={"file": soak_topics_file(settings.topics.file, folder, soak.retention_s, PARTITIONS),
                         "prefix": f"soak-{dbs.run_id}."},
                 reconciler={"grace_s": GRACE_S, "interval_s": 30.0},
-                retention={"interval_s": 15.0},
+                # Sent outbox rows kept as long as finished ledger rows (a day by default), so the
+                # outbox reaches its steady size within the run too.
+                retention={"interval_s": 15.0, "outbox_horizon_s": soak.retention_s + GRACE_S},
                 producer={"sweep_interval_s": 2.0},
                 processor={"session_timeout_ms": 6000},
                 dev={"object_store_fault_rate": OBJECT_FAULT_RATE},
@@ -122,15 +122,10 @@ def run_soak(settings: Settings, soak: SoakPlan, progress: Callable[[str], None]
 
 
 def _prepare(settings: Settings) -> list[str]:
-    engine = engine_from_settings(settings)
-    try:
-        create_demo_tables(engine)
-    finally:
-        engine.dispose()
-    upgrade(settings)
-    admin = make_admin(settings)
+    """The demo's tables, Lapse's migrated, the topology's topics (`lapse demo`'s preparation);
+    returns the topics' names, for their deletion afterwards."""
+    prepare(settings)
     topology = load_topology(settings.topics.file, settings.topics.prefix, replication_factor=1)
-    apply(admin, plan(admin, list(topology.specs)))
     return [spec.name for spec in topology.specs]
 
 

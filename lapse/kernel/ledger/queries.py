@@ -334,22 +334,9 @@ def release_dead_letters(conn: Connection, selection: Selection, limit: int, rep
     """dead_letter → pending, due now, attempt 0, under `replay_id`: up to `limit` dead letters
     matching `selection`, oldest first (skipping rows another replay holds); returns them as
     released."""
-    pick = (select(L.c.op_key).where(*_dead_letter_filter(selection))
-            .order_by(L.c.finished_at, L.c.op_key).limit(limit))
-    if conn.dialect.name == "postgresql":
-        pick = pick.with_for_update(skip_locked=True)
-    keys = list(conn.execute(pick).scalars())
-    if not keys:
-        return []
-    stmt = (
-        update(L)
-        .where(L.c.op_key.in_(keys), L.c.state == states.DEAD_LETTER)
-        .values(state=states.PENDING, attempt=0, due_at=now, replay_id=replay_id, finished_at=None,
-                claim_owner=None, claim_until=None, updated_at=now)
-        .returning(*ROW_COLUMNS)
-    )
-    released = {row[0]: LedgerRow(*row) for row in conn.execute(stmt)}
-    return [released[k] for k in keys if k in released]
+    return _take_dead_letters(conn, selection, limit, state=states.PENDING, attempt=0, due_at=now,
+                              replay_id=replay_id, finished_at=None, claim_owner=None, claim_until=None,
+                              updated_at=now)
 
 
 def discard_dead_letters(conn: Connection, selection: Selection, limit: int, now: datetime
@@ -358,6 +345,13 @@ def discard_dead_letters(conn: Connection, selection: Selection, limit: int, now
     oldest first (skipping rows a concurrent replay or discard holds); returns them as discarded.
     The row keeps its last failure and replay id; it is final (`states.TERMINAL`)."""
     states.check(states.DEAD_LETTER, states.DISCARDED)
+    return _take_dead_letters(conn, selection, limit, state=states.DISCARDED, finished_at=now,
+                              claim_owner=None, claim_until=None, updated_at=now)
+
+
+def _take_dead_letters(conn: Connection, selection: Selection, limit: int, **values: object) -> list[LedgerRow]:
+    """Set `values` on up to `limit` dead letters matching `selection`, oldest first, skipping rows
+    a concurrent operator action holds (PostgreSQL); the rows after the change, in that order."""
     pick = (select(L.c.op_key).where(*_dead_letter_filter(selection))
             .order_by(L.c.finished_at, L.c.op_key).limit(limit))
     if conn.dialect.name == "postgresql":
@@ -365,14 +359,10 @@ def discard_dead_letters(conn: Connection, selection: Selection, limit: int, now
     keys = list(conn.execute(pick).scalars())
     if not keys:
         return []
-    stmt = (
-        update(L)
-        .where(L.c.op_key.in_(keys), L.c.state == states.DEAD_LETTER)
-        .values(state=states.DISCARDED, finished_at=now, claim_owner=None, claim_until=None, updated_at=now)
-        .returning(*ROW_COLUMNS)
-    )
-    discarded = {row[0]: LedgerRow(*row) for row in conn.execute(stmt)}
-    return [discarded[k] for k in keys if k in discarded]
+    stmt = (update(L).where(L.c.op_key.in_(keys), L.c.state == states.DEAD_LETTER).values(**values)
+            .returning(*ROW_COLUMNS))
+    changed = {row[0]: LedgerRow(*row) for row in conn.execute(stmt)}
+    return [changed[k] for k in keys if k in changed]
 
 
 def stuck_order(state: str) -> tuple[ColumnElement[Any], ColumnElement[Any]]:
