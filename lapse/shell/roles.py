@@ -70,6 +70,23 @@ def when_reachable(role: str, stop: threading.Event, start: Callable[[], T]) -> 
     return None
 
 
+def every_interval(role: str, stop: threading.Event, interval_s: float, run: Callable[[], object]) -> None:
+    """`run` a pass every `interval_s` until stopped: a pass that meets an outage is waited out
+    with backoff and run again (`when_reachable`); any other failed pass is logged and tried again
+    at the next interval."""
+    def one_pass() -> bool:
+        try:
+            run()
+        except Exception as exc:
+            if _is_outage(exc):
+                raise
+            log.exception("%s pass failed", role)
+        return True
+
+    while when_reachable(role, stop, one_pass) is not None:
+        stop.wait(interval_s)
+
+
 def checked_kinds(settings: Settings, engine: Engine) -> dict[str, CleanupKind]:
     """The start-up checks, then the kinds compiled against the database: what the sweep and the
     reconciler need before their first pass."""
@@ -155,18 +172,8 @@ def run_reconcile_role(settings: Settings, kwargs: dict[str, Any]) -> None:
     producer = make_producer(settings)
     reconciler = Reconciler(engine, producer, Codec.from_settings(settings), settings, kinds, stop=stop)
 
-    def one_pass() -> bool:
-        try:
-            reconciler.run_once()
-        except Exception as exc:
-            if _is_outage(exc):
-                raise
-            log.exception("reconcile pass failed")
-        return True
-
     try:
-        while when_reachable("reconcile", stop, one_pass) is not None:
-            stop.wait(settings.reconciler.interval_s)
+        every_interval("reconcile", stop, settings.reconciler.interval_s, reconciler.run_once)
     finally:
         producer.flush(10)
         engine.dispose()
@@ -232,18 +239,9 @@ def run_prune_role(settings: Settings, kwargs: dict[str, Any]) -> None:
         return
     engine = engine_from_settings(settings)
 
-    def one_pass() -> bool:
-        try:
-            prune_once(engine, horizons, datetime.now(UTC), settings.retention.batch_size, stop=stop)
-        except Exception as exc:
-            if _is_outage(exc):
-                raise
-            log.exception("prune pass failed")
-        return True
-
     try:
-        while when_reachable("prune", stop, one_pass) is not None:
-            stop.wait(settings.retention.interval_s)
+        every_interval("prune", stop, settings.retention.interval_s, lambda: prune_once(
+            engine, horizons, datetime.now(UTC), settings.retention.batch_size, stop=stop))
     finally:
         engine.dispose()
 
