@@ -5,13 +5,14 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cksum pyproject.toml | cut -d' ' -f1)
 JARS := build/kafka/libs/.resolved
 
-.PHONY: help demo check lint test storm bench soak broker venv postgres kafka-jars chromium promtool clean
+.PHONY: help demo check lint test scale storm bench soak broker venv postgres kafka-jars chromium promtool clean
 
 help:
 	@echo "make demo       - the pipeline end to end on the embedded broker and SQLite"
 	@echo "make check      - the fast loop: ruff, mypy, import contracts, then tests/unit (no broker)"
 	@echo "make lint       - ruff, mypy and the import contracts only"
 	@echo "make test       - ruff, mypy, import contracts, then the whole suite on Apache Kafka and PostgreSQL"
+	@echo "make scale      - the tests on millions of rows and minutes of load (2,000,000-row prune plans, a short soak)"
 	@echo "make storm      - the kill storm: random SIGKILLs of workers and relays for 60 s over 20,000 events"
 	@echo "make bench      - the benchmark (JSON on stdout)"
 	@echo "make soak       - 10 minutes of steady load over a 2,000,000-row ledger with pruning (JSON on stdout)"
@@ -58,7 +59,10 @@ check: lint promtool
 	$(BIN)/pytest -q tests/unit
 
 test: lint postgres kafka-jars chromium promtool
-	$(BIN)/pytest -n 2 -m "not bench and not storm" -q --durations=15
+	$(BIN)/pytest -n 2 -m "not bench and not storm and not scale" -q --durations=15
+
+scale: venv postgres kafka-jars
+	$(BIN)/pytest -n 2 -m scale -q
 
 storm: venv postgres kafka-jars
 	$(BIN)/pytest -m storm -q -s tests/system/test_kill_storm.py

@@ -114,6 +114,7 @@ def assert_no_table_scan(plan: str) -> None:
         assert f"Seq Scan on {table}" not in plan, plan
 
 
+@pytest.mark.scale
 @pytest.mark.slow
 def test_prune_and_status_read_indexes_on_a_two_million_row_ledger(pg_url):
     engine = make_engine(pg_url, statement_timeout_s=None)

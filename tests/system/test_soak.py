@@ -24,6 +24,7 @@ def soak_databases() -> list[str]:
     return [n for (n,) in names]
 
 
+@pytest.mark.scale
 @pytest.mark.slow
 def test_a_short_soak_reads_the_pipeline_and_prunes_the_seeded_ledger(kafka_bootstrap):
     before = set(soak_databases())
