@@ -141,8 +141,18 @@ class DeliveryTracker:
         return report
 
     def flush(self, producer: Producer, timeout: float = 30.0) -> None:
-        """Wait for every outstanding record; raise if any failed or did not finish in time."""
-        remaining = producer.flush(timeout)
+        """Wait for every outstanding record; raise if any failed or did not finish in time. A
+        fatal producer error (e.g. refused a producer id: a principal allowed to write nothing) is
+        raised by the client itself, and surfaces from the delivery callback it was serving as a
+        SystemError chained to it; either way it ends here as one permanent DeliveryFailed."""
+        try:
+            remaining = producer.flush(timeout)
+        except (KafkaException, SystemError) as exc:
+            self.failures = []
+            err = _kafka_error(exc)
+            if err is None:
+                raise
+            raise DeliveryFailed(f"the producer failed: {err.str()}", permanent=is_permanent(err)) from None
         failures, self.failures = self.failures, []
         if remaining:
             raise DeliveryFailed(f"{remaining} records still in flight after {timeout:.0f}s")
@@ -150,6 +160,16 @@ class DeliveryTracker:
             topic, err = failures[0]
             raise DeliveryFailed(f"{len(failures)} records failed, first: {topic}: {err.str()}",
                                  permanent=all(is_permanent(e) for _, e in failures))
+
+
+def _kafka_error(exc: BaseException) -> KafkaError | None:
+    """The KafkaError a client raised, found in `exc` or the exceptions it was raised from."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, KafkaException) and seen.args and isinstance(seen.args[0], KafkaError):
+            return seen.args[0]
+        seen = seen.__cause__ or seen.__context__
+    return None
 
 
 __all__ = [
