@@ -219,7 +219,7 @@ def test_a_principal_without_write_on_the_expiry_topic_cannot_produce_to_it(secu
     assert refused.value.permanent  # TOPIC_AUTHORIZATION_FAILED is never retried as transient
     # The audit role may write nothing at all, so its idempotent producer is refused a producer id:
     # a fatal producer error, reported as one permanent refusal like any other.
-    with pytest.raises(DeliveryFailed, match="(?i)authorization") as fatal:
+    with pytest.raises(DeliveryFailed, match=r"(?i)authorization") as fatal:
         produce_as("audit")
     assert fatal.value.permanent and "\n" not in str(fatal.value)
     admin = settings_as(secure_kafka, pg_url, prefix, None)
