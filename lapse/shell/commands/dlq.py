@@ -12,6 +12,7 @@ moves dead letters to `discarded`: never retried, never replayed, pruned with th
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
@@ -40,6 +41,28 @@ def _selection_options(func: F) -> F:
     ]):
         func = opt(func)
     return func
+
+
+def _operator_options(action: str, done: str, why: str) -> Callable[[F], F]:
+    """The options of an operator action on dead letters (`action` a verb, `done` its past
+    participle, `why` what the reason explains): a bounded, explicit selection, a reason and an
+    actor, a dry run and the confirmation."""
+    def decorate(func: F) -> F:
+        for opt in reversed([
+            click.option("--limit", type=click.IntRange(1, 10_000), required=True,
+                         help=f"Most dead letters {done} by this action (required)."),
+            click.option("--reason", required=True, help=f"Why {why}, kept in the audit trail."),
+            click.option("--op-key", "op_keys", multiple=True, help="Only these op keys (repeatable)."),
+            click.option("--actor", envvar="USER", show_envvar=True, required=True,
+                         help=f"Operator name recorded with the {action}."),
+            click.option("--all", "select_all", is_flag=True,
+                         help="Select every dead letter (instead of --kind, --tenant or --op-key)."),
+            click.option("--dry-run", is_flag=True, help=f"Only count what would be {done}; change nothing."),
+            click.option("--yes", is_flag=True, help=f"{action.capitalize()} without asking (for scripts)."),
+        ]):
+            func = opt(func)
+        return func
+    return decorate
 
 
 @main.group()
@@ -118,18 +141,9 @@ def check_operator_input(verb: str, reason: str, actor: str, kind: str | None, t
 
 @dlq.command("replay")
 @_selection_options
-@click.option("--limit", type=click.IntRange(1, 10_000), required=True,
-              help="Most dead letters to release in this replay (required).")
-@click.option("--reason", required=True, help="Why they are replayed, kept in the audit trail.")
-@click.option("--op-key", "op_keys", multiple=True, help="Only these op keys (repeatable).")
-@click.option("--actor", envvar="USER", show_envvar=True, required=True,
-              help="Operator name recorded with the replay.")
+@_operator_options("replay", "released", "they are replayed")
 @click.option("--include-replayed", is_flag=True,
               help="Also release dead letters that already failed after an earlier replay.")
-@click.option("--all", "select_all", is_flag=True,
-              help="Select every dead letter (instead of --kind, --tenant or --op-key).")
-@click.option("--dry-run", is_flag=True, help="Only count what would be released; change nothing.")
-@click.option("--yes", is_flag=True, help="Release without asking (for scripts).")
 @pass_settings
 def dlq_replay(settings: Settings, kind: str | None, tenant: str | None, as_json: bool, limit: int,
                reason: str, op_keys: tuple[str, ...], actor: str, include_replayed: bool, select_all: bool,
@@ -185,16 +199,7 @@ def dlq_replay(settings: Settings, kind: str | None, tenant: str | None, as_json
 
 @dlq.command("discard")
 @_selection_options
-@click.option("--limit", type=click.IntRange(1, 10_000), required=True,
-              help="Most dead letters to discard in this action (required).")
-@click.option("--reason", required=True, help="Why they will never be retried, kept in the audit trail.")
-@click.option("--op-key", "op_keys", multiple=True, help="Only these op keys (repeatable).")
-@click.option("--actor", envvar="USER", show_envvar=True, required=True,
-              help="Operator name recorded with the discard.")
-@click.option("--all", "select_all", is_flag=True,
-              help="Select every dead letter (instead of --kind, --tenant or --op-key).")
-@click.option("--dry-run", is_flag=True, help="Only count what would be discarded; change nothing.")
-@click.option("--yes", is_flag=True, help="Discard without asking (for scripts).")
+@_operator_options("discard", "discarded", "they will never be retried")
 @pass_settings
 def dlq_discard(settings: Settings, kind: str | None, tenant: str | None, as_json: bool, limit: int,
                 reason: str, op_keys: tuple[str, ...], actor: str, select_all: bool, dry_run: bool,
