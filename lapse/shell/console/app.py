@@ -173,8 +173,11 @@ class Console:
         if not selection.op_keys:
             return self.render(request, who, "error.html", 400, message="tick the dead letters to replay first")
         preview = await run_in_threadpool(views.replay_preview, self.engine, selection)
-        return self.render(request, who, "replay_preview.html", preview=preview,
-                           include_replayed=selection.include_replayed)
+        count = preview["would_release"]
+        return self.render(request, who, "action_preview.html", preview=preview,
+                           include_replayed=selection.include_replayed, action={
+                               "title": "Replay", "noun": "replay", "verb": "release", "count": count,
+                               "button": f"Release {count} dead letter(s)", "none": "is waiting for a replay"})
 
     async def replay_confirm(self, request: Request) -> Response:
         """The confirmed replay: released under one replay id, recorded with the token's name as
@@ -207,7 +210,11 @@ class Console:
         if not selection.op_keys:
             return self.render(request, who, "error.html", 400, message="tick the dead letters to discard first")
         preview = await run_in_threadpool(discard_preview, self.engine, selection, views.REPLAY_LIMIT)
-        return self.render(request, who, "discard_preview.html", preview=preview)
+        count = preview["would_discard"]
+        return self.render(request, who, "action_preview.html", preview=preview, action={
+            "title": "Discard", "noun": "discard", "verb": "discard", "count": count,
+            "warning": "A discarded dead letter is never retried or replayed.",
+            "button": f"Discard {count} dead letter(s) for good", "none": "is still a dead letter"})
 
     async def discard_confirm(self, request: Request) -> Response:
         """The confirmed discard: the dead letters move to `discarded`, recorded with the token's
