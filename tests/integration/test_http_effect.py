@@ -13,7 +13,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import yaml
-from sqlalchemy import BigInteger, Column, DateTime, Index, MetaData, Table, Text, select, text
+from sqlalchemy import select
 
 from lapse.kernel.kinds import CleanupKind, compile_kinds, read_kinds_file
 from lapse.kernel.ledger import TERMINAL, ExpiryEvent, expiry_event
@@ -22,7 +22,7 @@ from lapse.processors.effect_calls import build_caller
 from lapse.processors.leased import EffectRunner, run_leased
 from lapse.processors.rules import apply_batch
 from lapse.processors.scope import BatchScope
-from tests.fixtures.effects import Answer
+from tests.fixtures.effects import Answer, hooks_table
 from tests.fixtures.topology import repo_topology
 
 T0 = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
@@ -31,17 +31,7 @@ TOPOLOGY = repo_topology()
 TOKEN = "s3cr3t-t0ken"
 KIND = "notify-hook"
 
-hooks = Table(
-    "hooks", MetaData(),
-    Column("id", BigInteger, primary_key=True),
-    Column("tenant", Text, nullable=False),
-    Column("script", Text, nullable=False),
-    Column("status", Text, nullable=False),
-    Column("due_at", DateTime(timezone=True), nullable=False),
-    Column("notified_at", DateTime(timezone=True)),
-    Index("ix_hooks_due", "due_at", "id", postgresql_where=text("status = 'open'")),
-    schema="public",  # named: the engine maps unnamed schemas to Lapse's own
-)
+hooks = hooks_table("hooks")
 
 
 def hook_kind(engine, tmp_path, url: str, *, idempotent: bool = True) -> CleanupKind:

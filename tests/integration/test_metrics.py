@@ -59,6 +59,20 @@ def samples(scraped: dict[tuple, float], name: str) -> dict[tuple, float]:
     return {labels: value for (n, labels), value in scraped.items() if n == name}
 
 
+
+def scrape_collector(collector: StatusCollector) -> dict[tuple, float]:
+    """One scrape over HTTP of a registry holding only `collector`, served on a free loopback port."""
+    registry = CollectorRegistry()
+    registry.register(collector)
+    port = free_port()
+    server, _ = start_http_server(port, addr="127.0.0.1", registry=registry)
+    try:
+        return scrape(port)
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
 def test_metrics_after_a_real_batch(kafka_bootstrap, pg_url, unique):
     settings = make_pipeline_settings(kafka_bootstrap, pg_url, unique, **READER_TOPICS,
                                       runtime={"metrics_port": free_port()})
@@ -93,15 +107,7 @@ def test_metrics_after_a_real_batch(kafka_bootstrap, pg_url, unique):
                          correlation_id="c")
     with engine.begin() as conn:
         conn.execute(insert(cleanup_ledger), [pending_row(event, now)])
-    registry = CollectorRegistry()
-    registry.register(StatusCollector(lambda: status_report(settings, engine, now)))
-    status_port = free_port()
-    server, _ = start_http_server(status_port, addr="127.0.0.1", registry=registry)
-    try:
-        gauges = scrape(status_port)
-    finally:
-        server.shutdown()
-        server.server_close()
+    gauges = scrape_collector(StatusCollector(lambda: status_report(settings, engine, now)))
     assert gauges[("lapse_status_up", ())] == 1
     assert gauges[("lapse_oldest_eligible_age_seconds", ())] == 600
     assert gauges[("lapse_ledger_rows", (("state", "applied"),))] == 3
@@ -164,15 +170,9 @@ def test_an_unreachable_database_is_a_status_up_0_sample(kafka_bootstrap, pg_url
     away = f"postgresql+psycopg://lapse@127.0.0.1:{free_port()}/lapse"
     settings = make_pipeline_settings(kafka_bootstrap, pg_url, unique, **READER_TOPICS)
     engine = make_engine(away)
-    registry = CollectorRegistry()
-    registry.register(StatusCollector(status_reader(settings, engine)))
-    port = free_port()
-    server, _ = start_http_server(port, addr="127.0.0.1", registry=registry)
     try:
-        scraped = scrape(port)
+        scraped = scrape_collector(StatusCollector(status_reader(settings, engine)))
     finally:
-        server.shutdown()
-        server.server_close()
         engine.dispose()
     assert scraped[("lapse_status_up", ())] == 0
     assert not samples(scraped, "lapse_ledger_rows") and not samples(scraped, "lapse_oldest_eligible_age_seconds")
