@@ -358,12 +358,7 @@ def _remove_acls(admin: AdminClient, removes: list[tuple[int, Action]], timeout:
             results[i] = replace(action, status="done")
         except Exception as exc:
             results[i] = replace(action, status="failed", detail=f"{action.detail}: {_error_text(exc)}")
-    gone = {_key(a.acl) for a in results.values() if a.status == "done" and a.acl is not None}
-    deadline = time.monotonic() + timeout
-    while gone and time.monotonic() < deadline:
-        if not gone & {_key(acl) for acl in _all_acls(admin, timeout)}:
-            break
-        time.sleep(0.1)
+    _wait_acls(admin, results, present=False, timeout=timeout)
     return results
 
 
@@ -383,10 +378,18 @@ def _create_acls(admin: AdminClient, creates: list[tuple[int, Action]], timeout:
             results[i] = replace(action, status="done")
         except Exception as exc:
             results[i] = replace(action, status="failed", detail=f"{action.detail}: {_error_text(exc)}")
-    done = {_key(a.acl) for a in results.values() if a.status == "done" and a.acl is not None}
-    deadline = time.monotonic() + timeout
-    while done and time.monotonic() < deadline:
-        if done <= {_key(acl) for acl in _all_acls(admin, timeout)}:
-            break
-        time.sleep(0.1)
+    _wait_acls(admin, results, present=True, timeout=timeout)
     return results
+
+
+def _wait_acls(admin: AdminClient, results: dict[int, Action], *, present: bool, timeout: float) -> None:
+    """Wait (at most `timeout`) until describe_acls shows every binding `results` created
+    (`present`) or none it deleted: the authorizer learns a change a moment after the controller
+    accepted it."""
+    changed = {_key(a.acl) for a in results.values() if a.status == "done" and a.acl is not None}
+    deadline = time.monotonic() + timeout
+    while changed and time.monotonic() < deadline:
+        listed = {_key(acl) for acl in _all_acls(admin, timeout)}
+        if (changed <= listed) if present else not (changed & listed):
+            return
+        time.sleep(0.1)
