@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import os
 import platform
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from functools import partial
@@ -66,22 +67,31 @@ def own_broker(settings: Settings) -> ApacheKafkaServer:
                              java_home=settings.dev.java_home).start()
 
 
+@contextmanager
+def given_or_own_broker(settings: Settings, progress: Callable[[str], None]) -> Iterator[Settings]:
+    """`settings` on the broker the flags or the environment gave, else on an Apache Kafka of our
+    own from the cached jars, closed afterwards. Ask before `with_()`, which marks every field set."""
+    if "bootstrap_servers" in settings.kafka.model_fields_set:
+        yield settings
+        return
+    progress("starting Apache Kafka from the cached jars")
+    broker = own_broker(settings)
+    try:
+        yield settings.with_(kafka={"bootstrap_servers": broker.bootstrap})
+    finally:
+        broker.close()
+
+
 def run_bench(settings: Settings, plan: BenchPlan, progress: Callable[[str], None] = lambda _: None
               ) -> dict[str, Any]:
     """Every stage of the bench; returns one dict with every figure and the ratios."""
     # What the flags and the environment set, asked before with_(), which marks every field set.
-    given_broker = "bootstrap_servers" in settings.kafka.model_fields_set
     quiet = {} if "log_level" in settings.runtime.model_fields_set else {"log_level": "WARNING"}
-    # The bench cleans up the demo's reservations: the demo's kinds (release-reservation only).
-    settings = settings.with_(processor={"session_timeout_ms": 6000}, runtime=quiet,
-                              kinds={"file": packaged_kinds_file()})
-    broker = None
-    if not given_broker:
-        progress("starting Apache Kafka from the cached jars")
-        broker = own_broker(settings)
-        settings = settings.with_(kafka={"bootstrap_servers": broker.bootstrap})
-    configure_logging(settings)
-    try:
+    with given_or_own_broker(settings, progress) as settings:
+        # The bench cleans up the demo's reservations: the demo's kinds (release-reservation only).
+        settings = settings.with_(processor={"session_timeout_ms": 6000}, runtime=quiet,
+                                  kinds={"file": packaged_kinds_file()})
+        configure_logging(settings)
         dbs = BenchDatabases(admin_url_for(settings.database.url_plain()))
         envs = StageEnvironments(settings, dbs, PARTITIONS)
         try:
@@ -89,9 +99,6 @@ def run_bench(settings: Settings, plan: BenchPlan, progress: Callable[[str], Non
         finally:
             envs.close()
             dbs.close()
-    finally:
-        if broker is not None:
-            broker.close()
 
 
 def _stages(envs: StageEnvironments, plan: BenchPlan, progress: Callable[[str], None]) -> dict[str, Any]:

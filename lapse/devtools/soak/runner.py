@@ -24,7 +24,7 @@ from sqlalchemy import Engine, func, select
 
 from lapse.devtools.bench.databases import BenchDatabases, admin_url_for
 from lapse.devtools.bench.events import delete_topics
-from lapse.devtools.bench.runner import own_broker
+from lapse.devtools.bench.runner import given_or_own_broker
 from lapse.devtools.demo import prepare
 from lapse.devtools.demo_kinds import write_demo_kinds
 from lapse.devtools.soak.load import OfferedLoad
@@ -82,43 +82,36 @@ def soak_roles(workers: int) -> list[Role]:
 
 
 def run_soak(settings: Settings, soak: SoakPlan, progress: Callable[[str], None] = lambda _: None) -> dict[str, Any]:
-    given_broker = "bootstrap_servers" in settings.kafka.model_fields_set
     # The load's poison and failing deletes are dead-lettered on purpose: each would log a warning.
     quiet = {} if "log_level" in settings.runtime.model_fields_set else {"log_level": "ERROR"}
-    settings = settings.with_(runtime=quiet)
-    broker = None
-    if not given_broker:
-        progress("starting Apache Kafka from the cached jars")
-        broker = own_broker(settings)
-        settings = settings.with_(kafka={"bootstrap_servers": broker.bootstrap})
-    configure_logging(settings)
-    dbs = BenchDatabases(admin_url_for(settings.database.url_plain()))
-    try:
-        with tempfile.TemporaryDirectory(prefix="lapse-soak-") as tmp:
-            folder = Path(tmp)
-            (folder / "objects").mkdir()
-            settings = settings.with_(
-                database={"url": dbs.create("soak")},
-                kinds={"file": write_demo_kinds(folder)},
-                topics={"file": soak_topics_file(settings.topics.file, folder, soak.retention_s, PARTITIONS),
-                        "prefix": f"soak-{dbs.run_id}."},
-                reconciler={"grace_s": GRACE_S, "interval_s": 30.0},
-                # Sent outbox rows kept as long as finished ledger rows (a day by default), so the
-                # outbox reaches its steady size within the run too.
-                retention={"interval_s": 15.0, "outbox_horizon_s": soak.retention_s + GRACE_S},
-                producer={"sweep_interval_s": 2.0},
-                processor={"session_timeout_ms": 6000},
-                dev={"object_store_fault_rate": OBJECT_FAULT_RATE},
-            )
-            topics = _prepare(settings)
-            try:
-                return _run(settings, soak, folder / "objects", progress)
-            finally:
-                delete_topics(settings, topics)
-    finally:
-        dbs.close()
-        if broker is not None:
-            broker.close()
+    with given_or_own_broker(settings, progress) as settings:
+        settings = settings.with_(runtime=quiet)
+        configure_logging(settings)
+        dbs = BenchDatabases(admin_url_for(settings.database.url_plain()))
+        try:
+            with tempfile.TemporaryDirectory(prefix="lapse-soak-") as tmp:
+                folder = Path(tmp)
+                (folder / "objects").mkdir()
+                settings = settings.with_(
+                    database={"url": dbs.create("soak")},
+                    kinds={"file": write_demo_kinds(folder)},
+                    topics={"file": soak_topics_file(settings.topics.file, folder, soak.retention_s, PARTITIONS),
+                            "prefix": f"soak-{dbs.run_id}."},
+                    reconciler={"grace_s": GRACE_S, "interval_s": 30.0},
+                    # Sent outbox rows kept as long as finished ledger rows (a day by default), so
+                    # the outbox reaches its steady size within the run too.
+                    retention={"interval_s": 15.0, "outbox_horizon_s": soak.retention_s + GRACE_S},
+                    producer={"sweep_interval_s": 2.0},
+                    processor={"session_timeout_ms": 6000},
+                    dev={"object_store_fault_rate": OBJECT_FAULT_RATE},
+                )
+                topics = _prepare(settings)
+                try:
+                    return _run(settings, soak, folder / "objects", progress)
+                finally:
+                    delete_topics(settings, topics)
+        finally:
+            dbs.close()
 
 
 def _prepare(settings: Settings) -> list[str]:
