@@ -12,7 +12,7 @@ help:
 	@echo "make check      - the fast loop: ruff, mypy, import contracts, then tests/unit (no broker)"
 	@echo "make lint       - ruff, mypy and the import contracts only"
 	@echo "make test       - ruff, mypy, import contracts, then the whole suite on Apache Kafka and PostgreSQL"
-	@echo "make scale      - the tests on millions of rows and minutes of load (2,000,000-row prune plans, a short soak)"
+	@echo "make scale      - the tests on millions of rows and minutes of load (2,000,000-row prune plans, a short soak, the bench smoke)"
 	@echo "make storm      - the kill storm: random SIGKILLs of workers and relays for 60 s over 20,000 events"
 	@echo "make bench      - the benchmark (JSON on stdout)"
 	@echo "make soak       - 10 minutes of steady load over a 2,000,000-row ledger with pruning (JSON on stdout)"

@@ -41,6 +41,7 @@ def bench_databases(run_id: str) -> list[str]:
     return names
 
 
+@pytest.mark.scale
 @pytest.mark.slow
 def test_quick_bench_reports_every_stage_and_cleans_up(kafka_bootstrap, tmp_path):
     plot = tmp_path / "bench.png"
