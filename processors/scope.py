@@ -74,7 +74,7 @@ class BatchScope:
     result: BatchResult = field(init=False, default_factory=BatchResult)
 
     def __post_init__(self) -> None:
-        self.writes = LedgerWrites(self.worker, self.now, self.topics.outcomes)
+        self.writes = LedgerWrites(self.worker, self.now, self.topics.outcomes, self.positions)
 
     def fresh(self, now: datetime | None = None) -> BatchScope:
         """The same batch for another transaction (at `now`, if given): fresh writes and result."""

@@ -12,11 +12,13 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
 
 from confluent_kafka import KafkaError, KafkaException, Message, TopicPartition
 
 from lapse.kernel.codec import Codec
 from lapse.kernel.database import engine_from_settings
+from lapse.kernel.findings import CIRCUIT, Finding, record_quietly
 from lapse.kernel.kafka_clients import DeliveryTracker, make_consumer, make_producer
 from lapse.kernel.kinds import load_kinds
 from lapse.kernel.ledger import ExpiryEvent, Position
@@ -311,6 +313,21 @@ class CleanupWorker:
                     "topic": tp[0], "partition": tp[1],
                     "cooldown_s": self.settings.processor.circuit_cooldown_s,
                     "threshold": self.settings.processor.circuit_threshold})
+                self._record_circuit(tp, opened=True, failed=bad, seen=good + bad)
+
+    def _record_circuit(self, tp: tuple[str, int], *, opened: bool, failed: int = 0, seen: int = 0) -> None:
+        """Keep the circuit's state as this worker's finding on the partition (status and the
+        console show the open ones); a database that cannot take it is a logged warning."""
+        now, cooldown = datetime.now(UTC), self.settings.processor.circuit_cooldown_s
+        if opened:
+            summary = (f"open: {failed} of the last batch's {seen} outcomes failed; paused for {cooldown:g}s "
+                       f"by {self.settings.runtime.worker_id}")
+            until = now + timedelta(seconds=cooldown)
+        else:
+            summary, until = f"closed: resumed by {self.settings.runtime.worker_id}", now
+        record_quietly(self.engine, Finding(CIRCUIT, f"{tp[0]}[{tp[1]}]", now, summary, {
+            "topic": tp[0], "partition": tp[1], "open": opened, "worker": self.settings.runtime.worker_id,
+            "threshold": self.settings.processor.circuit_threshold, "cooldown_s": cooldown}, until))
 
     def _close_circuits(self) -> None:
         """Resume partitions whose cooldown passed, from the first offset not yet committed."""
@@ -322,6 +339,7 @@ class CleanupWorker:
                 self.consumer.seek(TopicPartition(tp[0], tp[1], self.next_offset[tp]))
             log.warning("dead-letter circuit closed: partition resumed",
                         extra={"topic": tp[0], "partition": tp[1]})
+            self._record_circuit(tp, opened=False)
 
     def close(self) -> None:
         """Settle the batch in flight, commit what finished synchronously, and close every client."""

@@ -100,7 +100,8 @@ def has_operation(conn: Connection, op_key: str) -> bool:
 
 def correlated_op_keys(conn: Connection, correlation_id: str, since: datetime, until: datetime,
                        limit: int) -> list[str]:
-    """Op keys whose transitions in [since, until) carry `correlation_id`, first seen first."""
+    """Op keys of the operations created with `correlation_id`, oldest first; when there are none,
+    those whose transitions in [since, until) carry it, first seen first."""
     return op_keys_of_correlation(conn, correlation_id, since, until, limit)
 
 

@@ -10,8 +10,9 @@ each statement walks an index (the module's notes say which, and what a walk cos
 - outbox records (`key` is the op key, not indexed): unsent ones through ix_lapse_outbox_unsent
   (the relay's backlog), sent ones through ix_lapse_outbox_sent from the row's creation on (every
   record sent since then, up to the purge horizon);
-- op keys of a correlation id: transitions in a time window through ix_lapse_transitions_at (the
-  ledger's correlation_id is not indexed).
+- op keys of a correlation id: the operations created with it through ix_lapse_ledger_correlation;
+  only when there is none, the transitions of a time window through ix_lapse_transitions_at (an id
+  that arrived later, with a redelivery or a replay: that walk reads every transition of the window).
 """
 
 from __future__ import annotations
@@ -69,6 +70,9 @@ class TransitionRecord:
     replay_id: str | None
     correlation_id: str | None
     at: datetime
+    event_topic: str | None  # where the consumed event that made it was read (None: not consumed)
+    event_partition: int | None
+    event_offset: int | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,6 +143,17 @@ def correlation_statement(correlation_id: str, since: datetime, until: datetime,
             .group_by(T.c.op_key).order_by(func.min(T.c.id)).limit(limit))
 
 
+def created_with_statement(correlation_id: str, since: datetime, until: datetime, limit: int) -> Select[Any]:
+    """Op keys of the operations created with `correlation_id` in [since, until), oldest first, at
+    most `limit` (ix_lapse_ledger_correlation)."""
+    return (select(L.c.op_key).where(L.c.correlation_id == correlation_id, L.c.created_at >= since,
+                                     L.c.created_at < until)
+            .order_by(L.c.created_at, L.c.op_key).limit(limit))
+
+
 def op_keys_of_correlation(conn: Connection, correlation_id: str, since: datetime, until: datetime,
                            limit: int) -> list[str]:
-    return list(conn.execute(correlation_statement(correlation_id, since, until, limit)).scalars())
+    """The operations created with `correlation_id` in [since, until); if there are none, those
+    with a transition carrying it in that window."""
+    created = list(conn.execute(created_with_statement(correlation_id, since, until, limit)).scalars())
+    return created or list(conn.execute(correlation_statement(correlation_id, since, until, limit)).scalars())

@@ -25,7 +25,7 @@ from confluent_kafka import (
 )
 from confluent_kafka.admin import AdminClient
 
-from lapse.kernel.kafka_clients import make_consumer
+from lapse.kernel.kafka_clients import make_admin, make_consumer
 from lapse.kernel.ledger import millis
 from lapse.kernel.settings import Settings
 
@@ -171,6 +171,20 @@ def active_members(admin: AdminClient, group: str) -> tuple[str, int]:
     active group (PITFALLS.md); Apache Kafka reports them."""
     desc = admin.describe_consumer_groups([group], request_timeout=TIMEOUT_S)[group].result()
     return desc.state.name, len(desc.members)
+
+
+def group_states(settings: Settings, groups: list[str]) -> dict[str, dict[str, object]]:
+    """Each group's state name and member count, asked in one request: {"state", "members"}, or
+    {"error"} for a group the broker would not describe (no DESCRIBE ACL, coordinator away)."""
+    admin = make_admin(settings)
+    found: dict[str, dict[str, object]] = {}
+    for group, future in admin.describe_consumer_groups(groups, request_timeout=TIMEOUT_S).items():
+        try:
+            desc = future.result()
+            found[group] = {"state": desc.state.name.lower(), "members": len(desc.members)}
+        except KafkaException as exc:
+            found[group] = {"error": exc.args[0].str() if exc.args else str(exc)}
+    return found
 
 
 @dataclass(frozen=True)

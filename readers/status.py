@@ -13,6 +13,7 @@ from typing import Any
 
 from sqlalchemy import Connection, Engine, func, or_, select
 
+from lapse.kernel.findings import AUDIT, CIRCUIT, LAST_PASS, LAST_VERDICT, RECONCILE, latest_findings
 from lapse.kernel.kinds import CleanupKind, load_kinds
 from lapse.kernel.ledger import (
     DEAD_LETTER,
@@ -26,7 +27,7 @@ from lapse.kernel.ledger import (
     outbox_backlog,
 )
 from lapse.kernel.settings import Settings
-from lapse.readers.offsets import OffsetsError, group_lag
+from lapse.readers.offsets import OffsetsError, group_lag, group_states
 
 
 def _age_s(now: datetime, since: datetime | None) -> float | None:
@@ -84,25 +85,38 @@ def eligible_status(settings: Settings, conn: Connection, now: datetime) -> dict
 
 
 def lag_status(settings: Settings, now: datetime) -> list[dict[str, Any]]:
-    """Lag per declared (group, topic): records behind and age of the oldest unconsumed record."""
+    """Lag per declared (group, topic): records behind and age of the oldest unconsumed record,
+    with the group's state and members (`group_state`: running or not)."""
+    reads = sorted(settings.topology.reads())
+    states = group_states(settings, sorted({group for group, _ in reads}))
     rows: list[dict[str, Any]] = []
-    for group, topic in sorted(settings.topology.reads()):
+    for group, topic in reads:
         try:
             parts = group_lag(settings, group, topic, now)
         except OffsetsError as exc:
-            rows.append({"group": group, "topic": topic, "error": str(exc)})
+            rows.append({"group": group, "topic": topic, "error": str(exc), "group_state": states.get(group)})
             continue
         ages = [p.seconds for p in parts if p.seconds is not None]
         rows.append({"group": group, "topic": topic, "records": sum(p.records for p in parts),
                      "seconds": round(max(ages), 3) if ages else 0.0,
-                     "partitions": [asdict(p) for p in parts]})
+                     "partitions": [asdict(p) for p in parts], "group_state": states.get(group)})
     return rows
+
+
+def findings_status(conn: Connection, now: datetime) -> dict[str, Any]:
+    """What the roles last found: the dead-letter circuits open at `now`, the reconciler's last
+    pass and the audit's last verdict (None: never recorded)."""
+    kept = latest_findings(conn)
+    one = {(f.role, f.subject): f.to_dict() for f in kept if f.role in (RECONCILE, AUDIT)}
+    return {"open_circuits": [f.to_dict() for f in kept if f.role == CIRCUIT and f.until and f.until > now],
+            "reconciler": one.get((RECONCILE, LAST_PASS)), "audit": one.get((AUDIT, LAST_VERDICT))}
 
 
 def status_report(settings: Settings, engine: Engine, now: datetime, *, lag: bool = True) -> dict[str, Any]:
     with engine.connect() as conn:
         report = ledger_status(conn, now)
         report["eligible"] = eligible_status(settings, conn, now)
+        report["findings"] = findings_status(conn, now)
     ages = [report["oldest_eligible_age_s"], *(k["oldest_due_age_s"] for k in (report["eligible"] or {}).values())]
     report["oldest_eligible_age_s"] = max((a for a in ages if a is not None), default=None)
     report["at"] = now.isoformat()

@@ -21,6 +21,7 @@ from confluent_kafka import Producer
 from sqlalchemy import Engine
 
 from lapse.kernel.codec import Codec
+from lapse.kernel.findings import LAST_PASS, RECONCILE, Finding, record_quietly
 from lapse.kernel.kafka_clients import DeliveryTracker
 from lapse.kernel.kinds import CleanupKind, EligibleRow
 from lapse.kernel.ledger import (
@@ -76,6 +77,14 @@ class ReconcileReport:
     def to_dict(self) -> dict:
         return asdict(self)
 
+    def summary(self, *, stopped: bool = False) -> str:
+        """The pass in one line, as status and the console show it."""
+        found = sum(self.gaps.values())
+        line = (f"{found} missed or stuck ({', '.join(f'{r} {n}' for r, n in sorted(self.gaps.items())) or 'none'}), "
+                f"{self.reemitted} re-emitted, {sum(self.anomalies.values())} anomalies; "
+                f"{self.scanned} business rows and {self.ledger_scanned} ledger rows read")
+        return line + (" (stopped before the end)" if stopped else "")
+
 
 class Reconciler:
     """One reconciler process's state: clients, kinds, clock and pacing; `run_once` is one pass."""
@@ -109,6 +118,8 @@ class Reconciler:
         for state in STUCK_REASONS:
             self._scan_stuck(state, cutoff, now, report)
         log.info("reconcile pass", extra={k: v for k, v in report.to_dict().items() if k != "anomaly_keys"})
+        record_quietly(self.engine, Finding(RECONCILE, LAST_PASS, now, report.summary(stopped=self.stop.is_set()),
+                                            report.to_dict()))
         return report
 
     def _scan_kind(self, kind: CleanupKind, cutoff: datetime, now: datetime,

@@ -106,6 +106,8 @@ cleanup_ledger = Table(
     Index("ix_lapse_ledger_settled_finished", "state", "finished_at",
           postgresql_where=text("state IN ('applied', 'skipped')"),
           sqlite_where=text("state IN ('applied', 'skipped')")),
+    # Operations by the correlation id they were created with: search by correlation id (0008).
+    Index("ix_lapse_ledger_correlation", "correlation_id"),
     schema=SCHEMA,
 )
 
@@ -124,6 +126,10 @@ ledger_transitions = Table(
     Column("replay_id", String(64)),
     Column("correlation_id", String(64)),
     Column("at", UTCDateTime(), nullable=False),
+    # Where the event that made this transition was read (None: not made by a consumed event).
+    Column("event_topic", String(249)),
+    Column("event_partition", Integer),
+    Column("event_offset", BigInteger),
     # A dead letter's failure history: the failed attempts of an op key, the only transitions read by key.
     Index("ix_lapse_transitions_failures", "op_key", "id",
           postgresql_where=text("failure_class IS NOT NULL"), sqlite_where=text("failure_class IS NOT NULL")),
@@ -178,6 +184,21 @@ operator_actions = Table(
     Column("reason", Text, nullable=False),
     Column("db_user", String(128), nullable=False),
     Column("target", Text, nullable=False),
+    Column("details", JSON, nullable=False),
+    schema=SCHEMA,
+)
+
+
+# The latest finding of each role on each subject, overwritten in place: the reconciler's last pass,
+# the audit's last verdict, each dead-letter circuit a worker opened (subject: topic[partition]).
+findings = Table(
+    "lapse_findings",
+    metadata,
+    Column("role", String(32), primary_key=True),
+    Column("subject", String(300), primary_key=True),
+    Column("at", UTCDateTime(), nullable=False),
+    Column("until", UTCDateTime()),
+    Column("summary", Text, nullable=False),
     Column("details", JSON, nullable=False),
     schema=SCHEMA,
 )

@@ -10,6 +10,7 @@ from lapse.kernel.kafka_clients import make_producer
 from lapse.kernel.ledger import expiry_event, expiry_record
 from lapse.kernel.models import cleanup_ledger
 from lapse.processors.circuit import CircuitPolicy, DeadLetterCircuit
+from lapse.readers.status import status_report
 from tests.fixtures.kafka import committed
 from tests.fixtures.pipeline import seed
 from tests.fixtures.topology import repo_topology
@@ -66,3 +67,8 @@ def test_a_bad_deploy_pauses_the_partition_instead_of_dead_lettering_everything(
     offsets = committed(settings.kafka.bootstrap_servers, topology.groups.cleanup, topology.expiry, 2)
     assert offsets == {0: dead, 1: 5}        # the rest of partition 0 waits in Kafka, uncommitted
     assert stats.dead_lettered == dead
+    # The open circuit is the worker's finding, which status (and the console) shows.
+    found = status_report(settings, pipeline.engine, datetime.now(UTC), lag=False)["findings"]
+    (circuit,) = found["open_circuits"]
+    assert circuit["subject"] == f"{topology.expiry}[0]" and circuit["details"]["open"] is True
+    assert datetime.fromisoformat(circuit["until"]) > datetime.now(UTC) + timedelta(minutes=50)

@@ -59,11 +59,16 @@ def unsent(engine) -> int:
         return conn.execute(select(func.count()).where(outbox.c.sent_at.is_(None))).scalar_one()
 
 
-def status_json(settings: Settings) -> dict:
+def lapse_json(settings: Settings, *args: str) -> dict:
+    """`lapse ARGS --json` on these settings; it must succeed."""
     env = {**connection_env(settings), "LAPSE_RUNTIME__LOG_LEVEL": "WARNING"}
-    result = CliRunner().invoke(main, ["status", "--json"], env=env)
+    result = CliRunner().invoke(main, [*args, "--json"], env=env)
     assert result.exit_code == 0, result.output
     return json.loads(result.stdout)
+
+
+def status_json(settings: Settings) -> dict:
+    return lapse_json(settings, "status")
 
 
 def sign_in(driver, url: str, token: str) -> None:
@@ -84,11 +89,15 @@ def shown_figures(driver) -> dict:
     for cell in cells:
         by_state.setdefault(cell.get_attribute("data-state"), {})[cell.get_attribute("data-kind")] = int(
             cell.get_attribute("data-value"))
+    lag_rows = driver.find_elements(By.CSS_SELECTOR, "#lag tr[data-group]")
     lag = {(row.get_attribute("data-group"), row.get_attribute("data-topic")):
-           int(row.find_element(By.CSS_SELECTOR, ".records").get_attribute("data-value"))
-           for row in driver.find_elements(By.CSS_SELECTOR, "#lag tr[data-group]")}
+           int(row.find_element(By.CSS_SELECTOR, ".records").get_attribute("data-value")) for row in lag_rows}
+    members = {row.get_attribute("data-group"): int(row.find_element(By.CSS_SELECTOR, "[data-members]")
+                                                    .get_attribute("data-members")) for row in lag_rows}
     return {"ledger": by_state, "dead_letters": value("#dead-letters"), "expired_claims": value("#expired-claims"),
-            "outbox_unsent": value("#outbox-unsent"), "lag": lag,
+            "outbox_unsent": value("#outbox-unsent"), "lag": lag, "members": members,
+            "reconciler": driver.find_element(By.ID, "reconciler-finding").text,
+            "audit": driver.find_element(By.ID, "audit-finding").get_attribute("data-verdict"),
             "verdict": driver.find_element(By.ID, "verdict").get_attribute("data-state")}
 
 
@@ -117,14 +126,23 @@ def test_the_console_shows_status_and_replays_a_dead_letter_in_a_browser(kafka_b
         rows = ledger(engine)
         assert rows[flaky][:3] == ("applied", 2, "temporary") and rows[bad][:3] == ("dead_letter", 1, "invalid")
 
-        # The overview shows the figures `lapse status --json` shows.
+        # The overview shows the figures `lapse status --json` shows, with the findings the
+        # reconciler's pass and the audit recorded.
+        reconciled = lapse_json(settings, "reconcile", "--once")
+        audited = lapse_json(settings, "audit", "--from-beginning")
         status = status_json(settings)
+        assert status["findings"]["reconciler"]["details"] == reconciled
+        assert status["findings"]["audit"]["details"]["verdict"] == audited["verdict"] == "invariants hold"
         sign_in(driver, console.url, OPERATOR[1])
         shown = shown_figures(driver)
         assert shown["ledger"] == status["ledger"] == {"applied": {"notify-hook": 3}, "dead_letter": {"notify-hook": 1}}
         assert (shown["dead_letters"], shown["expired_claims"], shown["outbox_unsent"]) == (
             status["dead_letters"], status["expired_claims"]["count"], status["outbox"]["unsent"]) == (1, 0, 0)
         assert shown["lag"] == {(r["group"], r["topic"]): r["records"] for r in status["lag"]}
+        assert shown["members"] == {r["group"]: r["group_state"]["members"] for r in status["lag"]}
+        assert shown["members"][settings.topology.groups.cleanup] >= 1  # the running worker
+        assert shown["reconciler"].startswith(status["findings"]["reconciler"]["summary"])
+        assert shown["audit"] == "invariants hold"
         assert shown["verdict"] == "degraded"  # a dead letter waits for an operator
         screenshot(driver, "overview")
 

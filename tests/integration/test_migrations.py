@@ -15,11 +15,11 @@ from sqlalchemy.schema import CreateIndex
 from lapse.kernel.database import VERSION_TABLE, alembic_config, make_engine, upgrade_url
 from lapse.kernel.ledger import APPLIED, CLAIMED, DEAD_LETTER, PENDING, UNFINISHED
 from lapse.kernel.models import cleanup_ledger, ledger_transitions, metadata, metadata_in, outbox
-from tests.fixtures.db import as_cluster_owner, schema_diff
+from tests.fixtures.db import as_cluster_owner, migrations_head, schema_diff
 
 LAPSE_TABLES = {"lapse_ledger", "lapse_transitions", "lapse_outbox", "lapse_daily_reports",
-                "lapse_operator_actions"}
-HEAD = "0007"
+                "lapse_operator_actions", "lapse_findings"}
+HEAD = migrations_head()
 PREVIOUS = "0004"
 # 0004's indexes that 0005 replaced, and the ones it made.
 INDEXES_0004 = {"ix_lapse_ledger_state_due", "ix_lapse_ledger_state_due_key", "ix_lapse_ledger_finished",

@@ -22,6 +22,7 @@ from lapse.processors.leased import EffectRunner, run_leased
 from lapse.processors.object_store import FilesystemObjectStore
 from lapse.readers.history_queries import (
     correlation_statement,
+    created_with_statement,
     ledger_record,
     ledger_statement,
     outbox_statement,
@@ -45,9 +46,9 @@ def env(kafka_bootstrap, pg_url, unique):
     engine.dispose()
 
 
-def scope(conn, settings, worker, now) -> BatchScope:
+def scope(conn, settings, worker, now, positions=None) -> BatchScope:
     return BatchScope(conn, kinds=demo_kinds(conn.engine), topics=settings.topology, worker=worker, now=now,
-                      lease=LEASE, rng=random.Random(1))
+                      lease=LEASE, positions=positions or {}, rng=random.Random(1))
 
 
 class FailingOnce:
@@ -63,12 +64,13 @@ class FailingOnce:
         return self.inner.delete(key)
 
 
-def deliver(engine, settings, events, store, now) -> None:
-    """One delivery as the worker makes it: claim, run the leased effects, complete."""
+def deliver(engine, settings, events, store, now, positions=None) -> None:
+    """One delivery as the worker makes it: claim, run the leased effects, complete; `positions`
+    says where each op key's event was read."""
     runner = EffectRunner(lambda kind: lambda call: store.delete(call.target["object_key"]), concurrency=1)
     try:
         with engine.connect() as conn:
-            batch = scope(conn, settings, "w1", now)
+            batch = scope(conn, settings, "w1", now, positions)
             with conn.begin():
                 first = apply_batch(batch, events)
             run_leased(runner, batch, first, lambda: now)
@@ -228,6 +230,38 @@ def test_correlation_id_finds_its_operations(env, tmp_path):
     assert show(settings, "--correlation-id", "nobody").exit_code == 1
 
 
+def test_each_transition_names_the_event_behind_it_and_a_later_correlation_id_is_found(env, tmp_path):
+    """A delivery read at expiry[3]@41 fails once; its wake-up, read at tier[0]@7, carries another
+    correlation id (a producer's redelivery would): each transition names its event's position, and
+    the later id finds the operation through its transitions, the first through the ledger."""
+    settings, engine = env
+    store = FilesystemObjectStore(tmp_path / "objects")
+    store.put("exports/b.csv", b"x")
+    with engine.begin() as conn:
+        aid = conn.execute(insert(artifacts).values(
+            tenant="t1", object_key="exports/b.csv", status="live", retain_until=T0 - timedelta(hours=1),
+        ).returning(artifacts.c.id)).scalar()
+    event = expiry_event("artifact-delete", aid, "t1", T0 - timedelta(hours=1), source="sweep",
+                         correlation_id="corr-first")
+    flaky, expiry = FailingOnce(store), settings.topology.expiry
+    deliver(engine, settings, [event], flaky, T0, {event.op_key: (expiry, 3, 41)})
+    (tier, wake), = [(t, p) for t in settings.topology.delay_topics for p in outbox_payloads(engine, t, event.op_key)]
+    later = event_of({**wake, "correlation_id": "corr-later"})
+    deliver(engine, settings, [later], flaky, datetime.fromtimestamp(wake["due_at"] / 1000, UTC),
+            {event.op_key: (tier, 0, 7)})
+
+    shown = json.loads(show(settings, event.op_key, "--json").stdout)
+    assert shown["ledger"]["state"] == "applied"
+    read_at = [(t["to_state"], t["event_topic"], t["event_partition"], t["event_offset"])
+               for t in shown["transitions"]]
+    assert read_at[-1] == ("applied", tier, 0, 7)
+    assert ("retry_scheduled", expiry, 3, 41) in read_at
+    assert f"event {expiry}[3]@41" in show(settings, event.op_key).stdout
+    for correlation_id in ("corr-first", "corr-later"):
+        found = json.loads(show(settings, "--correlation-id", correlation_id, "--json").stdout)
+        assert [h["op_key"] for h in found["operations"]] == [event.op_key], correlation_id
+
+
 def plan(conn, stmt) -> str:
     compiled = stmt.compile(dialect=conn.dialect, compile_kwargs={"render_postcompile": True})
     return "\n".join(conn.exec_driver_sql("EXPLAIN " + str(compiled), compiled.params).scalars())
@@ -246,6 +280,7 @@ def test_every_statement_reads_an_index(env, tmp_path):
             "transitions": plan(conn, transitions_statement(row)),
             "outbox": plan(conn, outbox_statement(row)),
             "correlation": plan(conn, correlation_statement("corr-retried", T0, T0 + timedelta(hours=1), 21)),
+            "created with": plan(conn, created_with_statement("corr-retried", T0, T0 + timedelta(hours=1), 21)),
         }
     for name, text in plans.items():
         assert "Seq Scan" not in text, f"{name}:\n{text}"
@@ -254,3 +289,4 @@ def test_every_statement_reads_an_index(env, tmp_path):
     assert "ix_lapse_transitions_at" in plans["transitions"]
     assert "ix_lapse_outbox_unsent" in plans["outbox"] and "ix_lapse_outbox_sent" in plans["outbox"]
     assert "ix_lapse_transitions_at" in plans["correlation"]
+    assert "ix_lapse_ledger_correlation" in plans["created with"]

@@ -3,7 +3,7 @@ before any work, on Apache Kafka and PostgreSQL.
 
 The database one migration behind is built honestly: the real previous revision (0003, in the
 layout before Lapse's namespace) made by the frozen migrations the fixtures keep, exactly what a
-deployment that skipped `lapse db upgrade` has; it lacks today's migrations (0004 to 0007).
+deployment that skipped `lapse db upgrade` has; it lacks today's migrations (0004 on).
 A database at 0004, behind in today's layout, is refused the same way.
 """
 
@@ -22,7 +22,7 @@ from lapse.kernel.database import VERSION_TABLE, make_engine, upgrade_url
 from lapse.kernel.settings import REPO_ROOT, env_var, load_settings
 from lapse.kernel.startup_checks import StartupRefused, check_database
 from lapse.shell.error_boundary import ExitCode
-from tests.fixtures.db import build_legacy_layout
+from tests.fixtures.db import build_legacy_layout, migrations_head
 from tests.fixtures.kafka import committed, end_offsets
 from tests.fixtures.pipeline import (
     EXPIRY_PARTITIONS,
@@ -72,7 +72,8 @@ def test_a_database_one_migration_behind_is_refused_by_every_role_before_any_bat
     for args in (["process", "--exit-when-idle", "5"], ["relay", "--exit-when-idle", "1"], ["sweep", "--once"],
                  ["sweep"], ["run", "--workers", "1"]):
         assert_refused(run_lapse(args, env=env, cwd=tmp_path, bound_s=BOUND_S)[0],
-                       "lapse: database at revision legacy 0003, this Lapse needs 0007: run `lapse db upgrade`")
+                       f"lapse: database at revision legacy 0003, this Lapse needs {migrations_head()}: "
+                       "run `lapse db upgrade`")
     topic, group = settings.topology.expiry, settings.topology.groups.cleanup
     assert sum(end_offsets(kafka_bootstrap, topic, EXPIRY_PARTITIONS).values()) == 2  # both still there
     assert committed_offsets(kafka_bootstrap, group, topic) == {-1001}  # none consumed
@@ -114,22 +115,23 @@ def test_a_database_a_newer_lapse_migrated_is_refused_without_advising_an_upgrad
     engine = make_engine(pg_url)
     try:
         with engine.begin() as conn:
-            conn.execute(text(f"UPDATE lapse.{VERSION_TABLE} SET version_num = '0008'"))
+            conn.execute(text(f"UPDATE lapse.{VERSION_TABLE} SET version_num = '9999'"))
     finally:
         engine.dispose()
     with pytest.raises(StartupRefused) as refused:
         check_database(load_settings(database={"url": pg_url}))
-    assert str(refused.value) == ("database at revision 0008, unknown to this Lapse (it needs 0007): "
+    assert str(refused.value) == (f"database at revision 9999, unknown to this Lapse (it needs {migrations_head()}): "
                                   "a newer Lapse migrated it; run that version")
 
 
 def test_a_database_at_the_previous_revision_is_refused_until_upgraded(pg_empty_url):
-    """0004, a revision behind the head (0007), migrated for real: refused with the
+    """0004, a revision behind the head, migrated for real: refused with the
     advice to upgrade; after `lapse db upgrade` it passes."""
     assert upgrade_url(pg_empty_url, "0004").after == "0004"
     settings = load_settings(database={"url": pg_empty_url})
     with pytest.raises(StartupRefused) as refused:
         check_database(settings)
-    assert str(refused.value) == "database at revision 0004, this Lapse needs 0007: run `lapse db upgrade`"
-    assert upgrade_url(pg_empty_url).after == "0007"
+    head = migrations_head()
+    assert str(refused.value) == f"database at revision 0004, this Lapse needs {head}: run `lapse db upgrade`"
+    assert upgrade_url(pg_empty_url).after == head
     check_database(settings)

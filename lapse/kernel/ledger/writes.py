@@ -36,11 +36,13 @@ EXPIRY_EVENT, CLEANUP_OUTCOME, DEAD_LETTER_RECORD = "expiry_event", "cleanup_out
 
 @dataclass
 class LedgerWrites:
-    """The writes of one transaction by `actor` at `now`; outcomes go to `outcomes_topic`."""
+    """The writes of one transaction by `actor` at `now`; outcomes go to `outcomes_topic`;
+    `positions` says where each op key's consumed event was read (its transitions name it)."""
 
     actor: str
     now: datetime
     outcomes_topic: str | None = None
+    positions: Mapping[str, Position] = field(default_factory=dict)
     transitions: list[dict[str, Any]] = field(default_factory=list)
     outbox: list[dict[str, Any]] = field(default_factory=list)
     finished: dict[str, list[str]] = field(default_factory=lambda: {APPLIED: [], SKIPPED: []})
@@ -49,9 +51,12 @@ class LedgerWrites:
 
     def transition(self, op_key: str, from_state: str | None, to_state: str, attempt: int, *,
                    failure_class: str | None = None, reason: str | None = None,
-                   replay_id: str | None = None, correlation_id: str | None = None) -> None:
-        """Record one transition; raises IllegalTransition for a move the state machine forbids."""
+                   replay_id: str | None = None, correlation_id: str | None = None,
+                   position: Position | None = None) -> None:
+        """Record one transition (made by the event read at `position`, if one was); raises
+        IllegalTransition for a move the state machine forbids."""
         check(from_state, to_state)
+        topic, partition, offset = position or (None, None, None)
         self.transitions.append({
             "op_key": op_key,
             "from_state": from_state,
@@ -63,14 +68,19 @@ class LedgerWrites:
             "replay_id": replay_id,
             "correlation_id": correlation_id,
             "at": self.now,
+            "event_topic": topic,
+            "event_partition": partition,
+            "event_offset": offset,
         })
 
     def event_transition(self, event: ExpiryEvent, from_state: str | None, to_state: str,
                          attempt: int, *, failure_class: str | None = None,
                          reason: str | None = None) -> None:
-        """`transition` for the operation of `event` (its replay and correlation ids)."""
+        """`transition` for the operation of `event` (its replay and correlation ids, and where it
+        was read if it was consumed)."""
         self.transition(event.op_key, from_state, to_state, attempt, failure_class=failure_class,
-                        reason=reason, replay_id=event.replay_id, correlation_id=event.correlation_id)
+                        reason=reason, replay_id=event.replay_id, correlation_id=event.correlation_id,
+                        position=self.positions.get(event.op_key))
 
     def finish(self, event: ExpiryEvent, from_state: str, state: str, attempt: int,
                reason: str | None = None) -> None:

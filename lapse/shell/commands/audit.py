@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import sys
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import click
@@ -47,6 +47,26 @@ def _text(r: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _record_verdict(settings: Settings, report: dict[str, Any]) -> None:
+    """Keep the verdict as the audit's finding; a database that cannot take it is one warning."""
+    from lapse.kernel.database import engine_from_settings
+    from lapse.kernel.findings import AUDIT, LAST_VERDICT, Finding, record_quietly
+
+    summary = (f"{_VERDICTS[report['verdict']]}: {report['events_seen']} events ({report['op_keys_seen']} op keys), "
+               f"{report['without_terminal']} without a terminal outcome, "
+               f"{len(report['applied_twice'])} applied more than once, "
+               f"{report['unresolved_dead_letters']} unresolved dead letters")
+    details = {k: report[k] for k in ("verdict", "events_seen", "op_keys_seen", "without_terminal",
+                                      "unresolved_dead_letters")}
+    details |= {"applied_twice": len(report["applied_twice"]), "broken": report["broken"][:20],
+                "incomplete": report["incomplete"][:20]}
+    engine = engine_from_settings(settings)
+    try:
+        record_quietly(engine, Finding(AUDIT, LAST_VERDICT, datetime.now(UTC), summary, details))
+    finally:
+        engine.dispose()
+
+
 _VERDICTS = {"invariants hold": "invariants hold", "broken": "invariants broken",
              "incomplete": "audit incomplete: the invariants could not be checked on everything in the window",
              "nothing to audit": "nothing to audit: no records in the window"}
@@ -63,9 +83,11 @@ _VERDICTS = {"invariants hold": "invariants hold", "broken": "invariants broken"
               help="Refuse when a partition delivers neither a record nor its end for this long.")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 @click.option("--out", type=click.Path(dir_okay=False, writable=True), help="Also write the JSON report here.")
+@click.option("--record/--no-record", default=True, show_default=True,
+              help="Keep the verdict in the database's findings, where status and the console show it.")
 @pass_settings
 def audit(settings: Settings, since: datetime | None, from_beginning: bool, until: datetime | None,
-          grace: timedelta, read_timeout: timedelta, as_json: bool, out: str | None) -> None:
+          grace: timedelta, read_timeout: timedelta, as_json: bool, out: str | None, record: bool) -> None:
     """Replay lapse.expiry, lapse.outcomes and lapse.dlq (manual assignment, no commits) and check
     that every event reached one terminal outcome and no op key was applied twice. Every partition
     is read to its end (partition EOF, at or past the high watermark asked at the start)."""
@@ -94,5 +116,7 @@ def audit(settings: Settings, since: datetime | None, from_beginning: bool, unti
     if out:
         with open(out, "w") as fh:
             json.dump(report, fh, indent=2, sort_keys=True)
+    if record:
+        _record_verdict(settings, report)
     emit(report, as_json, _text)
     sys.exit(int(ExitCode.PROBLEM_FOUND if report["verdict"] in (BROKEN, INCOMPLETE) else ExitCode.OK))

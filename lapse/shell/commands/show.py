@@ -36,6 +36,8 @@ def _transition_line(t: dict[str, Any]) -> str:
         line += f"  ({t['reason']})"
     if t["replay_id"]:
         line += f"  replay {t['replay_id']}"
+    if t["event_topic"] is not None:
+        line += f"  event {t['event_topic']}[{t['event_partition']}]@{t['event_offset']}"
     return line
 
 
@@ -84,7 +86,8 @@ def history_text(h: dict[str, Any]) -> str:
 @main.command()
 @click.argument("op_key", required=False)
 @click.option("--correlation-id", default=None, metavar="ID",
-              help="Show the operations whose transitions carry this correlation id instead.")
+              help="Show the operations created with this correlation id (or, if none was, whose "
+                   "transitions carry it) instead.")
 @click.option("--since", type=TIMESTAMP, default=None,
               help="With --correlation-id: look at transitions from this time (ISO 8601 or epoch ms). "
                    "[default: 24 hours ago]")

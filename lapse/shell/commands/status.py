@@ -12,6 +12,14 @@ from lapse.shell.cli import main
 from lapse.shell.cli_options import connection_options, emit, pass_settings, setting_option
 
 
+def _members(state: dict[str, Any] | None) -> str:
+    if not state:
+        return ""
+    if "error" in state:
+        return f" (group not described: {state['error']})"
+    return f" ({state['state']}, {state['members']} members)"
+
+
 def _text(r: dict[str, Any]) -> str:
     estimated = set(r.get("ledger_estimated", ()))
     lines = ["ledger:" + (" (~: estimated)" if estimated else "")]
@@ -36,7 +44,13 @@ def _text(r: dict[str, Any]) -> str:
             lines.append(f"lag {row['group']} on {row['topic']}: {row['error']}")
         else:
             lines.append(f"lag {row['group']} on {row['topic']}: {row['records']} records, "
-                         f"{row['seconds']:.0f}s")
+                         f"{row['seconds']:.0f}s{_members(row.get('group_state'))}")
+    found = r.get("findings") or {}
+    for circuit in found.get("open_circuits", []):
+        lines.append(f"circuit {circuit['subject']}: {circuit['summary']} (until {circuit['until']})")
+    for role, what in (("reconciler", "reconciler's last pass"), ("audit", "last audit")):
+        if found.get(role):
+            lines.append(f"{what} at {found[role]['at']}: {found[role]['summary']}")
     return "\n".join(lines)
 
 

@@ -12,6 +12,8 @@ HEALTHY, DEGRADED, FAILING = "healthy", "degraded", "failing"
 ELIGIBLE_AGE_S = (60.0, 900.0)
 OUTBOX_AGE_S = (30.0, 300.0)
 LAG_AGE_S = (60.0, 900.0)
+# Audit verdicts that count against health: broken fails it, incomplete degrades it.
+AUDIT_FAILS = ("broken", "incomplete")
 
 
 @dataclass
@@ -35,8 +37,9 @@ def _age(verdict: Verdict, what: str, age: float | None, limits: tuple[float, fl
 
 
 def judge(report: dict[str, Any]) -> Verdict:
-    """The verdict of a status report: lag that cannot be read and ages past the failing limits
-    fail it; dead letters waiting, expired claims and ages past the degraded limits degrade it."""
+    """The verdict of a status report: lag that cannot be read, ages past the failing limits and a
+    broken last audit fail it; dead letters waiting, expired claims, ages past the degraded limits,
+    open dead-letter circuits, an incomplete audit and reconciler anomalies degrade it."""
     verdict = Verdict()
     _age(verdict, "the oldest eligible unfinished operation", report.get("oldest_eligible_age_s"), ELIGIBLE_AGE_S)
     _age(verdict, "the oldest unsent outbox row", report["outbox"].get("oldest_unsent_age_s"), OUTBOX_AGE_S)
@@ -51,6 +54,16 @@ def judge(report: dict[str, Any]) -> Verdict:
         verdict.add(DEGRADED, f"{claims} claim(s) past their lease: a worker stopped or stalls")
     if report["dead_letters"]:
         verdict.add(DEGRADED, f"{report['dead_letters']} dead letter(s) wait for an operator")
+    found = report.get("findings") or {}
+    for circuit in found.get("open_circuits", []):
+        verdict.add(DEGRADED, f"dead-letter circuit open on {circuit['subject']} until {circuit['until']}")
+    audit = found.get("audit")
+    if audit and audit["details"].get("verdict") in AUDIT_FAILS:
+        verdict.add(FAILING if audit["details"]["verdict"] == "broken" else DEGRADED,
+                    f"the last audit ({audit['at']}): {audit['summary']}")
+    reconciler = found.get("reconciler")
+    if reconciler and sum(reconciler["details"].get("anomalies", {}).values()):
+        verdict.add(DEGRADED, f"the reconciler's last pass ({reconciler['at']}): {reconciler['summary']}")
     return verdict
 
 
