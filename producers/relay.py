@@ -69,7 +69,8 @@ def _publish(conn: Connection, rows: list[Any], producer: Producer, codec: Codec
                          headers=headers, on_delivery=delivery)
         producer.poll(0)
     delivery.flush(producer)
-    relay_queries.mark_sent(conn, [r.id for r in rows], clock())
+    relay_queries.mark_sent(conn, [r.id for r in rows], clock(),
+                            (min(r.created_at for r in rows), max(r.created_at for r in rows)))
     return len(rows)
 
 

@@ -39,7 +39,7 @@ def lock_unsent(conn: Connection, limit: int, slots: Sequence[int] | None = None
     for 2,000 of 20,000 unsent rows), so sorting is switched off for this transaction."""
     stmt = (
         select(outbox.c.id, outbox.c.topic, outbox.c.key, outbox.c.schema, outbox.c.payload,
-               outbox.c.headers)
+               outbox.c.headers, outbox.c.created_at)
         .where(outbox.c.sent_at.is_(None))
         .order_by(outbox.c.id)
         .limit(limit)
@@ -57,7 +57,13 @@ def any_unsent(conn: Connection) -> bool:
     return conn.execute(select(outbox.c.id).where(outbox.c.sent_at.is_(None)).limit(1)).first() is not None
 
 
-def mark_sent(conn: Connection, ids: list[int], now: datetime) -> None:
+def mark_sent(conn: Connection, ids: list[int], now: datetime,
+              created: tuple[datetime, datetime] | None = None) -> None:
     """Mark the published rows sent: their ids as one array parameter, so the statement's text is
-    the same for every batch (an IN list of one placeholder per row was parsed again each time)."""
-    conn.execute(update(outbox).where(any_of(conn, outbox.c.id, ids)).values(sent_at=now))
+    the same for every batch (an IN list of one placeholder per row was parsed again each time).
+    `created`, the batch's oldest and newest `created_at`, narrows the update to the outbox's time
+    partitions holding them on PostgreSQL (migration 0009): one or two, not every one."""
+    stmt = update(outbox).where(any_of(conn, outbox.c.id, ids))
+    if created is not None:
+        stmt = stmt.where(outbox.c.created_at.between(*created))
+    conn.execute(stmt.values(sent_at=now))

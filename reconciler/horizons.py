@@ -7,7 +7,14 @@ rows are kept at least the expiry topic's retention plus the reconciler's grace 
 may re-emit work that looked stuck that long before it finished). Dead letters wait for an
 operator's replay decision, which works from the ledger row: they are kept at least as long as the
 dead-letter topic keeps their records, plus the grace, and never shorter than applied rows.
-Transitions go with their ledger row. Sent outbox rows are only history (the topics hold what was
+Transitions are the operator's history of those rows. On SQLite they go with their ledger row. On
+PostgreSQL they are time-partitioned and go a whole partition at a time, by age alone, after
+`retention.history_horizon_s`: by default the longest horizon of what the ledger keeps (the
+dead-letter horizon), never shorter than the ledger horizon (refused). What that gives up: the
+transitions older than the history horizon of a ledger row still kept, i.e. of an operation still
+unfinished after that long (pending with a due time months ahead, say) and the first attempts of a
+dead letter that kept failing for a while before it finished (its ledger row keeps the attempt
+count, the last failure and its class). Sent outbox rows are only history (the topics hold what was
 published): they are kept `retention.outbox_horizon_s`.
 
 A horizon left unset is derived from topics.yaml; a configured one shorter than the derived one is
@@ -51,14 +58,18 @@ class Horizons:
     settled: Horizon
     dead_letters: Horizon
     outbox: Horizon
+    # Transitions on PostgreSQL, whole partitions by age (see the module's docstring).
+    history: Horizon
 
     @property
     def transitions(self) -> Horizon:
         return Horizon(self.settled.seconds, "with their ledger row (" + self.settled.reason + ")")
 
-    def to_dict(self) -> dict[str, dict[str, object]]:
+    def to_dict(self, partitioned: bool = False) -> dict[str, dict[str, object]]:
+        """Per table; `partitioned`: the transitions' horizon is the history horizon (PostgreSQL)."""
+        transitions = self.history if partitioned else self.transitions
         return {"ledger_settled": self.settled.to_dict(), "ledger_dead_letters": self.dead_letters.to_dict(),
-                "transitions": self.transitions.to_dict(), "outbox": self.outbox.to_dict()}
+                "transitions": transitions.to_dict(), "outbox": self.outbox.to_dict()}
 
 
 def retention_seconds(topic: str, retention_ms: str | None) -> float | None:
@@ -95,9 +106,21 @@ def _chosen(name: str, configured: float | None, floor: Horizon) -> Horizon:
     return Horizon(configured, f"retention.{name} (at least {floor.reason})")
 
 
+def _history(configured: float | None, settled: Horizon, dead: Horizon) -> Horizon:
+    """The history horizon: the dead-letter horizon unless configured; never shorter than `settled`."""
+    if configured is None:
+        return Horizon(dead.seconds, f"as long as dead letters: {dead.reason}")
+    if settled.seconds is None or configured < settled.seconds:
+        least = "forever" if settled.seconds is None else duration_text(settled.seconds)
+        raise HorizonRefused(f"retention.history_horizon_s {duration_text(configured)} is shorter than {least} "
+                             f"({settled.reason}): a kept ledger row would lose its history")
+    return Horizon(configured, f"retention.history_horizon_s (at least {settled.reason})")
+
+
 def horizons(*, expiry_topic: str, expiry_retention_ms: str | None, dlq_topic: str,
              dlq_retention_ms: str | None, grace_s: float, ledger_horizon_s: float | None = None,
-             dead_letter_horizon_s: float | None = None, outbox_horizon_s: float) -> Horizons:
+             dead_letter_horizon_s: float | None = None, outbox_horizon_s: float,
+             history_horizon_s: float | None = None) -> Horizons:
     """The horizons from the topics' retention.ms, the reconciler's grace and what is configured;
     raises HorizonRefused for a configured horizon shorter than the derived one."""
     settled = _chosen("ledger_horizon_s", ledger_horizon_s, _derived(expiry_topic, expiry_retention_ms, grace_s))
@@ -107,7 +130,7 @@ def horizons(*, expiry_topic: str, expiry_retention_ms: str | None, dlq_topic: s
     dead = _chosen("dead_letter_horizon_s", dead_letter_horizon_s, dlq)
     outbox = Horizon(outbox_horizon_s, f"retention.outbox_horizon_s {duration_text(outbox_horizon_s)}; "
                                        "the topics keep what was published")
-    return Horizons(settled, dead, outbox)
+    return Horizons(settled, dead, outbox, _history(history_horizon_s, settled, dead))
 
 
 def horizons_from_settings(settings: Settings, topology: Topology | None = None) -> Horizons:
@@ -119,7 +142,8 @@ def horizons_from_settings(settings: Settings, topology: Topology | None = None)
         expiry_topic=topology.expiry, expiry_retention_ms=config[topology.expiry].get("retention.ms"),
         dlq_topic=topology.dlq, dlq_retention_ms=config[topology.dlq].get("retention.ms"),
         grace_s=settings.reconciler.grace_s, ledger_horizon_s=retention.ledger_horizon_s,
-        dead_letter_horizon_s=retention.dead_letter_horizon_s, outbox_horizon_s=retention.outbox_horizon_s)
+        dead_letter_horizon_s=retention.dead_letter_horizon_s, outbox_horizon_s=retention.outbox_horizon_s,
+        history_horizon_s=retention.history_horizon_s)
 
 
 def duration_text(seconds: float) -> str:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import io
 import math
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -31,6 +32,8 @@ if TYPE_CHECKING:
 
 DEFAULT_SCHEMA = "lapse"
 TABLE_PREFIX = "lapse_"
+# The time partitions of a partitioned table on PostgreSQL: lapse_outbox_p20261130, lapse_outbox_default.
+PARTITION_NAME = re.compile(r"lapse_\w+_(p\d{8}|default)")
 VERSION_TABLE = "lapse_alembic_version"
 # The layout before the namespace: unprefixed tables and Alembic's default version table in the
 # default schema. Only its last revision is upgraded in place.
@@ -161,8 +164,9 @@ def include_name(schema: str | None, default_schema: str | None = None,
     def include(name: str | None, type_: str, _parents: Mapping[str, Any]) -> bool:
         if type_ == "schema":
             return name == schema or (name is None and default_schema == schema)
-        if type_ == "table":
-            return name is not None and name.startswith(TABLE_PREFIX) and name != VERSION_TABLE
+        if type_ == "table":  # a time partition is part of its table (lapse.kernel.ledger.partitions)
+            return (name is not None and name.startswith(TABLE_PREFIX) and name != VERSION_TABLE
+                    and not PARTITION_NAME.fullmatch(name))
         return True
 
     return include

@@ -125,7 +125,9 @@ ledger_transitions = Table(
     Column("actor", String(128), nullable=False),
     Column("replay_id", String(64)),
     Column("correlation_id", String(64)),
-    Column("at", UTCDateTime(), nullable=False),
+    # In the primary key because it is the partition key on PostgreSQL (weekly range partitions,
+    # migration 0009); SQLite's table keeps `id` alone as its key (the rowid alias).
+    Column("at", UTCDateTime(), primary_key=True, nullable=False),
     # Where the event that made this transition was read (None: not made by a consumed event).
     Column("event_topic", String(249)),
     Column("event_partition", Integer),
@@ -135,6 +137,7 @@ ledger_transitions = Table(
           postgresql_where=text("failure_class IS NOT NULL"), sqlite_where=text("failure_class IS NOT NULL")),
     Index("ix_lapse_transitions_at", "at"),  # the daily report's day
     schema=SCHEMA,
+    postgresql_partition_by="RANGE (at)",
 )
 
 # Records to publish, written in the same transaction as the change they describe.
@@ -147,13 +150,16 @@ outbox = Table(
     Column("schema", String(64), nullable=False),
     Column("payload", JSON, nullable=False),
     Column("headers", JSON, nullable=False),
-    Column("created_at", UTCDateTime(), nullable=False),
+    # In the primary key because it is the partition key on PostgreSQL (daily range partitions,
+    # migration 0009); SQLite's table keeps `id` alone as its key (the rowid alias).
+    Column("created_at", UTCDateTime(), primary_key=True, nullable=False),
     Column("sent_at", UTCDateTime()),
     Index("ix_lapse_outbox_unsent", "id", postgresql_where=text("sent_at IS NULL"),  # the relay's next rows
           sqlite_where=text("sent_at IS NULL")),
     Index("ix_lapse_outbox_sent", "sent_at", postgresql_where=text("sent_at IS NOT NULL"),  # the relay's purge
           sqlite_where=text("sent_at IS NOT NULL")),
     schema=SCHEMA,
+    postgresql_partition_by="RANGE (created_at)",
 )
 
 # One row per daily report, keyed `daily-report:YYYY-MM-DD`; undelivered rows are its outbox.

@@ -259,6 +259,9 @@ class RetentionSettings(_Section):
         None, gt=0, description="Keep dead-letter ledger rows this long after they finished (default: the "
                                 "dead-letter topic's retention + reconciler.grace_s, at least the ledger horizon).")
     outbox_horizon_s: float = Field(86_400.0, gt=0, description="Keep sent outbox rows this long (s).")
+    history_horizon_s: float | None = Field(
+        None, gt=0, description="Keep transitions this long on PostgreSQL, whole time partitions at a time (default: "
+                                "the dead-letter horizon; at least the ledger horizon).")
     batch_size: int = Field(5000, ge=1, le=100_000, description="Rows removed per prune statement.")
     interval_s: float = Field(300.0, gt=0, description="Pause between prune passes in `lapse run`.")
 

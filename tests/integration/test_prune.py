@@ -1,7 +1,11 @@
 """Retention on PostgreSQL and SQLite: finished ledger rows older than their horizon are removed in
-bounded batches with their transitions, and sent outbox rows older than theirs; younger rows,
-unfinished rows (however old) and unsent outbox rows stay; a dry run counts the same rows and
-changes nothing; a late redelivery within the horizon still meets its row and is a duplicate."""
+bounded batches, and sent outbox rows older than theirs; younger rows, unfinished rows (however
+old) and unsent outbox rows stay; a dry run counts the same rows and changes nothing; a late
+redelivery within the horizon still meets its row and is a duplicate. Transitions go with their
+ledger row on SQLite, and by age after the history horizon on PostgreSQL, where they and the outbox
+are time-partitioned: partitions are created ahead (rows waiting in DEFAULT move into them), old
+ones dropped whole, an outbox partition with an unsent row or a recent send kept, a locked table
+left for the next pass, DEFAULT's old rows deleted in batches."""
 
 from __future__ import annotations
 
@@ -18,10 +22,11 @@ from sqlalchemy import event, insert, select
 
 from lapse.devtools.demo_tables import reservations
 from lapse.kernel.ledger import count_prunable
+from lapse.kernel.ledger import partitions as parts
 from lapse.kernel.models import cleanup_ledger, ledger_transitions, outbox
 from lapse.processors.rules import apply_batch
 from lapse.reconciler import prune_dry_run, prune_once
-from lapse.reconciler.horizons import horizons
+from lapse.reconciler.horizons import HorizonRefused, horizons
 from lapse.shell.app import main
 from tests.fixtures.polling import eventually
 from tests.fixtures.settle import NOW, RELEASE, TENANT, engine_for, key, kinds_for, release_event, reservation, scope
@@ -41,6 +46,13 @@ ROWS = ([(i, "applied", OLD) for i in range(1, 8)] + [(i, "skipped", OLD) for i 
         + [(11, "applied", YOUNG), (12, "skipped", YOUNG), (13, "dead_letter", OLD), (14, "dead_letter", ANCIENT),
            (15, "pending", None), (16, "claimed", None), (17, "retry_scheduled", None)])
 REMOVED_KEYS = {key(RELEASE, i) for i in [*range(1, 11), 14]}
+# On PostgreSQL transitions go by age (the history horizon, here the dead-letter one): those of the
+# dead letter past it and of the unfinished rows as old (what an operator gives up, see horizons.py).
+HISTORY_GONE_KEYS = {key(RELEASE, i) for i in (14, 15, 16, 17)}
+
+
+def on_postgresql(url: str) -> bool:
+    return url.startswith("postgresql")
 
 
 def ledger_row(subject: int, state: str, finished: datetime | None) -> dict[str, Any]:
@@ -90,16 +102,27 @@ def test_rows_past_their_horizon_go_in_batches_and_everything_else_stays(db_url)
 
     report = prune_once(engine, HORIZONS, NOW, batch_size=3, progress=lambda t, n: seen.append((t, n)))
 
-    assert report.removed == {"ledger_settled": 10, "ledger_dead_letters": 1, "transitions": 22, "outbox": 3}
-    # 10 settled rows in batches of 3 take 4 statements, the last short; 22 transitions take 8.
-    assert [n for t, n in seen if t == "ledger_settled"] == [3, 6, 9, 10]
-    assert [n for t, n in seen if t == "transitions"] == [3, 6, 9, 12, 15, 18, 21, 22]
-    assert report.batches == 4 + 1 + 8 + 2
     after = tables(engine)
     assert after["ledger"] == sorted(set(before["ledger"]) - REMOVED_KEYS)
-    # Transitions of kept rows stay, however old (the unfinished rows' are older than any horizon).
-    assert after["transitions"] == [t for t in before["transitions"] if t[0] not in REMOVED_KEYS]
     assert after["outbox"] == ["k3", "k4"]  # sent within the horizon, and the unsent one
+    # 10 settled rows in batches of 3 take 4 statements, the last short.
+    assert [n for t, n in seen if t == "ledger_settled"] == [3, 6, 9, 10]
+    if on_postgresql(db_url):
+        # The seeded rows are older than any partition: in DEFAULT, whose rows past the history
+        # horizon (30d 5m) go in batches; the removed settled rows' transitions stay until then.
+        assert report.removed == {"ledger_settled": 10, "ledger_dead_letters": 1, "transitions": 8, "outbox": 3}
+        assert [n for t, n in seen if t == "transitions"] == [3, 6, 8]
+        assert report.batches == 4 + 1 + 3 + 2
+        assert after["transitions"] == [t for t in before["transitions"] if t[0] not in HISTORY_GONE_KEYS]
+        assert set(report.partitions) == {"transitions", "outbox"}
+    else:
+        assert report.removed == {"ledger_settled": 10, "ledger_dead_letters": 1, "transitions": 22, "outbox": 3}
+        # 22 transitions take 8 statements.
+        assert [n for t, n in seen if t == "transitions"] == [3, 6, 9, 12, 15, 18, 21, 22]
+        assert report.batches == 4 + 1 + 8 + 2
+        # Transitions of kept rows stay, however old (the unfinished rows' are older than any horizon).
+        assert after["transitions"] == [t for t in before["transitions"] if t[0] not in REMOVED_KEYS]
+        assert report.partitions == {}
 
     again = prune_once(engine, HORIZONS, NOW, batch_size=3)
     assert sum(again.removed.values()) == 0 and tables(engine) == after
@@ -115,10 +138,13 @@ def test_a_dry_run_counts_what_a_run_removes_and_changes_nothing(db_url):
     assert tables(engine) == before
     assert dry.removed == prune_once(engine, HORIZONS, NOW, batch_size=1000).removed
     shown = dry.to_dict()
-    assert shown["dry_run"] and shown["total"] == 10 + 1 + 22 + 3
+    transitions = 8 if on_postgresql(db_url) else 22
+    assert shown["dry_run"] and shown["total"] == 10 + 1 + transitions + 3
     assert shown["tables"]["ledger_settled"]["horizon_s"] == SETTLED_S
     assert shown["tables"]["ledger_settled"]["reason"] == "expiry retention 14d + reconciler grace 5m"
     assert shown["tables"]["ledger_dead_letters"]["horizon_s"] == DEAD_S
+    # PostgreSQL: transitions by the history horizon, the dead letters' by default.
+    assert shown["tables"]["transitions"]["horizon_s"] == (DEAD_S if on_postgresql(db_url) else SETTLED_S)
 
 
 def test_a_late_redelivery_within_the_horizon_meets_its_row_and_is_applied_once(db_url):
@@ -146,9 +172,11 @@ def test_a_late_redelivery_within_the_horizon_meets_its_row_and_is_applied_once(
             ledger_transitions.c.to_state == "applied")).scalars().all()
     assert sorted(applied) == [key(RELEASE, 1), key(RELEASE, 2)]  # one each: applied once
 
-    # Past the horizon the rows and their transitions go; unsent outbox rows stay.
+    # Past the horizon the rows go, and their transitions on SQLite (on PostgreSQL they are kept for
+    # the history horizon); unsent outbox rows stay.
     past = prune_once(engine, HORIZONS, NOW + timedelta(seconds=SETTLED_S + 1), batch_size=10)
-    assert past.removed["ledger_settled"] == 2 and past.removed["transitions"] == len(applied)
+    assert past.removed["ledger_settled"] == 2
+    assert past.removed["transitions"] == (0 if on_postgresql(db_url) else len(applied))
     assert tables(engine)["ledger"] == []
 
 
@@ -222,3 +250,153 @@ def test_the_prune_service_prunes_every_interval_until_stopped(sqlite_url, tmp_p
     assert proc.returncode == 0, err
     unfinished = {key(RELEASE, i) for i in (15, 16, 17)}
     assert unfinished <= set(tables(engine)["ledger"])
+
+
+# Time partitions (PostgreSQL) ---------------------------------------------------------------------
+
+def outbox_row(name: str, created: datetime, sent: datetime | None) -> dict[str, Any]:
+    return {"topic": "o", "key": name, "schema": "s", "payload": {}, "headers": {}, "created_at": created,
+            "sent_at": sent}
+
+
+def transition_row(name: str, at: datetime) -> dict[str, Any]:
+    return {"op_key": name, "from_state": None, "to_state": "pending", "attempt": 0, "actor": "t", "at": at}
+
+
+def where_rows_are(engine) -> dict[tuple[str, str], str]:
+    """The partition of each outbox row and transition, by table and key (op key)."""
+    with engine.connect() as conn:
+        rows = conn.exec_driver_sql(
+            "SELECT 'outbox', key, c.relname FROM lapse.lapse_outbox o JOIN pg_class c ON c.oid = o.tableoid "
+            "UNION ALL SELECT 'transitions', op_key, c.relname FROM lapse.lapse_transitions t "
+            "JOIN pg_class c ON c.oid = t.tableoid").all()
+    return {(table, k): where for table, k, where in rows}
+
+
+def partition_names(engine, scheme: parts.Scheme) -> list[str]:
+    with engine.connect() as conn:
+        return [p.name for p in parts.partitions(conn, scheme)]
+
+
+def test_partitions_are_created_ahead_dropped_whole_pinned_by_unsent_rows_and_default_drained(pg_url):
+    """A pass at today + 40 days (a fake clock): the partitions ahead of it are created, the rows
+    waiting in DEFAULT for their range move in; every partition past its horizon is dropped, except
+    an outbox day holding an unsent row or a row sent within the horizon; DEFAULT's old rows go in
+    batches, its unsent one stays. The dry run before says exactly that; a second pass does nothing
+    more; once the unsent row is sent, its day goes too."""
+    engine = engine_for(pg_url)
+    today = parts.OUTBOX.floor(datetime.now(NOW.tzinfo))
+    at = today + timedelta(days=40)
+    hour, day = timedelta(hours=1), timedelta(days=1)
+    with engine.begin() as conn:
+        conn.execute(insert(outbox), [
+            outbox_row("sent-early", today + hour, today + 2 * hour),  # today's partition: goes
+            outbox_row("unsent", today + day + hour, None),  # tomorrow's: pinned
+            outbox_row("sent-late", today + 2 * day + hour, at - 12 * hour),  # the day after: pinned
+            outbox_row("default-sent", today - 60 * day, today - 60 * day),  # DEFAULT, old: deleted
+            outbox_row("default-unsent", today - 60 * day, None),  # DEFAULT, unsent: stays
+            outbox_row("ahead", at + 5 * day, None),  # DEFAULT until its day is created
+        ])
+        conn.execute(insert(ledger_transitions), [
+            transition_row("this-week", today + hour), transition_row("default-old", today - 60 * day),
+            transition_row("ahead", at + 2 * day)])
+    before = where_rows_are(engine)
+    assert before["transitions", "ahead"] == "lapse_transitions_default"
+    assert before["outbox", "ahead"] == "lapse_outbox_default"
+    assert before["outbox", "sent-early"] == f"lapse_outbox_p{today:%Y%m%d}"
+    history_cutoff = HORIZONS.history.cutoff(at)
+    assert history_cutoff is not None
+    with engine.connect() as conn:
+        old_weeks = [p.name for p in parts.expired(parts.partitions(conn, parts.TRANSITIONS), history_cutoff)]
+    old_days = [f"lapse_outbox_p{today + k * day:%Y%m%d}" for k in range(8)]  # all the migration made
+    pinned = {old_days[1]: "holds unsent rows", old_days[2]: "within the horizon"}
+    new_days = [f"lapse_outbox_p{at + k * day:%Y%m%d}" for k in range(8)]
+    new_weeks = [f"lapse_transitions_p{parts.TRANSITIONS.floor(at) + timedelta(weeks=k):%Y%m%d}" for k in range(3)]
+
+    dry = prune_dry_run(engine, HORIZONS, at)
+    report = prune_once(engine, HORIZONS, at, batch_size=100)
+
+    for shown in (dry, report):
+        work = shown.partitions
+        assert work["outbox"].create == new_days and work["transitions"].create == new_weeks
+        assert [d["name"] for d in work["outbox"].drop] == [d for d in old_days if d not in pinned]
+        assert [d["name"] for d in work["transitions"].drop] == old_weeks and old_weeks
+        assert {p["name"]: p["reason"] for p in work["outbox"].pinned}.keys() == pinned.keys()
+        assert all(want in {p["name"]: p["reason"] for p in work["outbox"].pinned}[name]
+                   for name, want in pinned.items())
+        assert shown.removed == {"ledger_settled": 0, "ledger_dead_letters": 0, "transitions": 1, "outbox": 1}
+    assert report.partitions["outbox"].moved_from_default == 1
+    assert report.partitions["transitions"].moved_from_default == 1
+    assert where_rows_are(engine) == {
+        ("outbox", "unsent"): old_days[1], ("outbox", "sent-late"): old_days[2],
+        ("outbox", "default-unsent"): "lapse_outbox_default",
+        ("outbox", "ahead"): f"lapse_outbox_p{at + 5 * day:%Y%m%d}",
+        ("transitions", "ahead"): f"lapse_transitions_p{parts.TRANSITIONS.floor(at + 2 * day):%Y%m%d}"}
+    assert partition_names(engine, parts.OUTBOX) == [*pinned, *new_days, "lapse_outbox_default"]
+
+    again = prune_once(engine, HORIZONS, at, batch_size=100)
+    assert (again.partitions["outbox"].create, again.partitions["outbox"].drop) == ([], [])
+    assert (again.partitions["transitions"].create, again.partitions["transitions"].drop) == ([], [])
+    assert sum(again.removed.values()) == 0 and len(again.partitions["outbox"].pinned) == 2
+
+    from lapse.producers.relay_queries import mark_sent  # the relay marks the unsent row sent, long ago
+
+    with engine.begin() as conn:
+        unsent_id = conn.execute(select(outbox.c.id).where(outbox.c.key == "unsent")).scalar_one()
+        mark_sent(conn, [unsent_id], today + day + 2 * hour, (today + day + hour, today + day + hour))
+    last = prune_once(engine, HORIZONS, at, batch_size=100)
+    assert [d["name"] for d in last.partitions["outbox"].drop] == [old_days[1]]
+    assert [p["name"] for p in last.partitions["outbox"].pinned] == [old_days[2]]
+
+
+def test_a_locked_table_leaves_its_partitions_for_the_next_pass(pg_url, monkeypatch):
+    """A long transaction reading the outbox: the pass does not queue writers behind its DDL; it
+    gives up on each partition after lock_timeout, says so, and the next pass does the work."""
+    monkeypatch.setattr(parts, "LOCK_TIMEOUT_MS", 50)
+    engine = engine_for(pg_url)
+    at = parts.OUTBOX.floor(datetime.now(NOW.tzinfo)) + timedelta(days=9)  # today's and tomorrow's expired
+    reader = engine.connect()
+    try:
+        reader.execute(select(outbox.c.id).limit(1)).all()  # ACCESS SHARE on every outbox partition, held
+        blocked = prune_once(engine, HORIZONS, at, batch_size=100)
+    finally:
+        reader.close()
+    skipped = blocked.partitions["outbox"].skipped
+    assert {s["action"] for s in skipped} == {"create", "drop"}
+    assert blocked.partitions["outbox"].create == [] and blocked.partitions["outbox"].drop == []
+    assert blocked.partitions["transitions"].create  # the transitions were not locked
+
+    done = prune_once(engine, HORIZONS, at, batch_size=100)
+    assert sorted(done.partitions["outbox"].create + [d["name"] for d in done.partitions["outbox"].drop]) == sorted(
+        s["name"] for s in skipped)
+    assert done.partitions["outbox"].skipped == []
+
+
+def test_the_command_lists_partitions_on_postgresql(pg_url):
+    env = {"LAPSE_DATABASE__URL": pg_url}
+    dry = CliRunner().invoke(main, ["prune", "--dry-run", "--json"], env=env)
+    assert dry.exit_code == 0, dry.output
+    shown = json.loads(dry.stdout)
+    assert set(shown["partitions"]) == {"transitions", "outbox"}
+    assert shown["partitions"]["outbox"]["create"] == []  # the migration made a week ahead
+    assert "as long as dead letters" in shown["tables"]["transitions"]["reason"]
+
+    text = CliRunner().invoke(main, ["prune", "--dry-run"], env=env)
+    assert text.exit_code == 0, text.output
+    assert "outbox partitions" in text.stdout and "would drop none" in text.stdout, text.stdout
+
+
+def test_the_history_horizon_defaults_to_the_dead_letters_and_is_never_shorter_than_the_ledgers():
+    assert HORIZONS.history.seconds == DEAD_S and "as long as dead letters" in HORIZONS.history.reason
+    longer = horizons(expiry_topic="expiry", expiry_retention_ms=str(14 * 86_400_000), dlq_topic="dlq",
+                      dlq_retention_ms=str(30 * 86_400_000), grace_s=GRACE_S, outbox_horizon_s=DAY,
+                      history_horizon_s=SETTLED_S)
+    assert longer.history.seconds == SETTLED_S
+    try:
+        horizons(expiry_topic="expiry", expiry_retention_ms=str(14 * 86_400_000), dlq_topic="dlq",
+                 dlq_retention_ms=str(30 * 86_400_000), grace_s=GRACE_S, outbox_horizon_s=DAY,
+                 history_horizon_s=DAY)
+    except HorizonRefused as exc:
+        assert "history_horizon_s 1d is shorter than 14d 5m" in str(exc) and "\n" not in str(exc)
+    else:
+        raise AssertionError("a history horizon shorter than the ledger's was kept")

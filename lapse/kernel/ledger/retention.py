@@ -17,6 +17,12 @@ on a 2,000,000-row ledger):
 - transitions: ix_lapse_transitions_at, each candidate's ledger row probed by primary key;
 - sent outbox rows: ix_lapse_outbox_sent (sent_at, partial to sent rows).
 
+On PostgreSQL, where transitions and the outbox are time-partitioned (migration 0009,
+`lapse.kernel.ledger.partitions`), old partitions are dropped whole instead; the batched deletes
+here then run on their DEFAULT partitions only (`table=` the DEFAULT partition): transitions older
+than the history horizon (`prune_history_statement`, its `at` index) and sent outbox rows older
+than the outbox horizon (its sent index).
+
 The state terms are literals, not parameters: SQLite's planner uses a partial index only when the
 query repeats the index's WHERE term, and PostgreSQL cannot match a partial index against a
 parameter in a generic (prepared) plan. A batch picks its rows oldest first, in index order, in a
@@ -29,7 +35,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import ColumnElement, Connection, Delete, Select, and_, delete, func, literal_column, select
+from sqlalchemy import ColumnElement, Connection, Delete, Select, Table, and_, delete, func, literal_column, select
 from sqlalchemy.sql.dml import ReturningDelete
 
 from lapse.kernel.ledger import states
@@ -168,23 +174,36 @@ def prune_transitions(conn: Connection, cutoff: datetime, after: datetime | None
     return len(removed), max(removed, default=after)
 
 
+def prune_history_statement(dialect: str, table: Table, cutoff: datetime, limit: int) -> Delete:
+    """Delete up to `limit` transitions recorded before `cutoff` from `table` (a DEFAULT partition
+    of the partitioned transitions), oldest first along its `at` index, whatever their ledger row:
+    the rule the partitions are dropped by."""
+    batch = select(table.c.id).where(table.c.at < cutoff).order_by(table.c.at).limit(limit)
+    return delete(table).where(_in_batch(dialect, table.c.id, batch))
+
+
+def prune_history(conn: Connection, table: Table, cutoff: datetime, limit: int) -> int:
+    """One batch of `prune_history_statement`; returns the rows removed."""
+    return conn.execute(prune_history_statement(conn.dialect.name, table, cutoff, limit)).rowcount
+
+
 # Outbox ------------------------------------------------------------------------------------------
 
-def _sent_before(cutoff: datetime) -> list[ColumnElement[bool]]:
-    return [O.c.sent_at.is_not(None), O.c.sent_at < cutoff]
+def _sent_before(cutoff: datetime, table: Table = O) -> list[ColumnElement[bool]]:
+    return [table.c.sent_at.is_not(None), table.c.sent_at < cutoff]
 
 
-def prune_outbox_statement(dialect: str, cutoff: datetime, limit: int) -> Delete:
+def prune_outbox_statement(dialect: str, cutoff: datetime, limit: int, table: Table = O) -> Delete:
     """Delete up to `limit` outbox rows sent before `cutoff`, oldest first; the topics keep what
-    they published. Unsent rows are never touched."""
-    conds = _sent_before(cutoff)
-    batch = select(O.c.id).where(*conds).order_by(O.c.sent_at).limit(limit)
-    return delete(O).where(_in_batch(dialect, O.c.id, batch))
+    they published. Unsent rows are never touched. `table`: the outbox, or its DEFAULT partition."""
+    conds = _sent_before(cutoff, table)
+    batch = select(table.c.id).where(*conds).order_by(table.c.sent_at).limit(limit)
+    return delete(table).where(_in_batch(dialect, table.c.id, batch))
 
 
-def prune_outbox(conn: Connection, cutoff: datetime, limit: int) -> int:
+def prune_outbox(conn: Connection, cutoff: datetime, limit: int, table: Table = O) -> int:
     """One batch of `prune_outbox_statement`; returns the rows removed."""
-    return conn.execute(prune_outbox_statement(conn.dialect.name, cutoff, limit)).rowcount
+    return conn.execute(prune_outbox_statement(conn.dialect.name, cutoff, limit, table)).rowcount
 
 
 # Counts (the dry run) ----------------------------------------------------------------------------
@@ -214,13 +233,19 @@ def count_transitions_statement(cutoff: datetime, settled_cutoff: datetime | Non
     return select(func.count()).select_from(T).where(T.c.at < cutoff, kept.is_(None))
 
 
-def count_outbox_statement(cutoff: datetime) -> Select[int]:
-    return select(func.count()).select_from(O).where(*_sent_before(cutoff))
+def count_outbox_statement(cutoff: datetime, table: Table = O) -> Select[int]:
+    return select(func.count()).select_from(table).where(*_sent_before(cutoff, table))
+
+
+def count_history_statement(table: Table, cutoff: datetime) -> Select[int]:
+    """Transitions `prune_history_statement` would remove from `table` (a DEFAULT partition)."""
+    return select(func.count()).select_from(table).where(table.c.at < cutoff)
 
 
 def count_prunable(conn: Connection, *, settled_cutoff: datetime | None, dead_letter_cutoff: datetime | None,
-                   transitions_cutoff: datetime | None, outbox_cutoff: datetime) -> dict[str, int]:
-    """What a pass with these cutoffs would remove, per table (None: that horizon is forever)."""
+                   transitions_cutoff: datetime | None, outbox_cutoff: datetime | None) -> dict[str, int]:
+    """What a pass with these cutoffs would remove, per table (None: that horizon is forever, or,
+    for transitions and the outbox on partitioned PostgreSQL, counted by the caller)."""
     return {
         "ledger_settled": 0 if settled_cutoff is None else
         conn.execute(count_settled_statement(settled_cutoff)).scalar_one(),
@@ -230,5 +255,5 @@ def count_prunable(conn: Connection, *, settled_cutoff: datetime | None, dead_le
         "transitions": 0 if transitions_cutoff is None else
         conn.execute(count_transitions_statement(transitions_cutoff, settled_cutoff,
                                                  dead_letter_cutoff)).scalar_one(),
-        "outbox": conn.execute(count_outbox_statement(outbox_cutoff)).scalar_one(),
+        "outbox": 0 if outbox_cutoff is None else conn.execute(count_outbox_statement(outbox_cutoff)).scalar_one(),
     }

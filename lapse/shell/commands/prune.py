@@ -1,5 +1,7 @@
 """`lapse prune`: remove finished ledger rows, their transitions and sent outbox rows older than their
-horizons, in bounded batches; `--dry-run` counts them and says why each horizon is what it is."""
+horizons, in bounded batches (on PostgreSQL: create the time partitions ahead, drop old ones whole);
+`--dry-run` counts them, lists the partitions it would create and drop, and says why each horizon is
+what it is."""
 
 from __future__ import annotations
 
@@ -30,10 +32,31 @@ def _text(r: dict[str, Any]) -> str:
         n = t["would_remove" if r["dry_run"] else "removed"]
         horizon = "forever" if t["horizon_s"] is None else duration_text(t["horizon_s"])
         lines.append(f"{table:<20} {verb} {n:>10}  horizon {horizon}: {t['reason']}")
+    for table, p in r.get("partitions", {}).items():
+        lines.append(_partitions_text(table, p, r["dry_run"]))
     tail = f"total {verb} {r['total']}"
     if not r["dry_run"]:
         tail += f" in {r['batches']} batches" + (" (stopped early)" if r["stopped"] else "")
     return "\n".join([*lines, tail])
+
+
+def _partitions_text(table: str, p: dict[str, Any], dry_run: bool) -> str:
+    """One table's partition work: created and dropped (rows estimated), pinned and skipped ones
+    with the reason, and what waits in its DEFAULT partition."""
+    create, drop = ("would create", "would drop") if dry_run else ("created", "dropped")
+    names = ", ".join
+    parts = [f"{create} {names(p['create']) or 'none'}",
+             f"{drop} " + (names(f"{d['name']} ({_rows(d['rows_estimate'])})" for d in p["drop"]) or "none")]
+    parts += [f"kept {x['name']}: {x['reason']}" for x in p["pinned"]]
+    parts += [f"left for the next pass {x['name']} ({x['action']}): {x['reason']}" for x in p["skipped"]]
+    if p["moved_from_default"]:
+        parts.append(f"moved {p['moved_from_default']} rows out of DEFAULT")
+    parts.append(f"{_rows(p['default_rows_estimate'])} in DEFAULT")
+    return f"{table + ' partitions':<20} " + "; ".join(parts)
+
+
+def _rows(estimate: int | None) -> str:
+    return "rows not estimated yet" if estimate is None else f"~{estimate} rows"
 
 
 class _Progress:
@@ -61,9 +84,12 @@ class _Progress:
                 metavar="DURATION", help="Keep dead letters this long (default: derived from topics.yaml).")
 @setting_option("retention.outbox_horizon_s", "--outbox-horizon", type=Duration(as_seconds=True),
                 metavar="DURATION")
+@setting_option("retention.history_horizon_s", "--history-horizon", type=Duration(as_seconds=True),
+                metavar="DURATION", help="Keep transitions this long on PostgreSQL (default: the dead-letter horizon).")
 @setting_option("retention.batch_size", "--batch-size", type=click.IntRange(1, 100_000))
 @setting_option("retention.interval_s", "--interval", type=Duration(as_seconds=True), metavar="DURATION")
-@click.option("--dry-run", is_flag=True, help="Count what would be removed, per table, and change nothing.")
+@click.option("--dry-run", is_flag=True, help="Count what would be removed, per table, list the partitions that "
+              "would be created and dropped, and change nothing.")
 @click.option("--watch", is_flag=True, help="Keep pruning, a pass every --interval, until stopped (a service).")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 @pass_settings
