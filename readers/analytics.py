@@ -156,6 +156,12 @@ def build_app(settings: Settings, options: AnalyticsOptions, partitions: int) ->
 
     @app.agent(source)
     async def outcomes(stream: faust.StreamT[bytes]) -> None:
+        # A table write picks its changelog partition from the producer's cached metadata, which
+        # does not know a changelog topic the worker has just created: on a fresh cluster with
+        # outcomes waiting, the first write raised TypeError and its batch was lost. Wait for them.
+        producer = app.producer._ensure_producer()  # type: ignore[attr-defined]  # faust's aiokafka driver
+        for table in tables.values():
+            await producer.partitions_for(table.changelog_topic.get_topic_name())
         async for batch in stream.take(options.batch, within=1.0):
             for value in batch:
                 try:
