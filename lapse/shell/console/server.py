@@ -9,6 +9,7 @@ import uvicorn
 
 from lapse.kernel.logs import get_logger
 from lapse.kernel.settings import Settings
+from lapse.kernel.signals import stop_on_signals
 from lapse.shell.console.app import create_app
 
 log = get_logger("console")
@@ -27,11 +28,12 @@ def serve(settings: Settings, stop: threading.Event | None = None) -> None:
     """Serve until interrupted (SIGINT/SIGTERM, uvicorn's own handling) or until `stop` is set."""
     server = make_server(settings)
     log.info("console served", extra={"bind": settings.console.bind, "port": settings.console.port})
-    if stop is None:
-        server.run()
-        return
+    # uvicorn raises the signal it stopped on again after its clean shutdown: under the default
+    # handler that ends the process by SIGTERM (-15), so a handler that only sets `stopping` takes it.
+    stopping = stop if stop is not None else stop_on_signals()
+
     def exit_when_stopped() -> None:
-        stop.wait()
+        stopping.wait()
         server.should_exit = True
 
     threading.Thread(target=exit_when_stopped, daemon=True, name="console-stop").start()
