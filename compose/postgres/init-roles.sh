@@ -13,8 +13,10 @@
 #   relay      SELECT, UPDATE           (the outbox: read, mark sent; prune removes sent rows)
 #   reconcile  SELECT, INSERT, UPDATE   (re-emits: pending ledger rows, stuck rows, outbox rows)
 #   monitor    SELECT                   (`lapse status`)
-#   prune      SELECT, DELETE           (retention: finished ledger rows, their transitions, sent
-#                                       outbox rows)
+#   prune      SELECT, DELETE           (retention: finished ledger rows, sent outbox rows), and a
+#                                       member of lapse_migrate: rotating the time partitions of
+#                                       transitions and the outbox (create, attach, detach, drop)
+#                                       is DDL, which PostgreSQL allows only the tables' owner
 #   report     SELECT, INSERT, UPDATE   (reads the ledger and transitions; stores, rebuilds and
 #                                       marks delivered the daily reports)
 #   console    SELECT, INSERT, UPDATE   (every page reads; a replay updates ledger rows and adds
@@ -41,6 +43,7 @@ GRANT CONNECT ON DATABASE "$POSTGRES_DB"
   TO lapse_migrate, lapse_sweep, lapse_process, lapse_relay, lapse_reconcile, lapse_monitor, lapse_prune,
      lapse_report, lapse_console;
 CREATE SCHEMA lapse AUTHORIZATION lapse_migrate;
+GRANT lapse_migrate TO lapse_prune;
 GRANT USAGE ON SCHEMA lapse TO lapse_sweep, lapse_process, lapse_relay, lapse_reconcile, lapse_monitor,
   lapse_prune, lapse_report, lapse_console;
 ALTER DEFAULT PRIVILEGES FOR ROLE lapse_migrate IN SCHEMA lapse

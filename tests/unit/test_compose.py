@@ -21,6 +21,7 @@ from sqlalchemy.engine import make_url
 
 from lapse.kernel.config_file import CONFIG_ENV_VAR
 from lapse.kernel.connections import faust_credentials
+from lapse.kernel.kinds.declarations import read_kinds_file
 from lapse.kernel.settings import ENV_NESTED_DELIMITER, ENV_PREFIX, REPO_ROOT, env_var, field_info, load_settings
 from lapse.kernel.topology import load_topology
 
@@ -132,14 +133,15 @@ def test_grafana_takes_its_admin_password_from_a_secret_and_lets_no_one_in_anony
 def test_no_secret_is_written_in_the_compose_file():
     text = (COMPOSE / "docker-compose.yml").read_text()
     assert not re.search(r"://[^/\s:@\"]+:[^/\s@\"]+@", text), "a URL with a password"
-    for name, service in _compose()["services"].items():
+    compose = _compose()
+    for name, service in compose["services"].items():
         for key, value in (service.get("environment") or {}).items():
             if re.search(r"PASSWORD|SECRET|TOKEN", key):
                 assert key.endswith("_FILE") and str(value).startswith("/run/secrets/"), f"{name}: {key}"
         assert env_var("database.url") not in (service.get("environment") or {}), name
-    for name, service in _compose()["services"].items():
+    for name, service in compose["services"].items():
         for secret in service.get("secrets", []):
-            assert secret in _compose()["secrets"], f"{name}: undeclared secret {secret}"
+            assert secret in compose["secrets"], f"{name}: undeclared secret {secret}"
 
 
 def test_kafka_clients_use_sasl_ssl_brokers_mutual_tls_and_an_authorizer():
@@ -223,6 +225,8 @@ def test_database_roles_get_grants_and_nothing_more():
     assert created == {(f"lapse_{s}", s) for s in LAPSE_SERVICES if s not in NO_DATABASE}
     assert not re.search(r"SUPERUSER|CREATEDB|CREATEROLE|BYPASSRLS|GRANT ALL|GRANT CREATE", sql)
     assert "CREATE SCHEMA lapse AUTHORIZATION lapse_migrate" in sql
+    # Partition rotation is DDL on the owner's tables: prune alone is a member of the owner role.
+    assert re.findall(r"GRANT (\w+) TO (\w+);", sql) == [("lapse_migrate", "lapse_prune")]
     assert "REVOKE ALL ON DATABASE" in sql and "REVOKE CREATE ON SCHEMA public FROM PUBLIC" in sql
     grants = re.findall(r"GRANT ([A-Z, ]+) ON TABLES TO ([\w, ]+);", sql)
     granted = {role.strip(): privileges for privileges, roles in grants for role in roles.split(",")}
@@ -258,3 +262,139 @@ def test_the_console_carries_its_tokens_and_session_key_and_the_report_its_volum
     assert report["environment"][env_var("report.notifier")] == "file"
     assert "reports:/app/.lapse/reports" in report["volumes"] and "reports" in compose["volumes"]
     assert compose["services"]["prune"]["command"] == ["prune", "--watch"]
+
+
+# --- what tests/system/test_compose_processes.py cannot prove: the image, volumes, mounts, start-up order ----
+
+def _mounted_secrets(text: str) -> set[str]:
+    """The secrets a command line, variable or file names by their mount path (/run/secrets/NAME)."""
+    names = re.findall(r"/run/secrets/([A-Za-z0-9._$*{}-]+)", text)
+    return {n for n in names if not re.search(r"[$*{}]", n)}  # a glob or a variable: checked by name below
+
+
+def test_every_lapse_service_runs_the_one_image_built_from_the_dockerfile():
+    """One image for every Lapse service, built from compose/Dockerfile, whose ENTRYPOINT is `lapse`
+    (each `command:` is a subcommand), with the console extra (the console service) and every
+    package folder the wheel is built from; its state folder /app/.lapse belongs to its user, and the
+    paths the services write to (the reports volume, Faust's data) are under it."""
+    compose = _compose()
+    image = compose["x-lapse"]["image"]
+    services = {n: s for n, s in compose["services"].items() if s.get("image") == image}
+    assert set(services) == set(LAPSE_SERVICES)
+    for name, service in services.items():
+        build = service.get("build") or compose["x-lapse"]["build"]
+        assert (COMPOSE / build["context"] / build["dockerfile"]).resolve() == (COMPOSE / "Dockerfile").resolve(), name
+    dockerfile = (COMPOSE / "Dockerfile").read_text()
+    assert re.search(r'^ENTRYPOINT \["lapse"\]$', dockerfile, re.MULTILINE)
+    assert "[console]" in dockerfile
+    pyproject = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())
+    folders = set(pyproject["tool"]["setuptools"]["package-dir"].values())
+    copied = {line.split()[1] for line in dockerfile.splitlines() if line.startswith("COPY ") and "--from" not in line}
+    assert folders <= copied and "topics.yaml" in " ".join(dockerfile.splitlines())
+    assert re.search(r"^WORKDIR /app$", dockerfile, re.MULTILINE) and "chown -R lapse /app/.lapse" in dockerfile
+    assert re.search(r"^USER lapse$", dockerfile, re.MULTILINE)
+    analytics = services["analytics"]["command"]
+    assert analytics[analytics.index("--data-dir") + 1].startswith("/app/.lapse/")
+    assert services["report"]["environment"][env_var("report.dir")].startswith("/app/.lapse/")
+
+
+def test_volumes_are_declared_used_and_bind_mounts_exist():
+    """Every named volume a service mounts is declared and every declared one is mounted; every
+    file or folder bind-mounted from the repository exists; the services that keep data (brokers,
+    PostgreSQL, reports) keep it on a named volume."""
+    compose = _compose()
+    named, binds = set(), []
+    for name, service in compose["services"].items():
+        for volume in service.get("volumes", []):
+            source, target = str(volume).split(":")[:2]
+            if source.startswith((".", "/")):
+                binds.append((name, source, target))
+            else:
+                named.add(source)
+    assert named == set(compose["volumes"])
+    for name, source, _target in binds:
+        assert (COMPOSE / source).exists(), f"{name}: {source} is not in compose/"
+    kept = {n: [str(v) for v in s.get("volumes", [])] for n, s in compose["services"].items()}
+    for n in (1, 2, 3):
+        assert f"kafka-{n}:/var/lib/kafka/data" in kept[f"kafka-{n}"]
+    assert "postgres:/var/lib/postgresql/data" in kept["postgres"]
+
+
+def test_every_secret_a_service_reads_is_mounted_into_it(made_secrets):
+    """A secret named by its mount path (in a variable, a command, a health check, the Lapse config
+    file a service reads, or the script a service runs) is among that service's secrets; the init
+    scripts get a password file for every user or role they create."""
+    compose = _compose()
+    for name, service in compose["services"].items():
+        mounted = set(service.get("secrets", []))
+        text = json.dumps({k: service.get(k) for k in ("environment", "command", "entrypoint", "healthcheck")})
+        for volume in service.get("volumes", []):
+            source = str(volume).split(":")[0]
+            if source.startswith(".") and (COMPOSE / source).is_file():
+                text += (COMPOSE / source).read_text()
+        config = (service.get("environment") or {}).get(CONFIG_ENV_VAR)
+        if config:
+            text += (made_secrets / config.removeprefix("/run/secrets/")).read_text()
+        if "registry-jaas.conf" in mounted:
+            text += (made_secrets / "registry-jaas.conf").read_text()
+        named = _mounted_secrets(text)
+        assert named <= mounted, f"{name} reads {sorted(named - mounted)}, which it does not mount"
+    kafka_passwords = {s for s in compose["secrets"] if s.startswith("kafka-") and s.endswith(".password")}
+    assert kafka_passwords <= set(compose["services"]["kafka-init"]["secrets"])  # init-users.sh reads them all
+    roles = set(re.findall(r"\$\(secret (\w+)\)", (COMPOSE / "postgres" / "init-roles.sh").read_text()))
+    assert {f"db-{r}.password" for r in roles} <= set(compose["services"]["postgres"]["secrets"])
+
+
+def test_start_up_order_waits_for_health_and_for_the_one_shots():
+    """depends_on names existing services without a cycle; a `service_healthy` condition waits for a
+    service with a health check, `service_completed_successfully` for a one-shot (restart "no");
+    the brokers are healthy before their users are made, the users exist before the registry starts,
+    the database and registry are up before migrate, and every Lapse service starts after migrate."""
+    services = _compose()["services"]
+    edges: dict[str, dict[str, str]] = {}
+    for name, service in services.items():
+        deps = service.get("depends_on") or {}
+        edges[name] = ({d: "service_started" for d in deps} if isinstance(deps, list)
+                       else {d: spec.get("condition", "service_started") for d, spec in deps.items()})
+        for dep, condition in edges[name].items():
+            assert dep in services, f"{name} depends on unknown {dep}"
+            if condition == "service_healthy":
+                assert services[dep].get("healthcheck", {}).get("test"), f"{name} waits for {dep}'s health"
+            elif condition == "service_completed_successfully":
+                assert str(services[dep].get("restart")) == "no", f"{name} waits for {dep} to complete"
+    done: set[str] = set()
+    while len(done) < len(services):  # a topological order exists: no cycle
+        ready = {n for n in services if n not in done and set(edges[n]) <= done}
+        assert ready, f"depends_on cycle among {sorted(set(services) - done)}"
+        done |= ready
+    assert edges["kafka-init"] == {f"kafka-{n}": "service_healthy" for n in (1, 2, 3)}
+    assert edges["schema-registry"] == {"kafka-init": "service_completed_successfully"}
+    assert edges["migrate"] == {"postgres": "service_healthy", "schema-registry": "service_healthy"}
+    for name in set(LAPSE_SERVICES) - {"migrate"}:
+        assert edges[name] == {"migrate": "service_completed_successfully"}, name
+        assert services[name]["restart"] == "unless-stopped", name
+    assert services["migrate"]["entrypoint"] == ["sh", "-c", "lapse db upgrade && lapse topics apply"]
+
+
+def test_published_ports_are_the_ports_the_services_listen_on():
+    """The analytics and console ports compose publishes are the ones their commands listen on;
+    the metrics port stays inside the network."""
+    services = _compose()["services"]
+    for name, flag in (("analytics", "--web-port"), ("console", "--port")):
+        command = services[name]["command"]
+        port = command[command.index(flag) + 1]
+        assert services[name]["ports"] == [f"127.0.0.1:{port}:{port}"], name
+    metrics = _compose()["x-lapse-env"][env_var("runtime.metrics_port")]
+    assert not any(str(p).endswith(f":{metrics}") for s in services.values() for p in s.get("ports", []))
+
+
+def test_every_lapse_service_reads_the_deployments_kinds_file():
+    """compose/kinds.yaml is mounted read-only where LAPSE_KINDS__FILE points, in every Lapse
+    service, and is a valid kinds file (as shipped it declares none, so the services start idle
+    instead of refusing without a kinds file)."""
+    compose = _compose()
+    for name in LAPSE_SERVICES:
+        service = compose["services"][name]
+        where = service["environment"][env_var("kinds.file")]
+        assert f"./kinds.yaml:{where}:ro" in [str(v) for v in service.get("volumes", [])], name
+    assert read_kinds_file(COMPOSE / "kinds.yaml").kinds == {}
