@@ -45,6 +45,7 @@ NOT_FOR_UNIT = {"kafka_bootstrap", "kafka_server", "embedded_bootstrap", "_kafka
 GROUPS = {
     "system/test_bench.py": "heavy",  # the quick bench: every stage, naive and Faust consumers, 1 and 2 workers
     "system/test_cluster.py": "heavy",  # three more Apache Kafka brokers, one killed
+    "system/test_compose_processes.py": "heavy",  # three brokers and compose's 12 `lapse` processes
     "system/test_demo.py": "heavy",  # its own embedded broker and workers under injected faults
     "system/test_kill_storm.py": "heavy",  # `make storm`
     "system/test_rebalance_storm.py": "heavy",  # `lapse process` and `lapse run` processes SIGTERMed in turn
