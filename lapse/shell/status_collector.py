@@ -70,14 +70,22 @@ def status_families(report: dict[str, Any]) -> list[Metric]:
     lag_records = _gauge("lapse_consumer_lag_records", "Records behind the end of the log.", ["group", "topic"])
     lag_seconds = _gauge("lapse_consumer_lag_seconds", "Age of the oldest unconsumed record (0: none).",
                          ["group", "topic"])
+    members = _gauge("lapse_group_members", "Members of a declared consumer group (0: nothing consumes "
+                     "for it).", ["group"])
     for row in report.get("lag", []):
         labels = [row["group"], row["topic"]]
         readable.add_metric(labels, 0 if "error" in row else 1)
         if "error" not in row:
             lag_records.add_metric(labels, row["records"])
             lag_seconds.add_metric(labels, row["seconds"])
+    described = {row["group"]: row["group_state"]["members"] for row in report.get("lag", [])
+                 if "members" in (row.get("group_state") or {})}
+    for group, n in sorted(described.items()):
+        members.add_metric([group], n)
+    circuits = _gauge("lapse_dead_letter_circuits_open", "Partitions whose dead-letter circuit is open now.")
+    circuits.add_metric([], len((report.get("findings") or {}).get("open_circuits", [])))
     return [oldest, eligible_rows, eligible_age, expired, unsent, unsent_age, ledger, readable, lag_records,
-            lag_seconds]
+            lag_seconds, members, circuits]
 
 
 class StatusCollector(Collector):

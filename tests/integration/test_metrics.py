@@ -117,6 +117,8 @@ def test_metrics_after_a_real_batch(kafka_bootstrap, pg_url, unique):
     lag = (("group", settings.topology.groups.cleanup), ("topic", settings.topology.expiry))
     assert gauges[("lapse_consumer_lag_records", lag)] == 0
     assert gauges[("lapse_consumer_lag_readable", lag)] == 1
+    assert gauges[("lapse_group_members", (("group", settings.topology.groups.cleanup),))] == 0  # stopped
+    assert gauges[("lapse_dead_letter_circuits_open", ())] == 0
     assert ("lapse_outbox_unsent", ()) in gauges
     engine.dispose()
 
