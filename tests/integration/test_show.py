@@ -91,16 +91,21 @@ def outbox_payloads(engine, topic: str, key: str) -> list[dict]:
                                  .order_by(outbox.c.id)).scalars())
 
 
-def retried_then_applied(engine, settings, tmp_path) -> str:
-    """An artifact delete that fails once (temporary), waits in a delay tier, then is applied."""
+def artifact_due(engine, tmp_path, name: str, correlation_id: str) -> tuple[FilesystemObjectStore, ExpiryEvent]:
+    """A live artifact `name` past its retention, its object in a store of `tmp_path`, and its event."""
     store = FilesystemObjectStore(tmp_path / "objects")
-    store.put("exports/a.csv", b"x")
+    store.put(f"exports/{name}.csv", b"x")
     with engine.begin() as conn:
         aid = conn.execute(insert(artifacts).values(
-            tenant="t1", object_key="exports/a.csv", status="live", retain_until=T0 - timedelta(hours=1),
+            tenant="t1", object_key=f"exports/{name}.csv", status="live", retain_until=T0 - timedelta(hours=1),
         ).returning(artifacts.c.id)).scalar()
-    event = expiry_event("artifact-delete", aid, "t1", T0 - timedelta(hours=1), source="sweep",
-                         correlation_id="corr-retried")
+    return store, expiry_event("artifact-delete", aid, "t1", T0 - timedelta(hours=1), source="sweep",
+                               correlation_id=correlation_id)
+
+
+def retried_then_applied(engine, settings, tmp_path) -> str:
+    """An artifact delete that fails once (temporary), waits in a delay tier, then is applied."""
+    store, event = artifact_due(engine, tmp_path, "a", "corr-retried")
     flaky = FailingOnce(store)
     deliver(engine, settings, [event], flaky, T0)
     (wake,) = [p for tier in settings.topology.delay_topics for p in outbox_payloads(engine, tier, event.op_key)]
@@ -235,14 +240,7 @@ def test_each_transition_names_the_event_behind_it_and_a_later_correlation_id_is
     correlation id (a producer's redelivery would): each transition names its event's position, and
     the later id finds the operation through its transitions, the first through the ledger."""
     settings, engine = env
-    store = FilesystemObjectStore(tmp_path / "objects")
-    store.put("exports/b.csv", b"x")
-    with engine.begin() as conn:
-        aid = conn.execute(insert(artifacts).values(
-            tenant="t1", object_key="exports/b.csv", status="live", retain_until=T0 - timedelta(hours=1),
-        ).returning(artifacts.c.id)).scalar()
-    event = expiry_event("artifact-delete", aid, "t1", T0 - timedelta(hours=1), source="sweep",
-                         correlation_id="corr-first")
+    store, event = artifact_due(engine, tmp_path, "b", "corr-first")
     flaky, expiry = FailingOnce(store), settings.topology.expiry
     deliver(engine, settings, [event], flaky, T0, {event.op_key: (expiry, 3, 41)})
     (tier, wake), = [(t, p) for t in settings.topology.delay_topics for p in outbox_payloads(engine, t, event.op_key)]

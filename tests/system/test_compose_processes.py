@@ -73,7 +73,7 @@ from tests.fixtures.compose import (
     make_secrets,
     start_order,
 )
-from tests.fixtures.effects import Answer, ScriptedHttpServer, hooks_table
+from tests.fixtures.effects import Answer, ScriptedHttpServer, hook_kind, hooks_table
 from tests.fixtures.kafka import broker_tools, partitions_behind
 from tests.fixtures.pipeline import Pipeline, produce
 from tests.fixtures.polling import eventually
@@ -116,13 +116,7 @@ SERVES_METRICS = {"sweep", "process", "relay", "delay", "reconcile", "monitor", 
 def kinds_file(folder, hook_url: str):
     """The demo's release-reservation and a webhook kind (a retry a second or two later)."""
     demo = yaml.safe_load(packaged_kinds_file().read_text())["kinds"]
-    kinds = {RELEASE: demo[RELEASE], HOOK: {
-        "table": "public.hooks", "id": "id", "tenant": "tenant", "due": "due_at",
-        "eligible": {"status": "open"},
-        "effect": {"http": {"method": "POST", "url": hook_url + "/hooks/{script}/{subject_id}", "timeout_s": 5,
-                            "then_set": {"status": "notified", "notified_at": "now"}}},
-        "retry": {"max_attempts": 3, "base_s": 1.0, "cap_s": 2.0},
-    }}
+    kinds = {RELEASE: demo[RELEASE], HOOK: hook_kind(hooks_table("hooks"), hook_url)}
     path = folder / "kinds.yaml"
     path.write_text(yaml.safe_dump({"kinds": kinds}))
     return path
