@@ -178,12 +178,22 @@ def group_states(settings: Settings, groups: list[str]) -> dict[str, dict[str, o
     {"error"} for a group the broker would not describe (no DESCRIBE ACL, coordinator away)."""
     admin = make_admin(settings)
     found: dict[str, dict[str, object]] = {}
-    for group, future in admin.describe_consumer_groups(groups, request_timeout=TIMEOUT_S).items():
-        try:
-            desc = future.result()
-            found[group] = {"state": desc.state.name.lower(), "members": len(desc.members)}
-        except KafkaException as exc:
-            found[group] = {"error": exc.args[0].str() if exc.args else str(exc)}
+    asked, deadline = list(groups), time.monotonic() + TIMEOUT_S
+    while asked:
+        moving = []
+        for group, future in admin.describe_consumer_groups(asked, request_timeout=TIMEOUT_S).items():
+            try:
+                desc = future.result()
+                found[group] = {"state": desc.state.name.lower(), "members": len(desc.members)}
+            except KafkaException as exc:
+                error = exc.args[0]
+                found[group] = {"error": f"{error.name()}: {error.str()}".rstrip(": ")}
+                if error.code() in _COORDINATOR_MOVING:  # still loading, or never loaded for an unused group
+                    moving.append(group)
+        if not moving or time.monotonic() > deadline:
+            break
+        asked = moving
+        time.sleep(0.3)
     return found
 
 

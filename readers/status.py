@@ -26,6 +26,7 @@ from lapse.kernel.ledger import (
     oldest_unfinished_due,
     outbox_backlog,
 )
+from lapse.kernel.ledger.partitions import OUTBOX, TRANSITIONS, default_rows
 from lapse.kernel.settings import Settings
 from lapse.readers.offsets import OffsetsError, group_lag, group_states
 
@@ -88,19 +89,24 @@ def lag_status(settings: Settings, now: datetime) -> list[dict[str, Any]]:
     """Lag per declared (group, topic): records behind and age of the oldest unconsumed record,
     with the group's state and members (`group_state`: running or not)."""
     reads = sorted(settings.topology.reads())
-    states = group_states(settings, sorted({group for group, _ in reads}))
     rows: list[dict[str, Any]] = []
     for group, topic in reads:
         try:
             parts = group_lag(settings, group, topic, now)
         except OffsetsError as exc:
-            rows.append({"group": group, "topic": topic, "error": str(exc), "group_state": states.get(group)})
+            rows.append({"group": group, "topic": topic, "error": str(exc)})
             continue
         ages = [p.seconds for p in parts if p.seconds is not None]
         rows.append({"group": group, "topic": topic, "records": sum(p.records for p in parts),
                      "seconds": round(max(ages), 3) if ages else 0.0,
-                     "partitions": [asdict(p) for p in parts], "group_state": states.get(group)})
-    return rows
+                     "partitions": [asdict(p) for p in parts]})
+    # Asked after the offsets, whose reading found each group's coordinator.
+    states = group_states(settings, sorted({group for group, _ in reads}))
+    return [{**row, "group_state": states.get(row["group"])} for row in rows]
+
+
+# How many rows of a DEFAULT partition status counts at most (a bounded read).
+DEFAULT_ROWS_CAP = 10_000
 
 
 def findings_status(conn: Connection, now: datetime) -> dict[str, Any]:
@@ -112,11 +118,20 @@ def findings_status(conn: Connection, now: datetime) -> dict[str, Any]:
             "reconciler": one.get((RECONCILE, LAST_PASS)), "audit": one.get((AUDIT, LAST_VERDICT))}
 
 
+def outside_partitions(conn: Connection) -> dict[str, int] | None:
+    """Rows in the DEFAULT partitions of transitions and the outbox (PostgreSQL), counted up to
+    DEFAULT_ROWS_CAP: rows no time partition covers wait there until `lapse prune` creates theirs.
+    None where nothing is partitioned (SQLite)."""
+    counted = {scheme.name: default_rows(conn, scheme, DEFAULT_ROWS_CAP) for scheme in (TRANSITIONS, OUTBOX)}
+    return None if all(n is None for n in counted.values()) else {k: n or 0 for k, n in counted.items()}
+
+
 def status_report(settings: Settings, engine: Engine, now: datetime, *, lag: bool = True) -> dict[str, Any]:
     with engine.connect() as conn:
         report = ledger_status(conn, now)
         report["eligible"] = eligible_status(settings, conn, now)
         report["findings"] = findings_status(conn, now)
+        report["outside_partitions"] = outside_partitions(conn)
     ages = [report["oldest_eligible_age_s"], *(k["oldest_due_age_s"] for k in (report["eligible"] or {}).values())]
     report["oldest_eligible_age_s"] = max((a for a in ages if a is not None), default=None)
     report["at"] = now.isoformat()

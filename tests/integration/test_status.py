@@ -14,7 +14,7 @@ from sqlalchemy import insert
 from lapse.devtools.demo_tables import reservations
 from lapse.kernel.database import make_engine
 from lapse.kernel.ledger import expiry_event, pending_row
-from lapse.kernel.models import cleanup_ledger, outbox
+from lapse.kernel.models import cleanup_ledger, ledger_transitions, outbox
 from lapse.readers.status import status_report
 from lapse.shell.app import main
 from tests.fixtures.pipeline import connection_env, make_pipeline_settings
@@ -122,4 +122,28 @@ def test_the_alarm_counts_due_rows_no_sweep_has_emitted_and_the_outbox_backlog(k
     # The command reads the real clock, a little after the report's `now`.
     assert re.search(r"oldest eligible unfinished: 180\d\ds", result.stdout), result.stdout
     assert re.search(r"outbox unsent: 2 \(oldest written \d+s ago\)", result.stdout), result.stdout
+    engine.dispose()
+
+
+def test_status_counts_the_rows_no_time_partition_covers_and_each_groups_members(kafka_bootstrap, pg_url, unique):
+    """A transition and an outbox row stamped before every partition wait in DEFAULT: status
+    counts them (and says what creates their partitions); no group consumes here, so each
+    declared group has no members."""
+    settings = make_pipeline_settings(kafka_bootstrap, pg_url, unique, **READER_TOPICS)
+    engine = make_engine(pg_url)
+    long_ago = datetime(2020, 1, 6, tzinfo=UTC)
+    with engine.begin() as conn:
+        conn.execute(insert(ledger_transitions), [{"op_key": "release-reservation:1", "to_state": "pending",
+                                                   "attempt": 0, "actor": "test", "at": long_ago}])
+        conn.execute(insert(outbox), [{"topic": "t", "key": "k", "schema": "s", "payload": {}, "headers": {},
+                                       "created_at": long_ago}])
+    now = datetime.now(UTC)
+    report = status_report(settings, engine, now)
+    assert report["outside_partitions"] == {"lapse_transitions": 1, "lapse_outbox": 1}
+    assert {r["group_state"].get("members") for r in report["lag"]} == {0}, report["lag"]
+    env = {**connection_env(settings), "LAPSE_RUNTIME__LOG_LEVEL": "WARNING"}
+    text = CliRunner().invoke(main, ["status"], env=env)
+    assert text.exit_code == 0, text.output
+    assert "rows outside every time partition: lapse_transitions 1, lapse_outbox 1" in text.stdout
+    assert f"lag {settings.topology.groups.cleanup} on {settings.topology.expiry}: 0 records, 0s (" in text.stdout
     engine.dispose()

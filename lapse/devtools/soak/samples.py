@@ -41,12 +41,14 @@ class Sample:
 
 
 def table_sizes(engine: Engine, schema: str | None) -> dict[str, float]:
-    """Each Lapse table's size with its indexes and TOAST, in MB (PostgreSQL)."""
+    """Each Lapse table's size with its indexes and TOAST, in MB (PostgreSQL); a partitioned
+    table's is the sum of its partitions' (the parent itself stores nothing)."""
     sizes = {}
     with engine.connect() as conn:
         for table in TABLES:
             name = f'"{schema}"."{table}"' if schema else f'"{table}"'
-            size = conn.execute(text("SELECT pg_total_relation_size(CAST(:n AS regclass))"), {"n": name}).scalar()
+            size = conn.execute(text("SELECT sum(pg_total_relation_size(relid)) "
+                                     "FROM pg_partition_tree(CAST(:n AS regclass))"), {"n": name}).scalar()
             sizes[table] = round((size or 0) / 1e6, 1)
     return sizes
 

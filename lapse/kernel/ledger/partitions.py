@@ -146,6 +146,15 @@ def partitions(conn: Connection, scheme: Scheme) -> list[Partition]:
     return sorted(parts, key=lambda p: (p.lower is None, p.lower or datetime.min.replace(tzinfo=UTC)))
 
 
+def default_rows(conn: Connection, scheme: Scheme, cap: int) -> int | None:
+    """Rows waiting in `scheme`'s DEFAULT partition, counted up to `cap` (a bounded read, for
+    status); None where the table is not partitioned."""
+    if not is_partitioned(conn, scheme):
+        return None
+    return conn.execute(text(f"SELECT count(*) FROM (SELECT 1 FROM {_q(conn, scheme.default_name)} LIMIT :cap) d"),
+                        {"cap": cap}).scalar_one()
+
+
 def missing_ahead(parts: list[Partition], scheme: Scheme, now: datetime) -> list[tuple[datetime, datetime]]:
     """The ranges from `now`'s unit to `ahead` units past it that no partition covers yet."""
     start = scheme.floor(now)

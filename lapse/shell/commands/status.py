@@ -45,6 +45,11 @@ def _text(r: dict[str, Any]) -> str:
         else:
             lines.append(f"lag {row['group']} on {row['topic']}: {row['records']} records, "
                          f"{row['seconds']:.0f}s{_members(row.get('group_state'))}")
+    outside = {table: n for table, n in (r.get("outside_partitions") or {}).items() if n}
+    if outside:
+        lines.append("rows outside every time partition: " + ", ".join(
+            f"{table} {n:,}{'+' if n >= 10_000 else ''}" for table, n in outside.items())
+            + " (`lapse prune` creates the partitions ahead)")
     found = r.get("findings") or {}
     for circuit in found.get("open_circuits", []):
         lines.append(f"circuit {circuit['subject']}: {circuit['summary']} (until {circuit['until']})")
