@@ -5,14 +5,18 @@ from __future__ import annotations
 
 import threading
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 import pytest
+import yaml
 from confluent_kafka import Producer
 
 from lapse.kernel.delays import HOPS_HEADER, TARGET_HEADER, due_header, parse_due
 from lapse.processors.delay_worker import DelayWorker
 from tests.fixtures.kafka import committed, read_topic
+from tests.fixtures.pipeline import make_pipeline_settings
 from tests.fixtures.polling import eventually
+from tests.fixtures.topology import TOPICS_FILE
 
 
 def test_delay_tier_forwards_when_due_and_a_held_partition_holds_only_itself(pipeline):
@@ -53,13 +57,30 @@ def test_delay_tier_forwards_when_due_and_a_held_partition_holds_only_itself(pip
 SLACK_S = 5  # "a few seconds": polling, a flush and a produce on a test broker
 
 
+SHORT_TIER_S = 5  # the shortest tier's delay in the next test (30 s in the packaged topics.yaml)
+
+
+def with_short_first_tier(folder: Path) -> Path:
+    """The packaged topics file with its shortest tier waiting SHORT_TIER_S (renamed to say so)."""
+    declared = yaml.safe_load(TOPICS_FILE.read_text())
+    first = min((name for name, spec in declared["topics"].items() if "delay_seconds" in spec),
+                key=lambda name: declared["topics"][name]["delay_seconds"])
+    declared["topics"][f"lapse.delay.{SHORT_TIER_S}s"] = {**declared["topics"].pop(first),
+                                                          "delay_seconds": SHORT_TIER_S}
+    path = folder / "topics.yaml"
+    path.write_text(yaml.safe_dump(declared))
+    return path
+
+
 @pytest.mark.slow
-def test_a_long_wait_ahead_in_a_tier_partition_does_not_hold_a_short_one_behind_it(pipeline):
+def test_a_long_wait_ahead_in_a_tier_partition_does_not_hold_a_short_one_behind_it(kafka_bootstrap, pg_url,
+                                                                                   unique, tmp_path):
     """A 7-day wait and a 2 s wait in the same partition of the shortest tier, the 7-day one first:
     the 2 s one reaches the expiry topic within the tier's delay (plus a few seconds), and the
     7-day one leaves the tier after that delay, on its next trip to the longest tier with one hop
     counted; neither waited in the tier longer than its delay."""
-    s = pipeline.settings
+    s = make_pipeline_settings(kafka_bootstrap, pg_url, unique, topics={"file": with_short_first_tier(tmp_path)})
+    assert s.topology.tiers[0].delay_s == SHORT_TIER_S
     tier, longest = s.topology.tiers[0], s.topology.tiers[-1]
     now = datetime.now(UTC)
     target = [(TARGET_HEADER, s.topology.expiry.encode())]
