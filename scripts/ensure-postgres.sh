@@ -28,15 +28,14 @@ while [ $# -gt 0 ]; do
   shift
 done
 
+. "$(dirname "$0")/lib/apt-missing.sh"
 say() { echo "postgresql: $*"; }
 changed=0
 change() { say "$*"; changed=1; }
 
 if ! command -v pg_ctlcluster >/dev/null 2>&1 || [ -z "$(ls /etc/postgresql 2>/dev/null)" ]; then
   change "installing Debian's postgresql package"
-  export DEBIAN_FRONTEND=noninteractive
-  apt-get update -qq >/dev/null
-  apt-get install -y -qq postgresql >/dev/null
+  install_missing postgresql
 fi
 ver=${cluster%%/*}
 name=${cluster#*/}

@@ -8,6 +8,11 @@ install_missing() {
   fi
   echo "installing $*" >&2
   export DEBIAN_FRONTEND=noninteractive
-  apt-get update -qq >/dev/null
+  # One package index refresh an hour: make test installs chromium, then promtool.
+  local stamp=/var/lib/apt/lists/.lapse-updated
+  if [ -z "$(find "$stamp" -mmin -60 2>/dev/null)" ]; then
+    apt-get update -qq >/dev/null
+    touch "$stamp"
+  fi
   apt-get install -y -qq "$@" >/dev/null
 }
