@@ -40,7 +40,7 @@ KINDS = ("unit", "integration", "system")
 # What a unit test may not ask for: a broker or PostgreSQL (sqlite_url is fine).
 NOT_FOR_UNIT = {"kafka_bootstrap", "kafka_server", "embedded_bootstrap", "_kafka_under_test",
                 "pg_template", "pg_url", "pg_empty_url", "db_url", "engine", "pipeline", "secure_kafka",
-                "login_role"}
+                "login_role", "three_brokers"}
 # Module (under tests/) -> the xdist group its tests run in with -n (see the module docstring).
 GROUPS = {
     "system/test_bench.py": "heavy",  # the quick bench: every stage, naive and Faust consumers, 1 and 2 workers

@@ -5,10 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from lapse.devtools.brokers import ApacheKafkaCluster
 from lapse.kernel.codec import Codec
 from lapse.kernel.database import make_engine
-from tests.fixtures.kafka import broker_tools
+from tests.fixtures.kafka import whole_again
 from tests.fixtures.pipeline import (
     Pipeline,
     applied,
@@ -21,33 +20,22 @@ from tests.fixtures.pipeline import (
 from tests.fixtures.polling import eventually
 from tests.fixtures.workers import running_workers
 
-REPLICATED = {
-    "offsets.topic.replication.factor": "3",
-    "transaction.state.log.replication.factor": "3",
-    "transaction.state.log.min.isr": "2",
-    "default.replication.factor": "3",
-    "min.insync.replicas": "2",
-}
-
-
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory):
-    with ApacheKafkaCluster(3, base_dir=tmp_path_factory.mktemp("cluster"), overrides=REPLICATED,
-                            **broker_tools()) as c:
-        yield c
-
 
 @pytest.mark.slow
-def test_killing_one_of_three_brokers_loses_nothing(cluster, pg_url, unique):
+def test_killing_one_of_three_brokers_loses_nothing(three_brokers, pg_url, unique):
+    cluster = three_brokers
     settings = make_pipeline_settings(cluster.bootstrap, pg_url, unique, replication_factor=3)
     pipeline = Pipeline(settings, make_engine(pg_url), Codec.from_settings(settings))
     ids = seed(pipeline, 2000)
     produce(pipeline, [expiry_event(i) for i in ids[:1000]])
-    with running_workers(settings) as running:
-        eventually(lambda: applied(pipeline) == 1000, timeout_s=90, what="the first 1,000 applied")
-        cluster.nodes[1].kill()  # a broker dies: leaders and maybe the group coordinator move
-        produce(pipeline, [expiry_event(i) for i in ids[1000:]])
-        eventually(lambda: applied(pipeline) == 2000, timeout_s=120, what="all 2,000 applied")
-    running.stats()  # stopped, and no worker thread failed
-    assert_each_applied_once(pipeline, 2000)
-    pipeline.engine.dispose()
+    try:
+        with running_workers(settings) as running:
+            eventually(lambda: applied(pipeline) == 1000, timeout_s=90, what="the first 1,000 applied")
+            cluster.nodes[1].kill()  # a broker dies: leaders and maybe the group coordinator move
+            produce(pipeline, [expiry_event(i) for i in ids[1000:]])
+            eventually(lambda: applied(pipeline) == 2000, timeout_s=120, what="all 2,000 applied")
+        running.stats()  # stopped, and no worker thread failed
+        assert_each_applied_once(pipeline, 2000)
+    finally:
+        pipeline.engine.dispose()
+        whole_again(cluster)  # the session's next cluster test starts from three brokers

@@ -8,8 +8,9 @@ format and level, the sweep interval, the processor's session timeout and batch 
 notifier), its config file as compose/make-secrets.sh makes it (minus what is mapped below), the
 process service's three replicas, the one-shot migrate service's entrypoint (`lapse db upgrade &&
 lapse topics apply`, run first, as depends_on orders it), topics.yaml as packaged (replication
-factor 3, no prefix: the cluster is the test's own) and every horizon and interval. Nothing is
-shortened for time (tests/fixtures/compose.py TIME_OVERRIDES is empty, and asserted small).
+factor 3, no prefix: the session's other cluster tests use prefixed names) and every horizon and
+interval. Nothing is shortened for time (tests/fixtures/compose.py TIME_OVERRIDES is empty, and
+asserted small).
 
 What is mapped (tests/fixtures/compose.py MAPPED_ENV, MAPPED_FLAGS, MAPPED_CONFIG), because only
 compose's network, TLS and volumes have it:
@@ -51,7 +52,6 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import func, select
 
-from lapse.devtools.brokers import ApacheKafkaCluster
 from lapse.devtools.demo_data import add_reservations
 from lapse.devtools.demo_kinds import RELEASE, packaged_kinds_file
 from lapse.devtools.demo_tables import create_demo_tables, reservations
@@ -74,20 +74,11 @@ from tests.fixtures.compose import (
     start_order,
 )
 from tests.fixtures.effects import Answer, ScriptedHttpServer, hook_kind, hooks_table
-from tests.fixtures.kafka import broker_tools, partitions_behind
+from tests.fixtures.kafka import partitions_behind
 from tests.fixtures.pipeline import Pipeline, produce
 from tests.fixtures.polling import eventually
 from tests.fixtures.processes import RoleProcess, run_lapse
 
-REPLICATED = {  # the brokers' settings compose gives its cluster (x-kafka-env), and one of the test's:
-    "offsets.topic.replication.factor": "3",
-    "transaction.state.log.replication.factor": "3",
-    "transaction.state.log.min.isr": "2",
-    "default.replication.factor": "3",
-    "min.insync.replicas": "2",
-    "auto.create.topics.enable": "false",
-    "transaction.state.log.num.partitions": "6",  # 50 by default: made on the first producer's start
-}
 HOOK = "notify-hook"
 RESERVATIONS = 20
 # One script per hook (the server's answers per script are consumed in order across requests).
@@ -147,18 +138,6 @@ def get(url: str) -> tuple[int, str, dict[str, str]] | None:
         return None
 
 
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory):
-    """Three KRaft nodes as compose's (replication 3, min.insync.replicas 2). Stopped with a short
-    grace before SIGKILL: the data is thrown away, and a clean broker shutdown costs seconds."""
-    c = ApacheKafkaCluster(3, base_dir=tmp_path_factory.mktemp("cluster"), overrides=REPLICATED, **broker_tools())
-    c.start()
-    try:
-        yield c
-    finally:
-        c.stop(timeout=1.0)
-
-
 def test_the_mapping_is_explicit_and_the_time_overrides_few():
     """Each variable a Lapse service sets is mapped (MAPPED_ENV) or kept; nothing is added; no
     value is changed for time."""
@@ -176,7 +155,8 @@ def test_the_mapping_is_explicit_and_the_time_overrides_few():
 
 
 @pytest.mark.slow
-def test_compose_services_as_processes_run_a_workload_to_its_audit(cluster, pg_empty_url, tmp_path):
+def test_compose_services_as_processes_run_a_workload_to_its_audit(three_brokers, pg_empty_url, tmp_path):
+    cluster = three_brokers  # compose's cluster: replication 3, min.insync.replicas 2
     """migrate runs to exit 0 on an empty database (with the application's tables); then the
     other services start at once, 12 processes, and clean up 34 operations: 20 reservations and 9
     webhooks applied once each (5 after a retry through a delay tier), 3 webhooks and 2 published
