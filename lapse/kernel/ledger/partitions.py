@@ -188,6 +188,7 @@ def create_partition(conn: Connection, scheme: Scheme, lower: datetime, upper: d
     # the move and the attach (which would fail it). Inserts routed elsewhere never wait for it.
     conn.execute(text(f"LOCK TABLE {default} IN ACCESS EXCLUSIVE MODE"))
     conn.execute(text(f"CREATE TABLE {new} (LIKE {parent} INCLUDING CONSTRAINTS INCLUDING GENERATED)"))
+    _owned_like_parent(conn, new, parent)
     moved = conn.execute(text(
         f"WITH moved AS (DELETE FROM {default} WHERE {key} >= {_literal(lower)} AND {key} < {_literal(upper)} "
         f"RETURNING *) INSERT INTO {new} SELECT * FROM moved")).rowcount
@@ -195,6 +196,15 @@ def create_partition(conn: Connection, scheme: Scheme, lower: datetime, upper: d
                       f"FOR VALUES FROM ({_literal(lower)}) TO ({_literal(upper)})"))
     name_partition_indexes(conn, scheme, scheme.partition_name(lower))
     return moved
+
+
+def _owned_like_parent(conn: Connection, table: str, parent: str) -> None:
+    """Give a partition its parent's owner when a member of that role created it (compose's prune
+    role): every partition then belongs to whoever migrates the tables, as the first ones do."""
+    owner, me = conn.execute(text("SELECT pg_get_userbyid(relowner), current_user FROM pg_class "
+                                  "WHERE oid = CAST(:parent AS regclass)"), {"parent": parent}).one()
+    if owner != me:
+        conn.execute(text(f"ALTER TABLE {table} OWNER TO {conn.dialect.identifier_preparer.quote(owner)}"))
 
 
 def name_partition_indexes(conn: Connection, scheme: Scheme, partition: str) -> None:
