@@ -86,7 +86,8 @@ class OfferedLoad:
 
     def stop(self) -> None:
         self._stop.set()
-        self._thread.join(30)
+        if self._thread.ident is not None:  # started (a run that failed warming up never was)
+            self._thread.join(30)
         self.producer.flush(10)
 
     def _tenants(self, n: int) -> list[str]:

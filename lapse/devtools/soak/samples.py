@@ -49,7 +49,7 @@ def table_sizes(engine: Engine, schema: str | None) -> dict[str, float]:
             name = f'"{schema}"."{table}"' if schema else f'"{table}"'
             size = conn.execute(text("SELECT sum(pg_total_relation_size(relid)) "
                                      "FROM pg_partition_tree(CAST(:n AS regclass))"), {"n": name}).scalar()
-            sizes[table] = round((size or 0) / 1e6, 1)
+            sizes[table] = round(int(size or 0) / 1e6, 1)  # sum() of bigint is numeric
     return sizes
 
 
