@@ -28,7 +28,7 @@ from lapse.devtools.bench.runner import given_or_own_broker
 from lapse.devtools.demo import prepare
 from lapse.devtools.demo_kinds import write_demo_kinds
 from lapse.devtools.soak.load import OfferedLoad
-from lapse.devtools.soak.samples import Sample, finished_between, take_sample
+from lapse.devtools.soak.samples import Sample, finished_between, rotated_tables, take_sample
 from lapse.devtools.soak.seed import seed_finished
 from lapse.devtools.soak.verdict import judge, per_minute
 from lapse.kernel.database import engine_from_settings
@@ -160,7 +160,8 @@ def _run(settings: Settings, soak: SoakPlan, objects: Path, progress: Callable[[
         progress("waiting for the roles to start and finish a first event")
         _warm_up(engine, load, seeded=soak.seed_rows > 0)
         started = previous = datetime.now(UTC)
-        samples.append(take_sample(settings, engine, schema, started, started, started))
+        rotated = rotated_tables(engine)
+        samples.append(take_sample(settings, engine, schema, started, started, started, rotated))
         load.start()
         progress(f"offering {soak.rate:.0f} events/s for {soak.minutes:g} min, a reading every {soak.sample_s:g} s")
         end = time.monotonic() + soak.minutes * 60
@@ -169,7 +170,7 @@ def _run(settings: Settings, soak: SoakPlan, objects: Path, progress: Callable[[
             if load.error is not None:
                 raise RuntimeError(f"the offered load failed: {load.error}")
             now = datetime.now(UTC)
-            sample = take_sample(settings, engine, schema, now, started, previous)
+            sample = take_sample(settings, engine, schema, now, started, previous, rotated)
             samples.append(sample)
             previous = now
             progress(f"{sample.elapsed_s:6.0f} s: lag {sample.lag_records} records ({sample.lag_s:.1f} s), "

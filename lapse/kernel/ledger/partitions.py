@@ -151,8 +151,8 @@ def default_rows(conn: Connection, scheme: Scheme, cap: int) -> int | None:
     status); None where the table is not partitioned."""
     if not is_partitioned(conn, scheme):
         return None
-    return conn.execute(text(f"SELECT count(*) FROM (SELECT 1 FROM {_q(conn, scheme.default_name)} LIMIT :cap) d"),
-                        {"cap": cap}).scalar_one()
+    return int(conn.execute(text(f"SELECT count(*) FROM (SELECT 1 FROM {_q(conn, scheme.default_name)} LIMIT :cap) d"),
+                            {"cap": cap}).scalar_one())
 
 
 def missing_ahead(parts: list[Partition], scheme: Scheme, now: datetime) -> list[tuple[datetime, datetime]]:
