@@ -4,28 +4,17 @@ figures match the outcomes produced (lz4-compressed, as the relay sends them).""
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import subprocess
 import sys
-import urllib.request
 from datetime import UTC, datetime, timedelta
 
 import pytest
 
 from lapse.devtools.brokers import free_port
-from lapse.readers.analytics import VIEW_PATH
 from tests.fixtures.pipeline import connection_env, make_pipeline_settings
 from tests.fixtures.polling import eventually
-from tests.fixtures.readers import READER_TOPICS, outcome_record, produce_outcomes
-
-
-def _view(port: int) -> dict | None:
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}{VIEW_PATH}", timeout=2) as resp:
-            return json.loads(resp.read())
-    except OSError:
-        return None
+from tests.fixtures.readers import READER_TOPICS, analytics_view, outcome_record, produce_outcomes
 
 
 @pytest.mark.slow
@@ -54,7 +43,7 @@ def test_faust_worker_serves_outcome_figures(kafka_bootstrap, pg_url, unique, tm
 
     def settled() -> bool:
         nonlocal shown
-        shown = _view(port)
+        shown = analytics_view(port)
         return proc.poll() is not None or bool(shown and shown["totals"] == want)
 
     try:

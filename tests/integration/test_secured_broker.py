@@ -11,7 +11,6 @@ import logging
 import os
 import subprocess
 import sys
-import urllib.request
 from collections import Counter
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -29,11 +28,11 @@ from lapse.kernel.models import cleanup_ledger
 from lapse.kernel.settings import Settings, env_var, load_settings
 from lapse.producers.emit import emit_events
 from lapse.producers.publish import schedule_cleanup
-from lapse.readers.analytics import VIEW_PATH
 from lapse.readers.offsets import read_to_end
 from lapse.shell.app import main
 from tests.fixtures.pipeline import TEST_SECTIONS, connection_env, expiry_event
 from tests.fixtures.polling import eventually
+from tests.fixtures.readers import analytics_view
 
 KIND = "release-reservation"
 # What the scenario's commands share besides their Kafka user: quick group joins, short polls.
@@ -88,13 +87,6 @@ class Scenario:
         self.printed.append(self.outputs[proc.pid].read_text(errors="replace"))
         return proc.returncode
 
-
-def analytics_view(port: int) -> dict | None:
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}{VIEW_PATH}", timeout=2) as resp:
-            return json.loads(resp.read())
-    except OSError:
-        return None
 
 
 def hold(engine, expires_at: datetime) -> int:
