@@ -11,11 +11,13 @@ from typing import Any
 from sqlalchemy import Engine, MetaData, func, select
 
 from lapse.kernel.kinds.columns import Bind, qualified
-from lapse.kernel.kinds.declarations import DeclaredKind, KindsFile, PythonKind
+from lapse.kernel.kinds.declarations import DeclaredKind, KindsFile
+from lapse.kernel.kinds.effects.python import PythonKind
 from lapse.kernel.kinds.errors import KindError
 from lapse.kernel.kinds.indexes import create_index_sql, due_index
 from lapse.kernel.kinds.kind import CleanupKind
 from lapse.kernel.kinds.loading import compile_kind, load_kind
+from lapse.kernel.topology import Topology
 
 
 @dataclass
@@ -55,19 +57,6 @@ def describe(kinds_file: KindsFile) -> list[dict[str, Any]]:
     return out
 
 
-def needed_privileges(decl: DeclaredKind | PythonKind) -> list[str]:
-    """What the role must be allowed on the table: SELECT always, UPDATE or DELETE for the effect."""
-    if isinstance(decl, PythonKind):
-        return ["SELECT"]
-    effect = decl.effect
-    if effect.update is not None:
-        return ["SELECT", "UPDATE"]
-    if effect.delete is not None:
-        return ["SELECT", "DELETE"]
-    then_set = (effect.http or effect.object_store).then_set  # type: ignore[union-attr]
-    return ["SELECT", "UPDATE"] if then_set else ["SELECT"]
-
-
 def privileges(bind: Bind, kind: CleanupKind, wanted: list[str]) -> dict[str, bool]:
     """has_table_privilege for the current role on PostgreSQL (SQLite has no roles: all true)."""
     if bind.dialect.name != "postgresql":
@@ -82,16 +71,17 @@ def privileges(bind: Bind, kind: CleanupKind, wanted: list[str]) -> dict[str, bo
     return {p: bool(v) for p, v in zip(wanted, row, strict=True)}
 
 
-def check_kinds(kinds_file: KindsFile, bind: Bind, lapse_schema: str | None = None) -> list[KindCheck]:
-    """Every kind of the file against the live database."""
+def check_kinds(kinds_file: KindsFile, bind: Bind, lapse_schema: str | None = None,
+                topology: Topology | None = None) -> list[KindCheck]:
+    """Every kind of the file against the live database (and `topology`: the topics effects name)."""
     metadata = MetaData()
     base_dir = kinds_file.path.resolve().parent
     checks: list[KindCheck] = []
     for name, decl in kinds_file.kinds.items():
-        check = KindCheck(name, "python" if isinstance(decl, PythonKind) else decl.effect.name)
+        check = KindCheck(name, "python" if isinstance(decl, PythonKind) else decl.effect.tag)
         checks.append(check)
         try:
-            kind = compile_kind(name, decl, bind, metadata, base_dir, lapse_schema)
+            kind = compile_kind(name, decl, bind, metadata, base_dir, lapse_schema, topology)
             check.table = qualified(kind.table)
             check.due_index = due_index(bind, kind)
         except KindError as exc:
@@ -101,7 +91,7 @@ def check_kinds(kinds_file: KindsFile, bind: Bind, lapse_schema: str | None = No
             check.create_index = create_index_sql(bind, kind)
             check.problems.append(f"due: no index on ({kind.due_column.name}, {kind.id_column.name}); "
                                   f"add it: {check.create_index}")
-        check.privileges = privileges(bind, kind, needed_privileges(decl))
+        check.privileges = privileges(bind, kind, decl.privileges())
         missing = [p for p, allowed in check.privileges.items() if not allowed]
         if missing:
             check.problems.append(f"table: the current role may not {', '.join(missing)} {check.table}")

@@ -1,10 +1,10 @@
 """The kinds file as validated data: what each declared kind says, before any database is seen.
 
 A kind is either declared (table, id, optional tenant, due column, eligibility conditions, one
-effect, retry policy, rate) or names a Python kind by dotted path. Every model forbids unknown
-fields and takes values as they are typed in the file (no string-to-number coercion), so a
-mistake is refused here with the field that holds it; whether the names exist in the table is
-the compiler's business.
+effect of the types in `effects.registry`, retry policy, rate) or names a Python kind by dotted
+path. Every model forbids unknown fields and takes values as they are typed in the file (no
+string-to-number coercion), so a mistake is refused here with the field that holds it; whether
+the names exist in the table is the compiler's business.
 """
 
 from __future__ import annotations
@@ -18,13 +18,13 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, PlainValidator, ValidationError, model_validator
 
-from lapse.kernel.kinds.effects import HttpEffect, ObjectStoreEffect
+from lapse.kernel.kinds.effects.python import PythonKind
+from lapse.kernel.kinds.effects.registry import EXTERNAL_TAGS, SHAPE, Effect
 from lapse.kernel.kinds.errors import KindError, KindsFileError, show
 from lapse.kernel.ledger import InvalidOpKey, op_key
 
 MAX_FILE_BYTES = 1_000_000
 MAX_LIST = 1000
-EFFECTS = ("update", "delete", "http", "object-store")
 SCALARS = (str, int, float, bool)
 
 # A condition or set value: what YAML gives for a scalar (dates and timestamps included), or null.
@@ -78,44 +78,6 @@ class _Strict(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid", strict=True, populate_by_name=False)
 
 
-class UpdateDecl(_Strict):
-    """Set columns of the due, still eligible rows: literal values, or `now` for a timestamp."""
-
-    set_: dict[str, Any] = Field(alias="set", min_length=1, max_length=100)
-
-
-class DeleteDecl(_Strict):
-    """Delete the due, still eligible rows."""
-
-
-class EffectDecl(_Strict):
-    """Exactly one of the effects."""
-
-    update: UpdateDecl | None = None
-    delete: DeleteDecl | None = None
-    http: HttpEffect | None = None
-    object_store: ObjectStoreEffect | None = Field(None, alias="object-store")
-
-    @model_validator(mode="before")
-    @classmethod
-    def _bare_delete(cls, data: Any) -> Any:
-        """`delete:` with nothing after it means `delete: {}`."""
-        if isinstance(data, dict) and "delete" in data and data["delete"] is None:
-            return {**data, "delete": {}}
-        return data
-
-    @model_validator(mode="after")
-    def _exactly_one(self) -> EffectDecl:
-        if sum(e is not None for e in (self.update, self.delete, self.http, self.object_store)) != 1:
-            raise ValueError(f"exactly one of {', '.join(EFFECTS)}")
-        return self
-
-    @property
-    def name(self) -> str:
-        return next(n for n, e in zip(EFFECTS, (self.update, self.delete, self.http, self.object_store),
-                                      strict=True) if e is not None)
-
-
 class RetryDecl(_Strict):
     """The retry policy of an effect that can fail: attempts, then a capped, jittered backoff;
     rate-limited tries burn no attempt, so they end after `rate_limited_for_s` from the first
@@ -141,28 +103,24 @@ class DeclaredKind(_Strict):
     tenant: str | None = Field(None, min_length=1)
     due: str = Field(min_length=1)
     eligible: dict[str, ConditionField] = Field(default_factory=dict, max_length=100)
-    effect: EffectDecl
+    effect: Effect
     retry: RetryDecl = Field(default_factory=RetryDecl)
     rate_per_s: float | None = Field(None, gt=0, le=100_000)
 
     @model_validator(mode="after")
     def _rate_only_outside(self) -> DeclaredKind:
-        if self.rate_per_s is not None and self.effect.name in ("update", "delete"):
-            raise ValueError("rate_per_s applies to http and object-store effects only")
+        if self.rate_per_s is not None and not self.effect.external:
+            *most, last = EXTERNAL_TAGS
+            raise ValueError(f"rate_per_s applies to {', '.join(most)} and {last} effects only")
         return self
 
+    def privileges(self) -> list[str]:
+        """What the database role must be allowed on the table, for the effect."""
+        return self.effect.privileges()
+
     def summary(self) -> dict[str, Any]:
-        return {"table": self.table, "effect": self.effect.name, "id": self.id, "tenant": self.tenant,
+        return {"table": self.table, "effect": self.effect.tag, "id": self.id, "tenant": self.tenant,
                 "due": self.due, "conditions": [c.text(col) for col, c in self.eligible.items()]}
-
-
-class PythonKind(_Strict):
-    """A kind written in Python, for what declarations cannot say: `package.module:ATTRIBUTE`."""
-
-    python: str = Field(pattern=r"^[A-Za-z_][A-Za-z0-9_.]*:[A-Za-z_][A-Za-z0-9_]*$", max_length=300)
-
-    def summary(self) -> dict[str, Any]:
-        return {"python": self.python, "effect": "python"}
 
 
 Declaration = DeclaredKind | PythonKind
@@ -203,7 +161,7 @@ def _field_path(loc: tuple[int | str, ...]) -> str:
 def _pydantic_message(exc: ValidationError) -> tuple[str, str]:
     error = exc.errors()[0]
     message = error["msg"].removeprefix("Value error, ").removeprefix("Assertion failed, ")
-    loc = tuple(p for p in error["loc"] if not (isinstance(p, str) and p.startswith("function-")))
+    loc = tuple(p for p in error["loc"] if not (isinstance(p, str) and (p.startswith("function-") or p == SHAPE)))
     return _field_path(loc), message.splitlines()[0]
 
 

@@ -6,18 +6,31 @@ declaration in the kinds file and a Python kind named by dotted path behave the 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from pydantic import BaseModel
 from sqlalchemy import Column, ColumnElement, Connection, Select, Table, case, false, select, true, tuple_
 from sqlalchemy.sql.elements import NamedColumn
 from sqlalchemy.sql.util import find_tables
 
 from lapse.kernel.batch_sql import any_of
-from lapse.kernel.kinds.effects import EffectCall, HttpEffect, ObjectStoreEffect
 from lapse.kernel.ledger import has_settled_row, op_key
+
+
+@dataclass(frozen=True, slots=True)
+class EffectCall:
+    """One attempt of an external effect for one operation. `target` holds the business row's
+    values (column → value) read when the row was claimed."""
+
+    kind: str
+    op_key: str
+    attempt: int
+    subject_id: str
+    tenant: str
+    target: Mapping[str, Any]
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,12 +60,13 @@ class ExternalEffect:
     `targets` reads, for the subjects still eligible and due, the business row's values (subject
     id → column → value) the call needs; `complete` records the done effect on the business rows
     still eligible, in the completion transaction, and returns the subject ids done. A declared
-    effect carries its validated declaration in `declared`; a Python kind brings its own `call`.
+    effect carries its validated declaration in `declared` (one of the effect types of
+    `lapse.kernel.kinds.effects`); a Python kind brings its own `call`.
     """
 
     targets: Callable[[Connection, list[Any], datetime], dict[str, dict[str, Any]]]
     complete: Callable[[Connection, list[Any], datetime], set[str]]
-    declared: HttpEffect | ObjectStoreEffect | None = None
+    declared: BaseModel | None = None
     call: Callable[[EffectCall], object] | None = None
 
 

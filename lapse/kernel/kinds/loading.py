@@ -15,11 +15,13 @@ from sqlalchemy import MetaData
 
 from lapse.kernel.kinds.columns import Bind
 from lapse.kernel.kinds.compiler import compile_declared
-from lapse.kernel.kinds.declarations import Declaration, KindsFile, PythonKind, read_kinds_file
+from lapse.kernel.kinds.declarations import Declaration, KindsFile, read_kinds_file
+from lapse.kernel.kinds.effects.python import PythonKind
 from lapse.kernel.kinds.errors import KindError, show
 from lapse.kernel.kinds.indexes import require_due_index
 from lapse.kernel.kinds.kind import CleanupKind
 from lapse.kernel.settings import Settings
+from lapse.kernel.topology import Topology
 
 
 def load_kind(dotted: str) -> CleanupKind:
@@ -48,23 +50,23 @@ def python_kind(name: str, decl: PythonKind) -> CleanupKind:
 
 
 def compile_kind(name: str, decl: Declaration, bind: Bind, metadata: MetaData, base_dir: Path,
-                 lapse_schema: str | None = None) -> CleanupKind:
+                 lapse_schema: str | None = None, topology: Topology | None = None) -> CleanupKind:
     """One kind, declared or Python; KindError naming the field when it cannot be used."""
     if isinstance(decl, PythonKind):
         return python_kind(name, decl)
-    return compile_declared(name, decl, bind, metadata, base_dir, lapse_schema)
+    return compile_declared(name, decl, bind, metadata, base_dir, lapse_schema, topology)
 
 
-def compile_kinds(kinds_file: KindsFile, bind: Bind, lapse_schema: str | None = None
-                  ) -> dict[str, CleanupKind]:
-    """Every kind of the file, compiled against the database at `bind`, each with its due index;
-    KindsFileError at the first that is wrong."""
+def compile_kinds(kinds_file: KindsFile, bind: Bind, lapse_schema: str | None = None,
+                  topology: Topology | None = None) -> dict[str, CleanupKind]:
+    """Every kind of the file, compiled against the database at `bind` (and `topology`, for the
+    topics effects name), each with its due index; KindsFileError at the first that is wrong."""
     metadata = MetaData()
     base_dir = kinds_file.path.resolve().parent
     kinds: dict[str, CleanupKind] = {}
     for name, decl in kinds_file.kinds.items():
         try:
-            kind = compile_kind(name, decl, bind, metadata, base_dir, lapse_schema)
+            kind = compile_kind(name, decl, bind, metadata, base_dir, lapse_schema, topology)
             require_due_index(bind, kind)
         except KindError as exc:
             raise exc.in_file(kinds_file.path, name) from None
@@ -74,4 +76,5 @@ def compile_kinds(kinds_file: KindsFile, bind: Bind, lapse_schema: str | None = 
 
 def load_kinds(settings: Settings, bind: Bind) -> dict[str, CleanupKind]:
     """The kinds of the kinds file (`kinds.file`), by name, compiled against the database."""
-    return compile_kinds(read_kinds_file(settings.kinds.file), bind, settings.database.schema_name)
+    return compile_kinds(read_kinds_file(settings.kinds.file), bind, settings.database.schema_name,
+                         settings.topology)

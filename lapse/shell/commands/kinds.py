@@ -10,6 +10,7 @@ from typing import Any
 import click
 
 from lapse.kernel.settings import Settings
+from lapse.kernel.topology import TopicsFileError, Topology
 from lapse.shell.cli import main
 from lapse.shell.cli_options import F, emit, pass_settings, setting_option
 
@@ -77,6 +78,15 @@ def _check_text(data: dict[str, Any]) -> str:
 @kinds.command("check")
 @setting_option("database.url")
 @_options
+def topology_or_none(settings: Settings) -> Topology | None:
+    """The topics file's topology, for the topics effects name; None when it cannot be read (a
+    kind that names a topic then says so)."""
+    try:
+        return settings.topology
+    except TopicsFileError:
+        return None
+
+
 @pass_settings
 def check(settings: Settings, as_json: bool) -> None:
     """Check every kind against the live database: columns exist with fitting types, the (due, id)
@@ -93,7 +103,7 @@ def check(settings: Settings, as_json: bool) -> None:
     except DatabaseNotConfigured as exc:
         raise click.UsageError(str(exc)) from None
     try:
-        checks = check_kinds(kinds_file, engine, settings.database.schema_name)
+        checks = check_kinds(kinds_file, engine, settings.database.schema_name, topology_or_none(settings))
     finally:
         engine.dispose()
     emit({"file": str(kinds_file.path), "kinds": [c.to_dict() for c in checks],

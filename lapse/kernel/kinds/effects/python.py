@@ -1,0 +1,23 @@
+"""`python: package.module:ATTRIBUTE`: a kind written in Python, for what declarations cannot say.
+Its effect is its own (`CleanupKind.apply_in_db`, or `ExternalEffect.call`: processors/effects/python)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class PythonKind(BaseModel):
+    """A kind written in Python, for what declarations cannot say: `package.module:ATTRIBUTE`."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", strict=True, populate_by_name=False)
+
+    python: str = Field(pattern=r"^[A-Za-z_][A-Za-z0-9_.]*:[A-Za-z_][A-Za-z0-9_]*$", max_length=300)
+
+    def summary(self) -> dict[str, Any]:
+        return {"python": self.python, "effect": "python"}
+
+    def privileges(self) -> list[str]:
+        """A Python kind's table is read; what its own effect needs, it checks itself."""
+        return ["SELECT"]
