@@ -75,9 +75,6 @@ def _check_text(data: dict[str, Any]) -> str:
     return "\n".join(lines) or f"no kinds in {data['file']}"
 
 
-@kinds.command("check")
-@setting_option("database.url")
-@_options
 def topology_or_none(settings: Settings) -> Topology | None:
     """The topics file's topology, for the topics effects name; None when it cannot be read (a
     kind that names a topic then says so)."""
@@ -87,6 +84,9 @@ def topology_or_none(settings: Settings) -> Topology | None:
         return None
 
 
+@kinds.command("check")
+@setting_option("database.url")
+@_options
 @pass_settings
 def check(settings: Settings, as_json: bool) -> None:
     """Check every kind against the live database: columns exist with fitting types, the (due, id)
