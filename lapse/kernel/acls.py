@@ -7,7 +7,9 @@ What each role does (and so may do):
 - relay: publish outbox rows, which are outcomes, ledger-backed dead letters, and wake-ups or
   events the publish API queued (WRITE on outcomes, dlq, the expiry topic and every delay tier);
 - process: consume the expiry topic in the cleanup group, produce wake-ups and poison records
-  (READ expiry + group; WRITE delay tiers, dlq);
+  (READ expiry + group; WRITE delay tiers, dlq); run `kafka-produce` effects (WRITE on each topic
+  of role `effect`, and READ on it with a manual reader's group: a retry or a takeover first
+  looks in the key's partition for the record, so it is produced once per op key);
 - delay: consume the delay tiers in the delay group, forward to the expiry topic or the next tier,
   poison to the dlq (READ tiers + group; WRITE expiry, tiers, dlq);
 - audit: read the topics that list it under `manual_readers`, by manual assignment;
@@ -74,8 +76,9 @@ def role_grants(topology: Topology, role: str) -> list[Grant]:
     elif role == "relay":
         grants = _topics(who, "WRITE", [t.expiry, t.outcomes, t.dlq, *tiers])
     elif role == "process":
-        grants = [*_topics(who, "READ", [t.expiry]), Grant(GROUP, t.groups.cleanup, LITERAL, who, "READ"),
-                  *_topics(who, "WRITE", [*tiers, t.dlq])]
+        effects = t.effect_topics
+        grants = [*_topics(who, "READ", [t.expiry, *effects]), Grant(GROUP, t.groups.cleanup, LITERAL, who, "READ"),
+                  *_topics(who, "WRITE", [*tiers, t.dlq, *effects]), *([manual_group] if effects else [])]
     elif role == "delay":
         grants = [*_topics(who, "READ", tiers), Grant(GROUP, t.groups.delay, LITERAL, who, "READ"),
                   *_topics(who, "WRITE", [t.expiry, *tiers, t.dlq])]

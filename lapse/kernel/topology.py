@@ -1,5 +1,6 @@
 """The declared topology (topics.yaml), loaded once: every topic with its config, which topic plays
-which role (expiry, outcomes, dead letters, delay tiers), and the consumer groups by role.
+which role (expiry, outcomes, dead letters, delay tiers, the topics `kafka-produce` effects write),
+and the consumer groups by role.
 
 Code finds topics and groups by role through `Topology`, never by name, so one optional prefix
 renames a whole environment (side-by-side deployments, a test's own topics). Provisioning the
@@ -23,7 +24,8 @@ _DURATION = re.compile(r"^(\d+)\s*(ms|s|m|h|d)$")
 _UNIT_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
 _TOPIC_KEYS = {"role", "partitions", "replication_factor", "retention", "config", "groups",
                "manual_readers", "delay_seconds"}
-TOPIC_ROLES = ("expiry", "outcomes", "dlq")
+EFFECT_ROLE = "effect"  # a topic a `kafka-produce` effect writes to (any number of them)
+TOPIC_ROLES = ("expiry", "outcomes", "dlq", EFFECT_ROLE)
 GROUP_ROLES = ("cleanup", "delay", "analytics")
 # Group roles an older topics.yaml may still name although nothing consumes as them any more
 # (`reports`: the daily report reads the ledger, not a topic). Such a file is accepted: the role
@@ -91,6 +93,11 @@ class Topology:
     @property
     def delay_topics(self) -> list[str]:
         return [tier.topic for tier in self.tiers]
+
+    @property
+    def effect_topics(self) -> list[str]:
+        """The topics `kafka-produce` effects may write to (role `effect`)."""
+        return [spec.name for spec in self.specs if spec.role == EFFECT_ROLE]
 
     def reads(self) -> list[tuple[str, str]]:
         """(group, topic) for every group the file says reads a topic."""

@@ -85,3 +85,25 @@ def test_a_wrong_principals_section_is_a_one_line_error(tmp_path, principals, ex
     with pytest.raises(TopicsFileError) as err:
         load_topology(path)
     assert expected in str(err.value) and str(path) in str(err.value) and "\n" not in str(err.value)
+
+
+def test_effect_topics_are_written_and_checked_by_the_process_principal_alone(tmp_path):
+    """A topic of role `effect` is what `kafka-produce` effects write: the process principal may
+    WRITE it and READ it (a retry or takeover looks for the op key's record first, through a
+    manual reader's group); no other role gains anything on it."""
+    path = tmp_path / "topics.yaml"
+    path.write_text(BASE + "  t.effects: {role: effect, partitions: 2}\n"
+                    "principals: {process: 'User:p', sweep: 'User:s', relay: 'User:r', status: 'User:st'}\n")
+    topology = load_topology(path)
+    assert topology.effect_topics == ["t.effects"]
+    process = rights(topology, "process")
+    assert {r for r in process if r[2] == "t.effects"} == {("WRITE", "topic", "t.effects"),
+                                                          ("READ", "topic", "t.effects")}
+    assert ("READ", "group", MANUAL_GROUP_PREFIX + "*") in process
+    others = {g for g in declared_grants(topology) if g.name == "t.effects" and g.principal != "User:p"}
+    assert others == set()
+    without = tmp_path / "plain.yaml"
+    without.write_text(BASE + "principals: {process: 'User:p'}\n")
+    plain = rights(load_topology(without), "process")
+    assert plain == process - {("WRITE", "topic", "t.effects"), ("READ", "topic", "t.effects"),
+                               ("READ", "group", MANUAL_GROUP_PREFIX + "*")}

@@ -31,7 +31,7 @@ ROLES = ("  t.expiry: {role: expiry, partitions: 1, groups: [g-cleanup]}\n"
     (GROUPS + "topics:\n" + ROLES + TIER + "  t.dlq: {role: dlq, partitions: 1, groups: [g-audit]}\n",
      "topics.t.dlq.groups: 'g-audit' is not declared under groups"),
     (GROUPS + "topics:\n" + ROLES + TIER + "  t.dlq: {role: dead-letters, partitions: 1}\n",
-     "topics.t.dlq.role: must be one of expiry, outcomes, dlq, got 'dead-letters'"),
+     "topics.t.dlq.role: must be one of expiry, outcomes, dlq, effect, got 'dead-letters'"),
     ("groups: {cleanup: g-cleanup}\ntopics:\n" + ROLES + TIER + "  t.dlq: {role: dlq, partitions: 1}\n",
      "groups: must name the group of each role"),
 ])
