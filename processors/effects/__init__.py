@@ -8,13 +8,14 @@ called when the worker stops. A Python kind brings its own call (`python`).
 
 from __future__ import annotations
 
-from lapse.processors.effects import http, object_store
+from lapse.processors.effects import http, kafka_produce, object_store
 from lapse.processors.effects.base import Builder, CallerSetup, EffectCaller
 
 # Register an effect type's caller here, under its tag (its declaration: lapse.kernel.kinds.effects).
 BUILDERS: dict[str, Builder] = {
     "http": http.build,
     "object-store": object_store.build,
+    "kafka-produce": kafka_produce.build,
 }
 
 __all__ = ["BUILDERS", "Builder", "CallerSetup", "EffectCaller"]

@@ -361,7 +361,7 @@ REFUSED = [
     (expire(retry={"max_attempts": "6"}), "retry.max_attempts: Input should be a valid integer"),
     (expire(retry={"max_attempts": 0}), "retry.max_attempts: Input should be greater than or equal to 1"),
     (expire(retry={"base_s": 10, "cap_s": 5}), "retry: cap_s must be at least base_s"),
-    (expire(rate_per_s=10), "rate_per_s applies to http and object-store effects only"),
+    (expire(rate_per_s=10), "rate_per_s applies to http, object-store and kafka-produce effects only"),
     (expire(due=None), "due: Input should be a valid string"),
     (expire(colour="blue"), "colour: Extra inputs are not permitted"),
     ({"Expire Order": EXPIRE_ORDER}, "kind 'Expire Order': name: a kind name is a lowercase letter"),

@@ -16,13 +16,14 @@ from pydantic import BeforeValidator, ConfigDict, Discriminator, Field, Tag, cre
 from lapse.kernel.kinds.effects.base import EffectType
 from lapse.kernel.kinds.effects.delete import DeleteEffect
 from lapse.kernel.kinds.effects.http import HttpEffect
+from lapse.kernel.kinds.effects.kafka_produce import KafkaProduceEffect
 from lapse.kernel.kinds.effects.object_store import ObjectStoreEffect
 from lapse.kernel.kinds.effects.update import UpdateEffect
 
 # Register an effect type here (its caller in processors/effects/__init__.py), in the order the
 # kinds file's messages list them.
 EFFECT_TYPES: tuple[type[EffectType], ...] = (
-    UpdateEffect, DeleteEffect, HttpEffect, ObjectStoreEffect)
+    UpdateEffect, DeleteEffect, HttpEffect, ObjectStoreEffect, KafkaProduceEffect)
 BARE_TAGS = frozenset({DeleteEffect.tag})  # `delete:` with nothing after it means `delete: {}`
 
 BY_TAG: dict[str, type[EffectType]] = {t.tag: t for t in EFFECT_TYPES}
