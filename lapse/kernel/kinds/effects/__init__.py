@@ -1,10 +1,7 @@
-"""The declarable effect types, one module each, and the one call an external effect receives.
-
-base          what an effect type is (`EffectType`, `ExternalEffectType`) and what it compiles against
-update        set columns of the due rows            delete        delete the due rows
-http          call an HTTP endpoint                  object_store  delete one object from a store
-python        a kind written in Python
-registry      the one list of types, and `effect:` as a discriminated union over it
+"""The declarable effect types, one module each (update, delete, http, object_store,
+kafka_produce, …; python for a kind written in Python), and the one call an external effect
+receives. `base` says what an effect type is (`EffectType`, `ExternalEffectType`) and what it
+compiles against; `registry` is the one list of types, and `effect:` as a discriminated union.
 
 An effect type is a pydantic model that checks itself against the reflected table (`compile`) and
 says which privileges its table needs; the processors build each external type's caller in

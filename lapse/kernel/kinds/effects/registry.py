@@ -11,7 +11,18 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Annotated, Any, Union
 
-from pydantic import BeforeValidator, ConfigDict, Discriminator, Field, Tag, create_model, model_validator
+from pydantic import (
+    BeforeValidator,
+    ConfigDict,
+    Discriminator,
+    Field,
+    GetJsonSchemaHandler,
+    Tag,
+    create_model,
+    model_validator,
+)
+from pydantic.json_schema import JsonSchemaValue, SkipJsonSchema
+from pydantic_core import CoreSchema
 
 from lapse.kernel.kinds.effects.base import EffectType
 from lapse.kernel.kinds.effects.delete import DeleteEffect
@@ -54,6 +65,19 @@ def _under(tag: str) -> BeforeValidator:
     return BeforeValidator(unwrap)
 
 
+class _Keyed:
+    """The JSON schema of a member as the file writes it: an object of the one key `tag`."""
+
+    def __init__(self, tag: str) -> None:
+        self.tag = tag
+
+    def __get_pydantic_json_schema__(self, schema: CoreSchema, handler: GetJsonSchemaHandler) -> JsonSchemaValue:
+        inner = handler(schema)
+        value = {"anyOf": [inner, {"type": "null"}]} if self.tag in BARE_TAGS else inner
+        return {"type": "object", "properties": {self.tag: value}, "required": [self.tag],
+                "additionalProperties": False}
+
+
 def _refuse_shape(model: Any) -> Any:
     raise ValueError(exactly_one())
 
@@ -69,6 +93,6 @@ if TYPE_CHECKING:
     Effect = EffectType
 else:
     Effect = Annotated[
-        Union[(*(Annotated[t, _under(t.tag), Tag(t.tag)] for t in EFFECT_TYPES),
-               Annotated[_Shape, Tag(SHAPE)])],
+        Union[(*(Annotated[t, _under(t.tag), _Keyed(t.tag), Tag(t.tag)] for t in EFFECT_TYPES),
+               Annotated[SkipJsonSchema[_Shape], Tag(SHAPE)])],
         Discriminator(_tag_of)]
