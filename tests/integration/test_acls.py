@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 
+import yaml
 from click.testing import CliRunner, Result
 from confluent_kafka.admin import AclBinding, AclOperation, AclPermissionType, ResourcePatternType, ResourceType
 from sqlalchemy import select
@@ -104,3 +105,26 @@ def test_a_broker_without_an_authorizer_has_no_acls_to_manage(kafka_bootstrap, u
     applied = json.loads(result.stdout)
     assert applied["acls"].startswith("not managed: the broker has no authorizer")
     assert {a["kind"] for a in applied["actions"]} == {"create"}
+
+
+def test_an_effect_topic_is_created_and_granted_to_the_process_principal_only(secure_kafka, unique, tmp_path):
+    """A topic of role effect (what `kafka-produce` writes): apply creates it and lets the process
+    principal WRITE it and READ it (the retry's check for the op key's record); no other role
+    gets any right on it, and the process principal nothing more than without it."""
+    doc = yaml.safe_load(TOPICS_FILE.read_text())
+    doc["topics"]["lapse.effects.erasures"] = {"role": "effect", "partitions": 2, "retention": "1d"}
+    path = tmp_path / "topics.yaml"
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    prefix = unique("t") + "."
+    topic = prefix + "lapse.effects.erasures"
+    env = {**secure_kafka.env(), env_var("topics.prefix"): prefix, env_var("topics.file"): str(path)}
+    result = CliRunner().invoke(main, ["topics", "apply", "--replication-factor", "1"], env=env)
+    assert result.exit_code == 0, result.output
+    assert topic in secure_kafka.server.admin().list_topics(timeout=30).topics
+    on_topic = {(principal, op) for _, name, principal, op in acls_of(secure_kafka, prefix) if name == topic}
+    assert on_topic == {("User:lapse-process", "WRITE"), ("User:lapse-process", "READ")}
+    plain = load_topology(TOPICS_FILE, prefix, replication_factor=1)
+    process = {(g.name, g.operation) for g in declared_grants(load_topology(path, prefix, replication_factor=1))
+               if g.principal == "User:lapse-process"}
+    assert process - {(g.name, g.operation) for g in declared_grants(plain) if g.principal == "User:lapse-process"} == {
+        (topic, "WRITE"), (topic, "READ"), ("lapse-manual-", "READ")}
