@@ -296,7 +296,8 @@ def test_the_starter_file_loads_and_its_commented_example_is_valid(tmp_path):
     start = lines.index("# kinds:")
     example = "\n".join(line[2:] for line in lines[start:] if line.startswith("# "))
     declared = parse_kinds_text(example, tmp_path / "starter.yaml")
-    assert list(declared.kinds) == ["expire-order", "purge-session", "call-partner", "drop-export", "custom"]
+    assert list(declared.kinds) == ["expire-order", "purge-session", "call-partner", "drop-export", "announce-erasure",
+                                    "custom"]
 
 
 def test_load_kinds_needs_a_kinds_file_and_names_the_setting(business_db):
