@@ -9,7 +9,10 @@ Once per op key, as a (read_committed) reader sees the topic: a first attempt pr
 attempt (a retry, or the next holder after a lease takeover, e.g. the last holder was killed
 between its produce and its commit) first reads the key's partition and produces only if no
 record with this op key is there. A call's record has landed or failed before its lease can end
-(the delivery timeout is the declared `timeout_s`, below the lease), so the check sees it.
+(the delivery timeout is the declared `timeout_s`, at most half the lease), so the check sees it.
+Kafka transactions alone would not do: a record committed just before the worker dies is
+visible while its ledger row is not, so only looking tells. The check reads the partition from
+its start (on retries and takeovers only): give effect topics a retention of days, not months.
 
 Produce errors become failure classes: retriable broker and network errors temporary; a record
 too large, a topic the producer may not write or that does not exist invalid (no retry cures
@@ -73,7 +76,9 @@ class KafkaProduceCaller:
         self.effect = effect
         self.settings = settings
         self.topic = effect.topic  # the effective name: the compiled declaration holds it
-        timeout_ms = max(1, int(effect.timeout_s * 1000))
+        # A record lands or fails before the call's lease can end (then a takeover's check sees it).
+        self.timeout_s = min(effect.timeout_s, settings.processor.lease_seconds / 2)
+        timeout_ms = max(1, int(self.timeout_s * 1000))
         self.producer: Producer = make_producer(settings, **{
             "linger.ms": 0, "message.timeout.ms": timeout_ms,
             "request.timeout.ms": min(timeout_ms, 30_000),
@@ -86,7 +91,7 @@ class KafkaProduceCaller:
         with self._lock:
             if self._partitions is None:
                 try:
-                    metadata = self.producer.list_topics(self.topic, timeout=self.effect.timeout_s)
+                    metadata = self.producer.list_topics(self.topic, timeout=self.timeout_s)
                 except KafkaException as exc:
                     err = _error_of(exc)
                     raise (produce_failure(err, self.topic) if err is not None
@@ -126,7 +131,7 @@ class KafkaProduceCaller:
             if err is None:
                 raise
             raise produce_failure(err, self.topic) from None
-        deadline = time.monotonic() + self.effect.timeout_s + 5.0  # the producer times out first
+        deadline = time.monotonic() + self.timeout_s + 5.0  # the producer times out first
         while not delivered.is_set():
             if time.monotonic() > deadline:
                 raise EffectFailure(AMBIGUOUS, f"no delivery report from {excerpt(self.topic, 80)} in time")
@@ -140,7 +145,7 @@ class KafkaProduceCaller:
         consumer = make_consumer(self.settings, f"{CHECK_GROUP_PREFIX}{uuid.uuid4().hex[:12]}", **{
             "isolation.level": "read_committed", "enable.partition.eof": True, "fetch.wait.max.ms": 50})
         wanted = op_key.encode()
-        timeout = max(self.effect.timeout_s, 5.0)
+        timeout = max(self.timeout_s, 5.0)
         try:
             low, high = consumer.get_watermark_offsets(TopicPartition(self.topic, partition), timeout=timeout,
                                                        cached=False)
@@ -171,7 +176,7 @@ class KafkaProduceCaller:
                                        f"finish in {timeout:g} s")
 
     def close(self) -> None:
-        self.producer.flush(self.effect.timeout_s)
+        self.producer.flush(self.timeout_s)
 
 
 def build(declared: KafkaProduceEffect, setup: CallerSetup) -> KafkaProduceCaller:

@@ -20,7 +20,7 @@ from lapse.kernel.topology import EFFECT_ROLE
 class KafkaProduceEffect(ExternalEffectType):
     """Produce one record per operation to `topic` (declared in topics.yaml with role `effect`),
     keyed by the op key, with the op key and the attempt as headers and a JSON value naming the
-    operation; the call waits at most `timeout_s` for the delivery report (keep it below the
+    operation; the call waits at most `timeout_s` for the delivery report (and at most half the
     processor's lease)."""
 
     tag: ClassVar[str] = "kafka-produce"
