@@ -28,6 +28,7 @@ from lapse.kernel.kinds.effects import EffectCall
 from lapse.kernel.ledger import ExpiryEvent, expiry_event
 from lapse.kernel.models import cleanup_ledger
 from lapse.kernel.settings import Settings, env_var, load_settings
+from lapse.kernel.topology import load_topology
 from lapse.processors.effect_calls import callers_from_settings
 from lapse.processors.failures import INVALID
 from lapse.processors.leased import EffectRunner, run_leased
@@ -268,8 +269,9 @@ def test_kinds_check_refuses_a_topic_not_declared_with_role_effect_in_one_line(e
             env_var("topics.prefix"): env["prefix"]}
     good = CliRunner().invoke(main, ["kinds", "check"], env={**base, env_var("kinds.file"): env["kinds"]})
     assert good.exit_code == 0, good.output
+    dlq = next(spec.declared_name for spec in load_topology(TOPICS_FILE).specs if spec.role == "dlq")
     for topic, why in [("lapse.effects.nowhere", "is not declared in the topics file (declare it with role: effect)"),
-                       ("lapse.dlq", "has role dlq in the topics file, not role: effect")]:
+                       (dlq, "has role dlq in the topics file, not role: effect")]:
         folder = tmp_path / topic
         folder.mkdir()
         bad = CliRunner().invoke(main, ["kinds", "check"],

@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 from sqlalchemy import Column, DateTime, Index, Integer, MetaData, String, Table, create_engine
 
 from lapse.kernel.kinds import KindsFileError, compile_kinds, read_kinds_file
+from lapse.kernel.kinds import effects as effects_package
 from lapse.kernel.kinds.declarations import DeclaredKind, parse_kind
 from lapse.kernel.kinds.effects.base import ExternalEffectType
 from lapse.kernel.kinds.effects.kafka_produce import KafkaProduceEffect
@@ -194,7 +195,7 @@ def test_an_op_key_always_goes_to_the_same_partition(key, partitions):
 
 
 def test_the_effect_type_modules_live_one_per_type():
-    folder = Path(__import__("lapse.kernel.kinds.effects", fromlist=["x"]).__file__).parent
+    folder = Path(effects_package.__file__).parent
     modules = {p.stem for p in folder.glob("*.py")} - {"__init__", "base", "registry"}
     assert {t.tag.replace("-", "_") for t in EFFECT_TYPES} | {"python"} == modules
 

@@ -1,12 +1,13 @@
 """Cleanup kinds: what makes a business row eligible, how its op key is built, and its effect.
 
 Kinds are declared in the kinds file (`kinds.file`, YAML): a table, its id, optional tenant and
-due columns, eligibility conditions and one effect (update, delete, http, object-store), compiled
-against the reflected table; or, for what declarations cannot say, a Python `CleanupKind` named
-by dotted path. `load_kinds(settings, engine)` gives every process the same kinds.
+due columns, eligibility conditions and one effect (update, delete, http, object-store,
+kafka-produce: one module each in `effects`), compiled against the reflected table; or, for
+what declarations cannot say, a Python `CleanupKind` named by dotted path.
+`load_kinds(settings, engine)` gives every process the same kinds.
 
 kind          the CleanupKind interface the rooms use (and ExternalEffect, EligibleRow)
-effects       the http / object-store declarations and the call an external effect receives
+effects       the effect types, one module each, registered in effects.registry
 declarations  the kinds file as validated data (pydantic), read from YAML
 columns       the reflected table: column lookup, values checked against column types, subject ids
 compiler      a declaration compiled into a CleanupKind; statements: its conditional SQL
