@@ -36,8 +36,11 @@ from lapse.processors.rules import apply_batch
 from lapse.processors.scope import BatchScope
 from lapse.shell.app import main
 from tests.fixtures.kafka import create_topics
+from tests.fixtures.pipeline import make_pipeline_settings
 from tests.fixtures.polling import eventually
+from tests.fixtures.readers import produce_events
 from tests.fixtures.topology import TOPICS_FILE
+from tests.fixtures.workers import process_until_done
 
 KIND = "erase-profile"
 EFFECT_TOPIC = "lapse.effects.erasures"
@@ -183,6 +186,29 @@ def test_one_record_per_op_key_across_duplicate_events_and_redeliveries(env):
         e.op_key: [("1", e.subject_id, KIND)] for e in events}
     assert ledger(engine) == {e.op_key: ("applied", 1) for e in events}
     assert statuses(engine) == {1: "erased", 2: "erased", 3: "erased"}
+    engine.dispose()
+
+
+def test_a_cleanup_worker_produces_once_per_op_key_from_duplicate_events_on_the_expiry_topic(
+        kafka_bootstrap, pg_url, unique, tmp_path):
+    """The whole path: each event twice on the expiry topic, a CleanupWorker consuming them, then
+    the same events delivered again to a second worker: one record per op key on the effect topic."""
+    settings = make_pipeline_settings(kafka_bootstrap, pg_url, unique, topics={"file": str(topics_file(tmp_path))},
+                                      kinds={"file": str(kinds_file(tmp_path))})
+    create_topics(kafka_bootstrap, {settings.topology.effect_topics[0]: PARTITIONS})
+    engine = make_engine(pg_url)
+    erasures.create(engine)
+    now = datetime.now(UTC)
+    add_rows(engine, [1, 2, 3, 4], now)
+    events = events_for([1, 2, 3, 4], now)
+    produce_events(settings, events + events)
+    process_until_done(settings, terminal=len(events))
+    produce_events(settings, events)  # redelivered, as a reconciler re-emit or a rewind would
+    process_until_done(settings, terminal=len(events))
+    records = by_op_key(committed_records(settings))
+    assert {key: [r["lapse-attempt"] for r in rs] for key, rs in records.items()} == {e.op_key: ["1"] for e in events}
+    assert ledger(engine) == {e.op_key: ("applied", 1) for e in events}
+    assert set(statuses(engine).values()) == {"erased"}
     engine.dispose()
 
 
