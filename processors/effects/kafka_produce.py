@@ -29,7 +29,7 @@ import uuid
 import zlib
 from typing import Any
 
-from confluent_kafka import KafkaError, KafkaException, Producer, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, KafkaError, KafkaException, Producer, TopicPartition
 
 from lapse.kernel.kafka_clients import PERMANENT_ERRORS, make_consumer, make_producer
 from lapse.kernel.kinds.effects import EffectCall
@@ -140,40 +140,34 @@ class KafkaProduceCaller:
             raise produce_failure(reports[0], self.topic)
 
     def already_produced(self, op_key: str, partition: int) -> bool:
-        """Whether the key's partition holds a committed record of `op_key` (read_committed, up to
-        the end offset as it is now). A check that cannot finish is a temporary failure."""
+        """Whether the key's partition holds a committed record of `op_key` (read_committed, from
+        its start to partition EOF: the end as the broker reports it, which ListOffsets is not on
+        every broker). A check that cannot finish is a temporary failure."""
         consumer = make_consumer(self.settings, f"{CHECK_GROUP_PREFIX}{uuid.uuid4().hex[:12]}", **{
             "isolation.level": "read_committed", "enable.partition.eof": True, "fetch.wait.max.ms": 50})
         wanted = op_key.encode()
         timeout = max(self.timeout_s, 5.0)
+        where = excerpt(f"{self.topic}[{partition}]", 100)
         try:
-            low, high = consumer.get_watermark_offsets(TopicPartition(self.topic, partition), timeout=timeout,
-                                                       cached=False)
-            if high <= low:
-                return False
-            consumer.assign([TopicPartition(self.topic, partition, low)])
+            consumer.assign([TopicPartition(self.topic, partition, OFFSET_BEGINNING)])
             deadline = time.monotonic() + timeout
             while time.monotonic() < deadline:
                 msg = consumer.poll(0.2)
                 if msg is None:
                     continue
                 error = msg.error()
-                if error is not None:
-                    if error.code() == KafkaError._PARTITION_EOF:
-                        if (msg.offset() or 0) >= high:
-                            return False
-                        continue
-                    raise EffectFailure(TEMPORARY, f"checking {excerpt(self.topic, 80)}: {excerpt(error.str(), 160)}")
-                if dict(msg.headers() or []).get(HEADER_OP_KEY) == wanted:
-                    return True
-                if (msg.offset() or 0) >= high - 1:
+                if error is None:
+                    if dict(msg.headers() or []).get(HEADER_OP_KEY) == wanted:
+                        return True
+                elif error.code() == KafkaError._PARTITION_EOF:
                     return False
+                else:
+                    raise EffectFailure(TEMPORARY, f"checking {where}: {excerpt(error.str(), 160)}")
         except KafkaException as exc:
-            raise EffectFailure(TEMPORARY, f"checking {excerpt(self.topic, 80)}: {excerpt(str(exc), 160)}") from None
+            raise EffectFailure(TEMPORARY, f"checking {where}: {excerpt(str(exc), 160)}") from None
         finally:
             consumer.close()
-        raise EffectFailure(TEMPORARY, f"checking {excerpt(self.topic, 80)} for {excerpt(op_key, 80)} did not "
-                                       f"finish in {timeout:g} s")
+        raise EffectFailure(TEMPORARY, f"checking {where} for {excerpt(op_key, 80)} did not finish in {timeout:g} s")
 
     def close(self) -> None:
         self.producer.flush(self.timeout_s)
