@@ -80,7 +80,7 @@ class KafkaProduceCaller:
         self.timeout_s = min(effect.timeout_s, settings.processor.lease_seconds / 2)
         timeout_ms = max(1, int(self.timeout_s * 1000))
         self.producer: Producer = make_producer(settings, **{
-            "linger.ms": 0, "message.timeout.ms": timeout_ms,
+            "linger.ms": 0, "message.timeout.ms": timeout_ms, "allow.auto.create.topics": False,
             "request.timeout.ms": min(timeout_ms, 30_000),
             "client.id": f"lapse-effect-{settings.runtime.worker_id}"})
         self._partitions: int | None = None

@@ -20,17 +20,20 @@ import pytest
 import yaml
 from click.testing import CliRunner
 from confluent_kafka import Consumer, KafkaError, TopicPartition
+from confluent_kafka.admin import AdminClient
 from sqlalchemy import BigInteger, Column, DateTime, Index, MetaData, Table, Text, select, text
 
 from lapse.kernel.database import make_engine
 from lapse.kernel.kinds import CleanupKind, compile_kinds, read_kinds_file
 from lapse.kernel.kinds.effects import EffectCall
+from lapse.kernel.kinds.effects.kafka_produce import KafkaProduceEffect
 from lapse.kernel.ledger import ExpiryEvent, expiry_event
 from lapse.kernel.models import cleanup_ledger
 from lapse.kernel.settings import Settings, env_var, load_settings
 from lapse.kernel.topology import load_topology
 from lapse.processors.effect_calls import callers_from_settings
-from lapse.processors.failures import INVALID
+from lapse.processors.effects.kafka_produce import KafkaProduceCaller
+from lapse.processors.failures import INVALID, EffectFailure
 from lapse.processors.leased import EffectRunner, run_leased
 from lapse.processors.rules import apply_batch
 from lapse.processors.scope import BatchScope
@@ -288,6 +291,21 @@ def test_a_record_too_large_for_the_topic_is_an_invalid_failure_at_once(kafka_bo
     assert committed_records(settings) == []
     assert statuses(engine) == {1: "requested"}
     engine.dispose()
+
+
+def test_a_topic_missing_on_the_broker_is_an_invalid_failure_and_is_not_created(env):
+    """A declared effect topic that `topics apply` never created: the call fails invalid (no retry
+    cures it) and the producer does not create the topic by producing to it."""
+    settings = make_settings(env)
+    missing = KafkaProduceEffect(topic=env["prefix"] + "lapse.effects.never-created", timeout_s=5)
+    caller = KafkaProduceCaller(missing, settings)
+    try:
+        with pytest.raises(EffectFailure) as caught:
+            caller(EffectCall(KIND, f"{KIND}:1", 1, "1", "t1", {}))
+    finally:
+        caller.close()
+    assert caught.value.failure_class == INVALID and "UNKNOWN_TOPIC" in caught.value.reason, caught.value.reason
+    assert missing.topic not in AdminClient({"bootstrap.servers": env["bootstrap"]}).list_topics(timeout=10).topics
 
 
 def test_kinds_check_refuses_a_topic_not_declared_with_role_effect_in_one_line(env, tmp_path):
