@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 import yaml
 from click.testing import CliRunner, Result
 from confluent_kafka.admin import AclBinding, AclOperation, AclPermissionType, ResourcePatternType, ResourceType
@@ -16,11 +17,16 @@ from sqlalchemy import select
 
 from lapse.kernel.acls import declared_grants
 from lapse.kernel.database import make_engine
+from lapse.kernel.kinds.effects import EffectCall
+from lapse.kernel.kinds.effects.kafka_produce import KafkaProduceEffect
 from lapse.kernel.models import operator_actions
 from lapse.kernel.provisioning import existing_acls
-from lapse.kernel.settings import env_var
+from lapse.kernel.settings import env_var, load_settings
 from lapse.kernel.topology import load_topology
+from lapse.processors.effects.kafka_produce import KafkaProduceCaller
+from lapse.processors.failures import INVALID, EffectFailure
 from lapse.shell.app import main
+from tests.fixtures.kafka import read_topic
 from tests.fixtures.topology import TOPICS_FILE
 
 
@@ -128,3 +134,25 @@ def test_an_effect_topic_is_created_and_granted_to_the_process_principal_only(se
                if g.principal == "User:lapse-process"}
     assert process - {(g.name, g.operation) for g in declared_grants(plain) if g.principal == "User:lapse-process"} == {
         (topic, "WRITE"), (topic, "READ"), ("lapse-manual-", "READ")}
+    # Those rights are enough for the effect, a retry's check included; without them it is invalid.
+    process = load_settings(kafka=secure_kafka.kafka_section(secure_kafka.user_of("process")),
+                            topics={"prefix": prefix, "file": str(path)})
+    sweep = load_settings(kafka=secure_kafka.kafka_section(secure_kafka.user_of("sweep")),
+                          topics={"prefix": prefix, "file": str(path)})
+    effect = KafkaProduceEffect(topic=topic, timeout_s=10)
+    for attempt in (1, 2):  # the second looks first (READ), finds the record and produces nothing
+        produced = KafkaProduceCaller(effect, process)
+        try:
+            produced(EffectCall("erase", "erase:1", attempt, "1", "t1", {}))
+        finally:
+            produced.close()
+    refused = KafkaProduceCaller(effect, sweep)
+    try:
+        with pytest.raises(EffectFailure) as caught:
+            refused(EffectCall("erase", "erase:2", 1, "2", "t1", {}))
+    finally:
+        refused.close()
+    assert caught.value.failure_class == INVALID and "AUTHORIZATION" in caught.value.reason, caught.value.reason
+    records = [(m.key(), dict(m.headers())["lapse-attempt"]) for m in read_topic(
+        secure_kafka.bootstrap, topic, extra={**secure_kafka.client_config(), "isolation.level": "read_committed"})]
+    assert records == [(b"erase:1", b"1")]

@@ -19,7 +19,6 @@ from typing import Any
 import pytest
 import yaml
 from click.testing import CliRunner
-from confluent_kafka import Consumer, KafkaError, TopicPartition
 from confluent_kafka.admin import AdminClient
 from sqlalchemy import BigInteger, Column, DateTime, Index, MetaData, Table, Text, select, text
 
@@ -38,9 +37,8 @@ from lapse.processors.leased import EffectRunner, run_leased
 from lapse.processors.rules import apply_batch
 from lapse.processors.scope import BatchScope
 from lapse.shell.app import main
-from tests.fixtures.kafka import create_topics
+from tests.fixtures.kafka import create_topics, read_topic
 from tests.fixtures.pipeline import make_pipeline_settings
-from tests.fixtures.polling import eventually
 from tests.fixtures.readers import produce_events
 from tests.fixtures.topology import TOPICS_FILE
 from tests.fixtures.workers import process_until_done
@@ -132,26 +130,8 @@ def deliver(settings: Settings, engine, kinds, events: list[ExpiryEvent], now: d
 
 def committed_records(settings: Settings) -> list[Any]:
     """Every record of the effect topic as a read_committed reader sees it, to the end."""
-    topic = settings.topology.effect_topics[0]
-    consumer = Consumer({"bootstrap.servers": settings.kafka.bootstrap_servers, "group.id": "lapse-test-reader",
-                         "isolation.level": "read_committed", "enable.auto.commit": False,
-                         "enable.partition.eof": True})
-    try:
-        consumer.assign([TopicPartition(topic, p, 0) for p in range(PARTITIONS)])
-        pending, records = set(range(PARTITIONS)), []
-
-        def read_to_the_end() -> bool:
-            msg = consumer.poll(0.5)
-            if msg is not None and msg.error() is None:
-                records.append(msg)
-            elif msg is not None and msg.error().code() == KafkaError._PARTITION_EOF:
-                pending.discard(msg.partition())
-            return not pending
-
-        eventually(read_to_the_end, timeout_s=30, interval_s=0, what=f"{topic} read to the end")
-        return records
-    finally:
-        consumer.close()
+    return read_topic(settings.kafka.bootstrap_servers, settings.topology.effect_topics[0],
+                      extra={"isolation.level": "read_committed"})
 
 
 def by_op_key(records: list[Any]) -> dict[str, list[dict[str, str]]]:
