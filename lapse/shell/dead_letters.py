@@ -89,8 +89,7 @@ def run_discard(engine: Engine, selection: Selection, *, limit: int, actor: str,
     transaction, then log it; returns the rows discarded and the action's id (None: nothing matched
     any more, nothing recorded)."""
     # function-local: keeps `lapse --help` fast
-    from lapse.kernel.operator_actions import DISCARD, OperatorAction, log_action, record_action, session_user
-    from lapse.processors import discard
+    from lapse.operator_actions import DISCARD, OperatorAction, discard, log_action, record_action, session_user
 
     recorded = None
     with engine.begin() as conn:

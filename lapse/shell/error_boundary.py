@@ -209,8 +209,8 @@ def _configuration(exc: BaseException, _settings: Settings | None) -> tuple[Exit
     from lapse.kernel.kinds import KindsFileError
     from lapse.kernel.kinds.errors import KindError
     from lapse.kernel.settings import UnknownSetting
-    from lapse.kernel.startup_checks import StartupRefused
     from lapse.kernel.topology import TopicsFileError
+    from lapse.shell.startup_checks import StartupRefused
 
     if isinstance(exc, (UnknownSetting, ConfigFileError, KindsFileError, KindError, TopicsFileError,
                         StartupRefused, ConnectionRefused)):

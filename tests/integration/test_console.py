@@ -21,7 +21,7 @@ from lapse.kernel.database import make_engine
 from lapse.kernel.models import cleanup_ledger, operator_actions, outbox
 from lapse.kernel.settings import Settings
 from lapse.readers import daily_reports, filtered_dead_letters, ledger_states, operator_action, throughput
-from lapse.reconciler import enqueue_report
+from lapse.reports import enqueue_report
 from lapse.shell.app import main
 from lapse.shell.console import create_app
 from tests.fixtures.console import (

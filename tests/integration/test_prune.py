@@ -22,12 +22,12 @@ from sqlalchemy import event, insert, select, text
 from sqlalchemy.engine import make_url
 
 from lapse.devtools.demo_tables import reservations
-from lapse.kernel.ledger import count_prunable
 from lapse.kernel.ledger import partitions as parts
 from lapse.kernel.models import cleanup_ledger, ledger_transitions, outbox
 from lapse.processors.rules import apply_batch
-from lapse.reconciler import prune_dry_run, prune_once
-from lapse.reconciler.horizons import HorizonRefused, horizons
+from lapse.retention import prune_dry_run, prune_once
+from lapse.retention.horizons import HorizonRefused, horizons
+from lapse.retention.queries import count_prunable
 from lapse.shell.app import main
 from tests.fixtures.db import as_cluster_owner
 from tests.fixtures.polling import eventually

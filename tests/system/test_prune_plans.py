@@ -28,21 +28,14 @@ import pytest
 from sqlalchemy import event, text
 
 from lapse.kernel.database import make_engine
-from lapse.kernel.ledger import (
-    count_prunable,
-    failure_history,
-    prune_dead_letters,
-    prune_outbox,
-    prune_settled,
-    transitions_between,
-)
+from lapse.kernel.ledger import failure_history, transitions_between
 from lapse.kernel.ledger import partitions as parts
-from lapse.kernel.ledger.retention import prune_history
 from lapse.producers.relay_queries import lock_unsent, mark_sent
 from lapse.readers.history_queries import correlation_statement, ledger_record, outbox_of, transitions_of
 from lapse.readers.status import ledger_status
-from lapse.reconciler import prune_dry_run, prune_once
-from lapse.reconciler.horizons import Horizon, Horizons, horizons
+from lapse.retention import prune_dry_run, prune_once
+from lapse.retention.horizons import Horizon, Horizons, horizons
+from lapse.retention.queries import count_prunable, prune_dead_letters, prune_history, prune_outbox, prune_settled
 
 ROWS = 2_000_000
 TRANSITIONS_EVERY = 2  # a transition for every other ledger row: 1,000,000

@@ -95,7 +95,7 @@ def _execute_recorded(settings: Settings, admin: Any, group: str, plan: list[Any
     from datetime import datetime as clock
 
     from lapse.kernel.database import engine_from_settings
-    from lapse.kernel.operator_actions import (
+    from lapse.operator_actions import (
         OFFSETS_RESET,
         OperatorAction,
         log_action,

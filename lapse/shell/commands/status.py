@@ -77,8 +77,8 @@ def status(settings: Settings, watch: float | None, no_lag: bool, as_json: bool)
 
     if watch is not None:
         # function-local: keeps `lapse --help` fast
-        from lapse.kernel.signals import stop_on_signals
         from lapse.shell.metrics import monitor, serve
+        from lapse.shell.signals import stop_on_signals
 
         if settings.runtime.metrics_port is None:
             raise click.UsageError("--watch needs --metrics-port (or LAPSE_RUNTIME__METRICS_PORT)")

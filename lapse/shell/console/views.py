@@ -16,17 +16,17 @@ from sqlalchemy import Engine
 from sqlalchemy.exc import DBAPIError
 
 from lapse.kernel.ledger import InvalidOpKey, Selection, dead_letters, parse_op_key
-from lapse.kernel.operator_actions import (
+from lapse.kernel.outages import is_transient
+from lapse.kernel.settings import Settings
+from lapse.operator_actions import (
     REPLAY,
     OperatorAction,
     log_action,
     recent_actions,
     record_action,
+    replay,
     session_user,
 )
-from lapse.kernel.outages import is_transient
-from lapse.kernel.settings import Settings
-from lapse.processors import replay
 from lapse.readers import (
     daily_reports,
     filtered_dead_letters,

@@ -28,11 +28,19 @@ from typing import Any
 from sqlalchemy import Connection, Engine
 from sqlalchemy.exc import DBAPIError, OperationalError
 
-from lapse.kernel.ledger import count_prunable, prune_dead_letters, prune_outbox, prune_settled, prune_transitions
 from lapse.kernel.ledger import partitions as parts
-from lapse.kernel.ledger.retention import count_history_statement, count_outbox_statement, prune_history
 from lapse.kernel.logs import get_logger
-from lapse.reconciler.horizons import Horizons
+from lapse.retention.horizons import Horizons
+from lapse.retention.queries import (
+    count_history_statement,
+    count_outbox_statement,
+    count_prunable,
+    prune_dead_letters,
+    prune_history,
+    prune_outbox,
+    prune_settled,
+    prune_transitions,
+)
 
 log = get_logger("prune")
 

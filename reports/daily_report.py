@@ -20,7 +20,7 @@ from lapse.kernel.batch_sql import bulk_insert
 from lapse.kernel.ledger import op_keys_moved_between, transitions_between
 from lapse.kernel.logs import get_logger
 from lapse.kernel.models import daily_reports
-from lapse.reconciler.notifiers import Notifier
+from lapse.reports.notifiers import Notifier
 
 log = get_logger("report")
 
