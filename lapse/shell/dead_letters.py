@@ -23,7 +23,7 @@ def poison_records(settings: Settings, kind: str | None, tenant: str | None, lim
     # function-local: keeps `lapse --help` fast
     from lapse.kernel.codec import Codec, DecodeError
     from lapse.kernel.kafka_logs import leave_connection_failures_to_caller
-    from lapse.readers.offsets import OffsetsError, read_to_end
+    from lapse.readers import OffsetsError, read_to_end
 
     leave_connection_failures_to_caller()  # an unreachable broker is the error boundary's one line
     codec = Codec.from_settings(settings)

@@ -58,7 +58,7 @@ def reset(settings: Settings, group: str, topic: str | None, to_datetime: dateti
     # function-local: keeps `lapse --help` fast
     from lapse.kernel.kafka_clients import make_admin
     from lapse.kernel.kafka_logs import leave_connection_failures_to_caller
-    from lapse.readers.offsets import OffsetsError, plan_reset
+    from lapse.readers import OffsetsError, plan_reset
 
     if sum((to_datetime is not None, to_earliest, shift_by is not None)) != 1:
         raise click.UsageError("give exactly one of --to-datetime, --to-earliest, --shift-by")
@@ -102,7 +102,7 @@ def _execute_recorded(settings: Settings, admin: Any, group: str, plan: list[Any
         record_action,
         session_user,
     )
-    from lapse.readers.offsets import execute_reset
+    from lapse.readers import execute_reset
 
     engine = engine_from_settings(settings)
     try:

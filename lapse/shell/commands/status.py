@@ -73,7 +73,7 @@ def status(settings: Settings, watch: float | None, no_lag: bool, as_json: bool)
     claims, dead letters and the lag of every group declared in topics.yaml."""
     # function-local: keeps `lapse --help` fast
     from lapse.kernel.database import engine_from_settings
-    from lapse.readers.status import status_report
+    from lapse.readers import status_report
 
     if watch is not None:
         # function-local: keeps `lapse --help` fast

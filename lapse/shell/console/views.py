@@ -28,15 +28,17 @@ from lapse.operator_actions import (
     session_user,
 )
 from lapse.readers import (
+    correlated_op_keys,
     daily_reports,
     filtered_dead_letters,
+    has_operation,
+    lag_status,
     ledger_states,
+    operation_history,
     operator_action,
     status_report,
     throughput,
 )
-from lapse.readers.history import correlated_op_keys, has_operation, operation_history
-from lapse.readers.status import lag_status
 from lapse.shell.console.verdict import judge
 from lapse.shell.dead_letters import describe_selection, poison_records
 from lapse.shell.error_boundary import diagnose
