@@ -4,7 +4,7 @@ transaction, so the hot path never waits long behind it and a stop takes effect 
 Order matters for transitions: a transition goes once its ledger row is gone, so ledger rows are
 removed first (applied and skipped, then dead letters), then the transitions they leave behind,
 then sent outbox rows. A dry run counts the same rows and changes nothing. The horizons and why
-they are what they are come from `lapse.reconciler.horizons`.
+they are what they are come from `lapse.retention.horizons`.
 
 On PostgreSQL, where transitions and the outbox are time-partitioned (migration 0009), a pass
 first creates the partitions ahead that are missing (moving rows that waited in DEFAULT into

@@ -250,7 +250,7 @@ class ReconcilerSettings(_Section):
 
 class RetentionSettings(_Section):
     """How long finished work is kept before `lapse prune` removes it. Unset horizons are derived
-    from topics.yaml (lapse.reconciler.horizons says how); a shorter one is refused."""
+    from topics.yaml (lapse.retention.horizons says how); a shorter one is refused."""
 
     ledger_horizon_s: float | None = Field(
         None, gt=0, description="Keep applied and skipped ledger rows (and their transitions) this long after they "
