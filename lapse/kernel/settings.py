@@ -27,7 +27,7 @@ from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, Settings
 
 from lapse.kernel import package_files
 from lapse.kernel.config_file import CONFIG_ENV_VAR, ConfigFileSource, choose_config_file, file_keys
-from lapse.kernel.masking import is_secret_key
+from lapse.kernel.secret_keys import is_secret_key
 from lapse.kernel.topology import Topology, load_topology
 
 ENV_PREFIX = "LAPSE_"
