@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from lapse.kernel.masking import MASK, mask_url
+from lapse.shell.masking import MASK, mask_url
 
 if TYPE_CHECKING:
     from lapse.kernel.settings import Settings
