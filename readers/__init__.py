@@ -1,5 +1,6 @@
-"""The readers room: consumers of history that never change it — the audit, status and lag,
-committed offsets and their resets, and the analytics stream. This module is the room's face."""
+"""The readers room: consumers of history that never change it — the audit, status and lag, one
+operation's history (`lapse show`), committed offsets and their resets, and the analytics stream.
+This module is the room's face."""
 
 from lapse.readers.analytics import AnalyticsOptions, run_analytics
 from lapse.readers.audit import BROKEN, EVENT_FIELDS, INCOMPLETE, AuditReport, run_audit
