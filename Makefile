@@ -9,7 +9,7 @@ JARS := build/kafka/libs/.resolved
 
 help:
 	@echo "make demo       - the pipeline end to end on the embedded broker and SQLite"
-	@echo "make check      - the fast loop: ruff, mypy, import contracts, then tests/unit (no broker)"
+	@echo "make check      - the fast loop: ruff, mypy, import contracts, then tests/unit (no broker, quick Hypothesis profile)"
 	@echo "make lint       - ruff, mypy and the import contracts only"
 	@echo "make test       - ruff, mypy, import contracts, then the whole suite on Apache Kafka and PostgreSQL"
 	@echo "make scale      - the tests on millions of rows and minutes of load (2,000,000-row prune plans, a short soak, the bench smoke)"
@@ -55,8 +55,9 @@ lint: venv
 	$(BIN)/mypy
 	$(BIN)/lint-imports
 
-check: lint promtool
-	$(BIN)/pytest -q tests/unit
+# Hypothesis' quick profile caps every property at a few examples; `make test` runs their own counts.
+check: lint
+	$(BIN)/pytest -q --hypothesis-profile=quick tests/unit
 
 test: lint postgres kafka-jars chromium promtool
 	$(BIN)/pytest -n 2 -m "not bench and not storm and not scale" -q --durations=15
