@@ -211,8 +211,11 @@ def schema_type(node: Mapping[str, Any]) -> str:
         return f"list of {schema_type(node.get('items', {}))}"
     if kind == "object":
         values = node.get("additionalProperties", True)
-        if node.get("properties"):
-            return "mapping"
+        if properties := node.get("properties"):  # an inline mapping, such as `{http: {...}}`
+            required = set(node.get("required", ()))
+            keys = (f"{code(key)}: {schema_type(value)}" + ("" if key in required else " (optional)")
+                    for key, value in properties.items())
+            return "{" + ", ".join(keys) + "}"
         return "mapping of name to " + ("any value" if values in (True, {}) else schema_type(values))
     if isinstance(kind, list):
         return " or ".join(JSON_TYPES.get(str(k), str(k)) for k in kind)

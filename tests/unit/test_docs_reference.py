@@ -73,6 +73,14 @@ def test_a_discriminated_union_of_effects_reads_as_its_members():
     assert "The declared topic." in produce
 
 
+def test_an_effect_keyed_by_its_type_reads_as_its_keys():
+    """Or a union of one-key mappings (`effect: {http: {...}}`): each member is its key and model."""
+    effect = {"oneOf": [
+        {"type": "object", "properties": {"update": {"$ref": "#/$defs/_Update"}}, "required": ["update"]},
+        {"type": "object", "properties": {"produce": {"$ref": "#/$defs/_Produce"}}, "required": ["produce"]}]}
+    assert docs_reference.schema_type(effect) == "{`update`: [_Update](#_update)} or {`produce`: [_Produce](#_produce)}"
+
+
 def test_the_troubleshooting_page_explains_every_exit_code():
     page = (REPO / "docs" / "troubleshooting.md").read_text()
     for code in ExitCode:
