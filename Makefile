@@ -9,16 +9,16 @@ JARS := build/kafka/libs/.resolved
 
 help:
 	@echo "make demo       - the pipeline end to end on the embedded broker and SQLite"
-	@echo "make check      - the fast loop: ruff, mypy, import contracts, then tests/unit (no broker, quick Hypothesis profile)"
+	@echo "make check      - the fast loop: ruff, mypy, import contracts, then tests/unit (no broker)"
 	@echo "make lint       - ruff, mypy and the import contracts only"
-	@echo "make docs       - the docs site: the generated references, then mkdocs build --strict into build/site"
-	@echo "make test       - ruff, mypy, import contracts, the docs build, then the whole suite on Apache Kafka and PostgreSQL"
+	@echo "make test       - ruff, mypy, import contracts, then the whole suite on Apache Kafka and PostgreSQL"
+	@echo "make docs       - the docs site (part of make test): references generated from the models, mkdocs build --strict into build/site"
 	@echo "make scale      - the tests on millions of rows and minutes of load (2,000,000-row prune plans, a short soak, the bench smoke)"
 	@echo "make storm      - the kill storm: random SIGKILLs of workers and relays for 60 s over 20,000 events"
 	@echo "make bench      - the benchmark (JSON on stdout)"
 	@echo "make soak       - 10 minutes of steady load over a 2,000,000-row ledger with pruning (JSON on stdout)"
 	@echo "make broker     - a Kafka broker on loopback in the foreground (embedded tansu)"
-	@echo "make venv       - the virtual environment in .venv with the test and check extras"
+	@echo "make venv       - the virtual environment in .venv with the test, check and docs extras"
 	@echo "make postgres   - install (where missing) and start the local PostgreSQL"
 	@echo "make kafka-jars - fetch the Apache Kafka server jars into build/kafka/libs"
 	@echo "make chromium   - install (where missing) Debian's chromium and chromium-driver for the console tests"
@@ -30,7 +30,7 @@ venv: $(STAMP)
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --disable-pip-version-check --upgrade pip
-	$(BIN)/pip install -q --disable-pip-version-check -e '.[test,check]'
+	$(BIN)/pip install -q --disable-pip-version-check -e '.[test,check,docs]'
 	@rm -f $(VENV)/.installed-* && touch $@
 
 postgres:
