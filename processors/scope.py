@@ -52,10 +52,6 @@ class BatchResult:
             else:
                 setattr(self, name, mine + value)
 
-    @property
-    def completed(self) -> int:
-        return len(self.applied) + len(self.skipped) + len(self.dead_lettered)
-
 
 @dataclass
 class BatchScope:

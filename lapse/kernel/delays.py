@@ -116,14 +116,6 @@ def parse_due(headers: RecordHeaders | None) -> datetime | None:
     return datetime.fromtimestamp(int(values[0]) / 1000, UTC)
 
 
-def parse_hops(headers: RecordHeaders | None) -> int | None:
-    """The `lapse-hops` count of a record's headers, or None when it is missing or not digits."""
-    values = _values(headers, HOPS_HEADER)
-    if not values or values[0] is None or not HOPS_FORM.fullmatch(values[0]):
-        return None
-    return int(values[0])
-
-
 def read_wake_up(headers: RecordHeaders | None, expiry_topic: str, now: datetime) -> WakeUp:
     """The wake-up a delay-tier record's headers describe, checked: `lapse-due-at` present, once,
     epoch milliseconds within the due-time window; `lapse-target`, when present, once and naming

@@ -417,17 +417,12 @@ def add_duplicates(conn: Connection, counts: Mapping[str, int]) -> None:
 
 # Append ------------------------------------------------------------------------------------------
 
-def insert_transitions(conn: Connection, rows: Sequence[dict[str, Any]]) -> None:
-    """Append transitions (op_key, from_state, to_state, attempt, actor, at, …) in one statement."""
-    bulk_insert(conn, T, rows)
-
-
 def insert_outbox(conn: Connection, rows: Sequence[dict[str, Any]]) -> None:
     bulk_insert(conn, outbox, rows)
 
 
 def insert_transitions_and_outbox(conn: Connection, transitions: Sequence[dict[str, Any]],
                                   outbox_rows: Sequence[dict[str, Any]]) -> None:
-    """`insert_transitions` and `insert_outbox` in one statement (one round trip) on PostgreSQL."""
+    """Append transitions and outbox rows in one statement (one round trip) on PostgreSQL."""
     bulk_insert_together(conn, [(T, transitions), (outbox, outbox_rows)])
 
