@@ -37,8 +37,8 @@ log = get_logger("processor")
 
 
 @dataclass
-class BatchContext:
-    """What a batch needs besides its records; built once per worker."""
+class WorkerContext:
+    """What every batch of one worker needs besides its records: built once per worker."""
 
     settings: Settings
     engine: Engine
@@ -77,7 +77,7 @@ class BatchContext:
 
 
 def commit_batch(
-    ctx: BatchContext,
+    ctx: WorkerContext,
     consumer: Consumer,
     owned: set[tuple[str, int]],
     messages: list[Message],
@@ -242,7 +242,7 @@ def commit_offsets(consumer: Consumer, owned: set[tuple[str, int]], messages: li
     return offsets
 
 
-def _produce_delayed(ctx: BatchContext, event: ExpiryEvent, now: datetime) -> None:
+def _produce_delayed(ctx: WorkerContext, event: ExpiryEvent, now: datetime) -> None:
     """Queue `event`'s wake-up on its delay tier (a full queue is waited out). A validated event
     is a few KiB, so a refusal for its size is a bug: raised as permanent, never dropped."""
     topic, headers = delay_record(ctx.topics, event.due_at, now)

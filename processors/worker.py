@@ -26,7 +26,7 @@ from lapse.kernel.logs import get_logger
 from lapse.kernel.outages import Outage, is_transient
 from lapse.kernel.settings import Settings
 from lapse.processors.circuit import CircuitPolicy, DeadLetterCircuit
-from lapse.processors.commit import BatchContext, commit_batch
+from lapse.processors.commit import WorkerContext, commit_batch
 from lapse.processors.decode import Poison, decode_batch, partition_of, position_of
 from lapse.processors.in_flight import InFlight, Settled
 from lapse.processors.metrics import observe_batch, observe_circuit_opened
@@ -81,7 +81,7 @@ class CleanupWorker:
         # No ping before each batch (a round trip): a dead connection fails the batch as an outage,
         # which rewinds it, and the pool replaces the connection.
         self.engine = engine_from_settings(settings, pre_ping=False)
-        self.ctx = BatchContext(
+        self.ctx = WorkerContext(
             settings=settings,
             engine=self.engine,
             codec=Codec.from_settings(settings),
