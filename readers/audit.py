@@ -21,7 +21,7 @@ from typing import Any, TextIO
 from confluent_kafka import Consumer, Message
 
 from lapse.kernel.codec import Codec, DecodeError
-from lapse.kernel.ledger import APPLIED, SKIPPED, TERMINAL, millis
+from lapse.kernel.ledger import APPLIED, SETTLED, TERMINAL, millis
 from lapse.kernel.settings import Settings
 from lapse.readers.offsets import Span, manual_consumer, offsets_at, partitions_of, watermarks
 from lapse.readers.partition_ends import EndTracker, read_to_ends
@@ -134,7 +134,7 @@ class _History:
             self.final[key] = (at, oid, status)
         if status == APPLIED:
             self.applied.setdefault(key, []).append(oid)
-        if status in (APPLIED, SKIPPED):
+        if status in SETTLED:
             self.resolved_ms[key] = max(at, self.resolved_ms.get(key, at))
 
     def dead_letter(self, record: dict[str, Any]) -> None:
