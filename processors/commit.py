@@ -22,9 +22,10 @@ from lapse.kernel.codec import Codec
 from lapse.kernel.delays import delay_record
 from lapse.kernel.kafka_clients import DeliveryFailed, DeliveryTracker, message_max_bytes, produce_or_refusal
 from lapse.kernel.kinds import CleanupKind
-from lapse.kernel.ledger import ExpiryEvent, OriginalBudget, Position, expiry_record, safe_text
+from lapse.kernel.ledger import ExpiryEvent, OriginalBudget, Position, expiry_record
 from lapse.kernel.logs import get_logger
 from lapse.kernel.settings import Settings
+from lapse.kernel.text import one_line
 from lapse.kernel.topology import Topology
 from lapse.processors.dead_letters import send_poison
 from lapse.processors.decode import Poison, poison_of, position_of
@@ -220,7 +221,7 @@ def _one_line(exc: BaseException) -> str:
     """The error's type and first line, control characters escaped (it may quote a value)."""
     cause = getattr(exc, "orig", None) or exc
     first = (str(cause).strip().splitlines() or [""])[0]
-    return safe_text(f"{type(cause).__name__}: {first}", 500)
+    return one_line(f"{type(cause).__name__}: {first}", 500, escape=True)
 
 
 def commit_offsets(consumer: Consumer, owned: set[tuple[str, int]], messages: list[Message], *,

@@ -18,8 +18,9 @@ from confluent_kafka import Message
 
 from lapse.kernel.codec import Codec, DecodeError
 from lapse.kernel.kinds import CleanupKind
-from lapse.kernel.ledger import ExpiryEvent, InvalidEvent, InvalidField, Position, safe_text
+from lapse.kernel.ledger import ExpiryEvent, InvalidEvent, InvalidField, Position
 from lapse.kernel.logs import get_logger
+from lapse.kernel.text import one_line
 
 log = get_logger("processor")
 
@@ -107,5 +108,5 @@ def poison_of(msg: Message, code: str, reason: str) -> Poison:
     try:
         headers = list(msg.headers() or [])
     except Exception as exc:  # headers the client cannot even hand over: keep a note of it
-        headers = [("lapse-unreadable-headers", safe_text(str(exc), 200).encode())]
-    return Poison(*position_of(msg), msg.key(), msg.value(), headers, code, safe_text(reason, 2000))
+        headers = [("lapse-unreadable-headers", one_line(str(exc), 200, escape=True).encode())]
+    return Poison(*position_of(msg), msg.key(), msg.value(), headers, code, one_line(reason, 2000, escape=True))

@@ -38,8 +38,9 @@ from lapse.kernel.ledger import APPLIED, CLAIMED, ExpiryEvent, lock_claims, rene
 from lapse.kernel.logs import get_logger
 from lapse.kernel.rate_limit import TokenBucket
 from lapse.kernel.settings import Settings
+from lapse.kernel.text import one_line
 from lapse.processors.effect_calls import CallerFactory, EffectCaller, callers_from_settings
-from lapse.processors.failures import AMBIGUOUS, TEMPORARY, EffectFailure, classify, excerpt
+from lapse.processors.failures import AMBIGUOUS, TEMPORARY, EffectFailure, classify
 from lapse.processors.retries import FailedAttempt, record_failures
 from lapse.processors.rules import external_effect
 from lapse.processors.scope import BatchResult, BatchScope
@@ -86,7 +87,7 @@ class EffectRunner:
                     caller = self.caller(kind)
                 except Exception as exc:  # any setup error: reported on the calls, the batch goes on
                     unusable[kind.name] = (f"cannot set up the effect of {kind.name!r}: "
-                                           f"{type(exc).__name__}: {excerpt(str(exc), 200)}")
+                                           f"{type(exc).__name__}: {one_line(str(exc), 200)}")
                     log.warning(unusable[kind.name], extra={"kind": kind.name})
             if kind.name in unusable:
                 out[call.op_key] = EffectFailure(TEMPORARY, unusable[kind.name])

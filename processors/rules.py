@@ -30,8 +30,8 @@ from lapse.kernel.ledger import (
     insert_pending,
     millis,
     read_rows,
-    safe_text,
 )
+from lapse.kernel.text import one_line
 from lapse.processors.failures import AMBIGUOUS, INVALID, EffectFailure
 from lapse.processors.retries import FailedAttempt, record_failures, wake_up
 from lapse.processors.scope import BatchResult, BatchScope
@@ -244,8 +244,8 @@ def tenant_mismatches(kind: CleanupKind, batch: list[ExpiryEvent], present: Mapp
     for event in batch:
         row = present.get(event.subject_id)
         if row is not None and row.tenant != event.tenant:
-            yield event, (f"tenant mismatch: the event says {safe_text(event.tenant, TENANT_SHOWN)!r}, "
-                          f"the business row says {safe_text(row.tenant, TENANT_SHOWN)!r}")
+            yield event, (f"tenant mismatch: the event says {one_line(event.tenant, TENANT_SHOWN, escape=True)!r}, "
+                          f"the business row says {one_line(row.tenant, TENANT_SHOWN, escape=True)!r}")
 
 
 def external_effect(kind: CleanupKind) -> ExternalEffect:
@@ -366,7 +366,7 @@ def dead_letter_events(scope: BatchScope, failed: list[Invalid]) -> BatchResult:
     quote outside input (a database error about a value): its control characters are escaped, so
     the reason itself cannot be what the database refuses."""
     before, claimed = claim_rows(scope, {e.op_key: e for e, _ in failed})
-    dead_letter_invalid(scope, [(e, safe_text(r, REASON_LIMIT)) for e, r in failed if e.op_key in claimed],
+    dead_letter_invalid(scope, [(e, one_line(r, REASON_LIMIT, escape=True)) for e, r in failed if e.op_key in claimed],
                         before)
     scope.writes.flush(scope.conn)
     return scope.result

@@ -42,7 +42,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
-from lapse.kernel.ledger import LATEST_DUE_AHEAD, safe_text, time_problem
+from lapse.kernel.ledger import LATEST_DUE_AHEAD, time_problem
+from lapse.kernel.text import one_line
 from lapse.kernel.topology import DelayTier, Topology
 
 DUE_AT_HEADER = "lapse-due-at"
@@ -147,7 +148,7 @@ def read_wake_up(headers: RecordHeaders | None, expiry_topic: str, now: datetime
     except UnicodeDecodeError:
         raise InvalidWakeUp("invalid_header", f"{TARGET_HEADER}: not UTF-8: {_shown(target_raw)}") from None
     if target != expiry_topic:
-        raise InvalidWakeUp("refused_target", f"{TARGET_HEADER}: {safe_text(target, 80)!r} is not the "
+        raise InvalidWakeUp("refused_target", f"{TARGET_HEADER}: {one_line(target, 80, escape=True)!r} is not the "
                             f"expiry topic {expiry_topic!r}; a delay tier forwards nowhere else")
     return WakeUp(due_at, target, hops)
 

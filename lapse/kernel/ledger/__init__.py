@@ -70,7 +70,6 @@ from lapse.kernel.ledger.records import (
     expiry_record,
     millis,
     outcome_record,
-    safe_text,
     time_problem,
 )
 from lapse.kernel.ledger.retention import (
@@ -201,7 +200,6 @@ __all__ = [
     "release_dead_letters",
     "renew_leases",
     "restore_waiting",
-    "safe_text",
     "settle_waiting",
     "settled_row",
     "settles_waiting",
