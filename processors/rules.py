@@ -33,9 +33,9 @@ from lapse.kernel.ledger import (
 )
 from lapse.kernel.text import one_line
 from lapse.processors.failures import AMBIGUOUS, INVALID, EffectFailure
+from lapse.processors.fast_path import settle_due
 from lapse.processors.retries import FailedAttempt, record_failures, wake_up
 from lapse.processors.scope import BatchResult, BatchScope
-from lapse.processors.settle import settle_due
 
 Invalid = tuple[ExpiryEvent, str]  # an event whose work can never run, and why
 REASON_LIMIT = 500  # characters of a dead-letter reason written to the ledger
