@@ -92,7 +92,7 @@ def commit_batch(
        transitions and outbox rows (outcomes, ledger-backed dead letters, and the wake-up records
        of scheduled retries); due work whose outcome can only be `applied` (no row yet, or a
        due unclaimed `pending` one) has its row written once, already applied, before its effect
-       (`lapse.processors.settle`); retried on deadlock. If it fails for another
+       (`lapse.processors.fast_path`); retried on deadlock. If it fails for another
        reason, the batch is redone event by event, and an event whose own transaction fails is
        dead-lettered through the ledger in a transaction of its own; an event whose values the
        ledger refuses even then joins step 2's poison as its raw record (`isolate_failures`). Kinds

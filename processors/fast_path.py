@@ -72,7 +72,7 @@ from lapse.kernel.ledger import (
 from lapse.processors.scope import BatchScope
 
 
-def settle_due(scope: BatchScope, unique: Mapping[str, ExpiryEvent], extra: Counter[str]) -> set[str]:
+def apply_fast_path(scope: BatchScope, unique: Mapping[str, ExpiryEvent], extra: Counter[str]) -> set[str]:
     """Apply and record, in the scope's transaction, the events of `unique` (one per op key) that
     qualify for the fast path (see the module docstring); returns their op keys, for the careful
     path to leave out. `extra` counts the batch's other deliveries of each op key: an inserted

@@ -1,7 +1,7 @@
 """The cleanup rules for one batch, as plain functions over the batch's scope.
 
 `apply_batch` runs inside the transaction its caller began on the scope's connection: it settles
-due work whose outcome is known on a fast path (`lapse.processors.settle`), creates the other
+due work whose outcome is known on a fast path (`lapse.processors.fast_path`), creates the other
 missing ledger rows, claims the claimable ones, runs each kind's in-database effect (or leases
 its external one), decides what happened to each event, and flushes the ledger writes once. It
 never touches Kafka, so it is tested against a real database with no broker.
@@ -33,7 +33,7 @@ from lapse.kernel.ledger import (
 )
 from lapse.kernel.text import one_line
 from lapse.processors.failures import AMBIGUOUS, INVALID, EffectFailure
-from lapse.processors.fast_path import settle_due
+from lapse.processors.fast_path import apply_fast_path
 from lapse.processors.retries import FailedAttempt, record_failures, wake_up
 from lapse.processors.scope import BatchResult, BatchScope
 
@@ -67,7 +67,7 @@ def apply_batch(scope: BatchScope, events: Sequence[ExpiryEvent], *, fast_path: 
        Work whose outcome is known to be `applied` (an in-database effect, a business row present,
        of the event's tenant, eligible and due, and either no ledger row and a due event, or a
        `pending` row due, unclaimed and unfinished) takes the fast path: applied with its ledger
-       row written once, finished (`lapse.processors.settle`). Steps 2 to 5 are the careful path,
+       row written once, finished (`lapse.processors.fast_path`). Steps 2 to 5 are the careful path,
        for the rest.
     2. Claim: create the missing ledger rows (`pending`), read every row as it is before the
        claim, bring forward the `pending` rows waiting past now for no reason their business row
@@ -89,8 +89,8 @@ def apply_batch(scope: BatchScope, events: Sequence[ExpiryEvent], *, fast_path: 
     if not unique:
         return result
     scope.writes.duplicates.update(extra)
-    settled = settle_due(scope, unique, extra) if fast_path else set()
-    unique = {key: event for key, event in unique.items() if key not in settled}
+    fast = apply_fast_path(scope, unique, extra) if fast_path else set()
+    unique = {key: event for key, event in unique.items() if key not in fast}
     if not unique:
         result.duplicates += sum(scope.writes.duplicates.values())
         scope.writes.flush(scope.conn)
