@@ -35,7 +35,7 @@ def has_ledger_row(kind_name: str, subject_column: ColumnElement[Any]) -> Column
     return exists().where(_subject_is(kind_name, subject_column))
 
 
-def has_settled_row(kind_name: str, subject_column: ColumnElement[Any], now: datetime) -> ColumnElement[bool]:
+def has_row_not_waiting_past(kind_name: str, subject_column: ColumnElement[Any], now: datetime) -> ColumnElement[bool]:
     """EXISTS a ledger row for the business row whose id is `subject_column` that someone is on: any
     row but a `pending` one still waiting past `now` (an event's own far-off due time, or a subject
     that did not exist when its event came). The sweep negates it on due rows: no ledger row yet,
