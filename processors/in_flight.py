@@ -1,21 +1,8 @@
 """One batch in flight: its `commit_batch` runs on a batch thread while the worker consumes and
 decodes the next batch, so the broker fetch and the decoding overlap the database round trips.
 
-Why this keeps every guarantee of the serial loop:
-1. Order. There is one batch thread and at most one batch on it. The worker hands batch N+1 over
-   only after N's `commit_batch` has returned and its outcome was collected, so effects, produced
-   records and offset commits follow consume order per partition exactly as before.
-2. Nothing is committed early. Consuming N+1 moves only the consumer's fetch position, never its
-   committed offset; N+1's offsets are committed by its own `commit_batch`, after its effects are
-   durable.
-3. Rebalances. They happen only inside `consume`, on the worker's thread, and the worker's
-   rebalance callbacks collect the batch in flight first: it finishes (and commits its offsets)
-   while its partitions are still owned, and only then are partitions given up. Records fetched
-   for a partition before its revoke are dropped by the ownership filter, as before.
-4. Failure. A batch that fails is never followed by the one consumed behind it: that one is not
-   handed over, and both are rewound together to the failed batch's first offsets.
-5. Circuits. A circuit opened by N's outcomes drops N+1's records of that partition before the
-   hand-over; they are read again from the partition's next offset when the circuit closes.
+Why order, offsets, rebalances, failures and circuits hold as in a serial loop:
+docs/design/processing.md, "The batch in flight".
 """
 
 from __future__ import annotations
@@ -48,13 +35,8 @@ class Collected(Generic[T]):
 
 class InFlight(Generic[T]):
     """A one-slot batch thread: `submit` a batch's work, `collect` to wait for it and take it back.
-
-    The batch's work may need the consumer (step 3 of `commit_batch` commits offsets), but a
-    consumer is called from its own thread only: called from another thread while its own thread
-    serves a rebalance callback, it blocks, and the callback waits for the batch. So the batch
-    thread hands such calls over (`on_consumer_thread`) and `collect`, on the consumer's thread,
-    runs them while it waits; the batch thread waits for each call's answer.
-    """
+    Calls the batch's work makes on the consumer are handed over (`on_consumer_thread`) and run by
+    `collect`, on the consumer's own thread, while it waits."""
 
     def __init__(self, name: str) -> None:
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix=name)

@@ -1,29 +1,7 @@
 """Effects outside the database, under a lease: run them, then record them in a second transaction.
 
-`apply_batch` claimed the rows (claim_owner/claim_until) and read their targets in the first
-transaction. Here each becomes an `EffectCall` (op key, attempt, tenant, subject, the row's values)
-and the effects run with bounded concurrency and a token bucket per kind, while the
-leases are renewed (a bounded number of times); then one transaction locks the rows still
-claimed by this worker and marks them applied (and the business rows done), or schedules the
-retry / dead letter of each failure. A row whose lease another worker took over meanwhile is
-left to that worker.
-
-The takeover path. Every call carries the op key (a stable idempotency key: the HTTP effect sends
-it as `Idempotency-Key`, with `Lapse-Attempt`) and the attempt. When a lease runs out while a call
-is in flight (the holder died, hung, or its call outran the bounded renewals):
-1. The holder, if alive, reports the call AMBIGUOUS and finds in `complete` that the row is no
-   longer its own: reported `lost`, nothing recorded, whatever its call did.
-2. The next delivery of the op key (a copy backed off until the lease's end, the reconciler's
-   re-emit of an expired claim) claims the row; the claim counts the lost attempt, so the new holder calls again
-   with the same op key and a higher attempt, and the far side can drop the repeat.
-3. The ledger records the effect once: only the holder of the live claim completes it
-   (`lock_claims`), and completion is a conditional move out of `claimed`.
-4. A kind whose effect is not idempotent is never called a second time: the takeover records the
-   lost call as AMBIGUOUS, a dead letter for a person to check (`rules.lease_external`). The same
-   holds for a call still running when its own lease ran out (AMBIGUOUS, `failures.decide`).
-Each takeover counts an attempt, and a takeover whose lost attempt was the last is recorded as a
-failure instead of a call, so a call that kills its worker every time ends in a dead letter
-(`exhausted`) after the kind's max_attempts.
+How leases are renewed, and why a takeover records each effect once: docs/design/processing.md,
+"Leases and external effects".
 """
 
 from __future__ import annotations
