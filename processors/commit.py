@@ -22,6 +22,7 @@ from lapse.kernel.kafka_clients import DeliveryFailed, DeliveryTracker, message_
 from lapse.kernel.kinds import CleanupKind
 from lapse.kernel.ledger import ExpiryEvent, OriginalBudget, Position, expiry_record
 from lapse.kernel.logs import get_logger
+from lapse.kernel.schema_names import EXPIRY_EVENT
 from lapse.kernel.settings import Settings
 from lapse.kernel.text import one_line
 from lapse.kernel.topology import Topology
@@ -220,7 +221,7 @@ def _produce_delayed(ctx: WorkerContext, event: ExpiryEvent, now: datetime) -> N
     is a few KiB, so a refusal for its size is a bug: raised as permanent, never dropped."""
     topic, headers = delay_record(ctx.topics, event.due_at, now)
     refused = produce_or_refusal(ctx.producer, topic, key=event.op_key.encode(),
-                                 value=ctx.codec.encode("expiry_event", expiry_record(event, now)),
+                                 value=ctx.codec.encode(EXPIRY_EVENT, expiry_record(event, now)),
                                  headers=list(headers), on_delivery=ctx.delivery)
     if refused is not None:
         raise DeliveryFailed(f"{topic} refused the wake-up of {event.op_key}: {refused.str()}", permanent=True)

@@ -20,6 +20,7 @@ from lapse.kernel.codec import Codec, DecodeError
 from lapse.kernel.kinds import CleanupKind
 from lapse.kernel.ledger import ExpiryEvent, InvalidEvent, InvalidField, Position
 from lapse.kernel.logs import get_logger
+from lapse.kernel.schema_names import EXPIRY_EVENT
 from lapse.kernel.text import one_line
 
 log = get_logger("processor")
@@ -93,7 +94,7 @@ def decode_event(value: bytes | None, codec: Codec, kinds: Mapping[str, CleanupK
     (whose code and message name the field at fault)."""
     if value is None:
         raise DecodeError("empty", "record has no value (tombstone)")
-    event = ExpiryEvent.from_record(codec.decode_expected("expiry_event", value), now)
+    event = ExpiryEvent.from_record(codec.decode_expected(EXPIRY_EVENT, value), now)
     kind = kinds.get(event.kind)
     if kind is None:
         raise UnknownKind(f"unknown cleanup kind {event.kind!r}")
