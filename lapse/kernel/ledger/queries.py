@@ -417,10 +417,6 @@ def add_duplicates(conn: Connection, counts: Mapping[str, int]) -> None:
 
 # Append ------------------------------------------------------------------------------------------
 
-def insert_outbox(conn: Connection, rows: Sequence[dict[str, Any]]) -> None:
-    bulk_insert(conn, outbox, rows)
-
-
 def insert_transitions_and_outbox(conn: Connection, transitions: Sequence[dict[str, Any]],
                                   outbox_rows: Sequence[dict[str, Any]]) -> None:
     """Append transitions and outbox rows in one statement (one round trip) on PostgreSQL."""
