@@ -50,12 +50,9 @@ class EffectRunner:
 
     def run(self, jobs: list[tuple[CleanupKind, EffectCall]], lease_s: float,
             renew: Callable[[list[str]], None]) -> dict[str, EffectFailure | None]:
-        """Run the calls; op key → None on success or the classified failure.
-
-        A kind whose caller cannot be built (a store that cannot be opened) fails its calls as
-        temporary: fixed and restarted, the worker completes them. Leases are renewed every
-        lease/3 while calls run, at most `max_renewals` times; a call still running after that
-        is reported AMBIGUOUS (it may yet land) and its row retried."""
+        """Run the calls, renewing their leases every lease/3 at most `max_renewals` times; op key →
+        None on success or the classified failure (AMBIGUOUS for a call still running after that,
+        TEMPORARY for a kind whose caller cannot be built)."""
         out: dict[str, EffectFailure | None] = {}
         futures = {}
         unusable: dict[str, str] = {}  # kind → why its caller could not be built, in this run
