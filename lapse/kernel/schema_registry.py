@@ -7,7 +7,7 @@ HTTP, basic or bearer authentication and TLS (a CA, a client certificate) are
   registry answered 404 for is taken as unknown for `NOT_FOUND_TTL_S` and a run of records with one
   unknown id costs one request, not one each;
 - the ids and schemas this client registered or fetched, answered before the library is asked (its
-  cache is per subject, and the codec fetches by id alone);
+  cache is per subject, and the codec fetches by id alone), so `requests` counts real requests;
 - the errors: the library raises its own error for an HTTP failure and the HTTP library's for a
   network one, with multi-line bodies; each becomes one `SchemaRegistryError` (status, error code)
   whose one-line message never holds a credential;
@@ -66,6 +66,7 @@ class SchemaRegistryClient:
         self.url = _printable(url)
         self.not_found_ttl_s = not_found_ttl_s
         self.clock = clock
+        self.requests = 0  # requests made through the library (each miss of this client's caches)
         # function-local: the library (authlib, httpx) costs a third of a second to import, paid only
         # by processes that talk to a registry, not by every role of the registry-free default
         from confluent_kafka import schema_registry as library
@@ -131,6 +132,7 @@ class SchemaRegistryClient:
 
     def _call(self, what: str, call: Callable[[], Any]) -> Any:
         """`call` through the library, its failures as one-line `SchemaRegistryError`s."""
+        self.requests += 1
         try:
             return call()
         except self._library.SchemaRegistryError as exc:
