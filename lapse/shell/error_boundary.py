@@ -1,5 +1,5 @@
 """The one error boundary of the `lapse` command: whatever escapes a command becomes one line on
-stderr and a documented exit code (`ExitCode`; the README's "Exit codes" table).
+stderr and a documented exit code (`ExitCode`; the "Exit codes" table of docs/troubleshooting.md).
 
 A wrong input, an invalid configuration, an unreachable dependency (Kafka, the database, the
 schema registry), a missing or unreadable file: `lapse: <what>: <why>`, one line, bounded, with
@@ -39,7 +39,7 @@ CAUSES_FOLLOWED = 5
 
 
 class ExitCode(IntEnum):
-    """What the exit status of `lapse` means (the README's "Exit codes" table)."""
+    """What the exit status of `lapse` means (the "Exit codes" table of docs/troubleshooting.md)."""
 
     OK = 0
     PROBLEM_FOUND = 1   # a check found a problem: an audit invariant broken, a kinds check failed, drift
