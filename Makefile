@@ -10,7 +10,7 @@ JARS := build/kafka/libs/.resolved
 help:
 	@echo "make demo       - the pipeline end to end on the embedded broker and SQLite"
 	@echo "make check      - the fast loop: ruff, mypy, import contracts, then tests/unit (no broker)"
-	@echo "make lint       - ruff, mypy and the import contracts only"
+	@echo "make lint       - ruff, mypy, the import contracts and vulture (dead code) only"
 	@echo "make test       - ruff, mypy, import contracts, then the whole suite on Apache Kafka and PostgreSQL"
 	@echo "make docs       - the docs site (part of make test): references generated from the models, mkdocs build --strict into build/site"
 	@echo "make scale      - the tests on millions of rows and minutes of load (2,000,000-row prune plans, a short soak, the bench smoke)"
@@ -55,6 +55,7 @@ lint: venv
 	$(BIN)/ruff check .
 	$(BIN)/mypy
 	$(BIN)/lint-imports
+	$(BIN)/vulture
 
 # Hypothesis' quick profile caps every property at a few examples; `make test` runs their own counts.
 check: lint

@@ -5,7 +5,7 @@ A Python kind's `ExternalEffect.call` reports a failure by raising `EffectFailur
 the classes RATE_LIMITED, TEMPORARY, INVALID, AMBIGUOUS.
 """
 
-from lapse.processors.commit import BatchContext, commit_batch
+from lapse.processors.commit import WorkerContext, commit_batch
 from lapse.processors.delay_worker import DelayWorker
 from lapse.processors.failures import AMBIGUOUS, INVALID, RATE_LIMITED, TEMPORARY, EffectFailure
 from lapse.processors.object_store import FilesystemObjectStore
@@ -18,13 +18,13 @@ __all__ = [
     "INVALID",
     "RATE_LIMITED",
     "TEMPORARY",
-    "BatchContext",
     "BatchResult",
     "BatchScope",
     "CleanupWorker",
     "DelayWorker",
     "EffectFailure",
     "FilesystemObjectStore",
+    "WorkerContext",
     "WorkerStats",
     "apply_batch",
     "commit_batch",

@@ -24,6 +24,7 @@ from lapse.kernel.ledger import (
     dead_letter_record,
 )
 from lapse.kernel.logs import get_logger
+from lapse.kernel.schema_names import DEAD_LETTER_RECORD
 from lapse.processors.decode import Poison
 
 REASON_LIMIT = 2000  # characters of a dead letter's reason
@@ -78,7 +79,7 @@ def _produce_poison(producer: Producer, codec: Codec, delivery: DeliveryTracker,
         refused.append((item, clipped, err.str()))
 
     err = produce_or_refusal(producer, topic, key=clipped.original.key if keep_original else None,
-                             value=codec.encode("dead_letter", record), headers=poison_headers(item, clipped),
+                             value=codec.encode(DEAD_LETTER_RECORD, record), headers=poison_headers(item, clipped),
                              on_delivery=delivery.or_refused(on_refusal))
     if err is not None:
         on_refusal(err)

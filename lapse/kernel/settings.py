@@ -27,6 +27,7 @@ from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, Settings
 
 from lapse.kernel import package_files
 from lapse.kernel.config_file import CONFIG_ENV_VAR, ConfigFileSource, choose_config_file, file_keys
+from lapse.kernel.schema_names import DATABASE_SCHEMA
 from lapse.kernel.secret_keys import is_secret_key
 from lapse.kernel.topology import Topology, load_topology
 
@@ -178,7 +179,7 @@ class DatabaseSettings(_Section):
     )
 
     schema_name: str = Field(
-        "lapse", pattern=r"^[a-z_][a-z0-9_]{0,62}$",
+        DATABASE_SCHEMA, pattern=r"^[a-z_][a-z0-9_]{0,62}$",
         description="PostgreSQL schema of Lapse's own tables (SQLite uses the lapse_ table prefix instead).")
     connect_timeout_s: float = Field(
         10.0, gt=0, le=600, description="Longest wait for a database connection before it counts as unreachable.")

@@ -23,6 +23,7 @@ def poison_records(settings: Settings, kind: str | None, tenant: str | None, lim
     # function-local: keeps `lapse --help` fast
     from lapse.kernel.codec import Codec, DecodeError
     from lapse.kernel.kafka_logs import leave_connection_failures_to_caller
+    from lapse.kernel.schema_names import DEAD_LETTER_RECORD
     from lapse.readers import OffsetsError, read_to_end
 
     leave_connection_failures_to_caller()  # an unreachable broker is the error boundary's one line
@@ -31,7 +32,7 @@ def poison_records(settings: Settings, kind: str | None, tenant: str | None, lim
     try:
         for msg in read_to_end(settings, settings.topology.dlq):
             try:
-                record = codec.decode_expected("dead_letter", msg.value() or b"")
+                record = codec.decode_expected(DEAD_LETTER_RECORD, msg.value() or b"")
             except DecodeError as exc:
                 record = {"failure_class": "poison", "reason": f"dead letter does not decode: {exc}"}
             if record.get("failure_class") != "poison":

@@ -31,8 +31,8 @@ from lapse.retention.horizons import HorizonRefused, horizons
 from lapse.retention.queries import count_prunable
 from lapse.shell.app import main
 from tests.fixtures.db import as_cluster_owner
+from tests.fixtures.fast_path import NOW, RELEASE, TENANT, engine_for, key, kinds_for, release_event, reservation, scope
 from tests.fixtures.polling import eventually
-from tests.fixtures.settle import NOW, RELEASE, TENANT, engine_for, key, kinds_for, release_event, reservation, scope
 
 DAY = 86_400.0
 GRACE_S = 300.0

@@ -12,7 +12,7 @@ factor 3, no prefix: the session's other cluster tests use prefixed names) and e
 interval. Nothing is shortened for time (tests/fixtures/compose.py TIME_OVERRIDES is empty, and
 asserted small).
 
-What is mapped (tests/fixtures/compose.py MAPPED_ENV, MAPPED_FLAGS, MAPPED_CONFIG), because only
+What is mapped (tests/fixtures/compose.py MAPPED_ENV, MAPPED_FLAGS, its config-file list), because only
 compose's network, TLS and volumes have it:
 - the brokers `kafka-1..3:9092` become the local cluster, which speaks PLAINTEXT: each config
   file's [kafka] table (SASL_SSL, SCRAM-SHA-512, the role's own user, the CA) is dropped. SASL_SSL

@@ -70,7 +70,7 @@ def overview(settings: Settings, engine: Engine, now: datetime) -> dict[str, Any
         except Exception as exc:
             if not is_transient(exc):
                 raise
-            report["lag"] = [{"group": "every group", "topic": "every topic", "error": one_line(exc, settings)}]
+            report["lag"] = [{"group": "every group", "topic": "every topic", "error": error_line(exc, settings)}]
         return {"status": report, "verdict": asdict(judge(report)), "throughput": rates.result()}
 
 
@@ -145,7 +145,7 @@ def dead_letter_list(settings: Settings, engine: Engine, flt: DeadLetterFilter) 
         except Exception as exc:  # the broker away: the ledger's dead letters are still shown
             if not is_transient(exc) or isinstance(exc, DBAPIError):
                 raise
-            poison_error = one_line(exc, settings)
+            poison_error = error_line(exc, settings)
     return {"dead_letters": rows, "poison": poison, "poison_error": poison_error}
 
 
@@ -238,7 +238,7 @@ def now_utc() -> datetime:
     return datetime.now(UTC)
 
 
-def one_line(exc: BaseException, settings: Settings) -> str:
+def error_line(exc: BaseException, settings: Settings) -> str:
     """An error as the CLI's one line says it (secrets masked, no traceback, SQL or parameters)."""
     return diagnose(exc, settings).line.removeprefix("lapse: ").removesuffix(" (run with --debug for the traceback)")
 
