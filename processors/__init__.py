@@ -5,8 +5,7 @@ A Python kind's `ExternalEffect.call` reports a failure by raising `EffectFailur
 the classes RATE_LIMITED, TEMPORARY, INVALID, AMBIGUOUS.
 """
 
-from lapse.processors.commit import BatchContext, commit_batch
-from lapse.processors.dead_letters import discard, list_dead_letters, replay
+from lapse.processors.commit import WorkerContext, commit_batch
 from lapse.processors.delay_worker import DelayWorker
 from lapse.processors.failures import AMBIGUOUS, INVALID, RATE_LIMITED, TEMPORARY, EffectFailure
 from lapse.processors.object_store import FilesystemObjectStore
@@ -19,17 +18,14 @@ __all__ = [
     "INVALID",
     "RATE_LIMITED",
     "TEMPORARY",
-    "BatchContext",
     "BatchResult",
     "BatchScope",
     "CleanupWorker",
     "DelayWorker",
     "EffectFailure",
     "FilesystemObjectStore",
+    "WorkerContext",
     "WorkerStats",
     "apply_batch",
     "commit_batch",
-    "discard",
-    "list_dead_letters",
-    "replay",
 ]

@@ -1,8 +1,6 @@
-"""The commit order of one batch, in one place.
+"""The commit order of one batch, in one place: the database, then produced records, then offsets.
 
-Offsets move only after everything the batch caused is durable: the database transaction, then
-any record produced for the batch. A crash anywhere before step 3 means redelivery, which the
-ledger turns into absorbed duplicates.
+Why this order, and what a crash at each point means: docs/design/processing.md, "The commit order".
 """
 
 from __future__ import annotations
@@ -22,9 +20,11 @@ from lapse.kernel.codec import Codec
 from lapse.kernel.delays import delay_record
 from lapse.kernel.kafka_clients import DeliveryFailed, DeliveryTracker, message_max_bytes, produce_or_refusal
 from lapse.kernel.kinds import CleanupKind
-from lapse.kernel.ledger import ExpiryEvent, OriginalBudget, Position, expiry_record, safe_text
+from lapse.kernel.ledger import ExpiryEvent, OriginalBudget, Position, expiry_record
 from lapse.kernel.logs import get_logger
+from lapse.kernel.schema_names import EXPIRY_EVENT
 from lapse.kernel.settings import Settings
+from lapse.kernel.text import one_line
 from lapse.kernel.topology import Topology
 from lapse.processors.dead_letters import send_poison
 from lapse.processors.decode import Poison, poison_of, position_of
@@ -37,8 +37,8 @@ log = get_logger("processor")
 
 
 @dataclass
-class BatchContext:
-    """What a batch needs besides its records; built once per worker."""
+class WorkerContext:
+    """What every batch of one worker needs besides its records: built once per worker."""
 
     settings: Settings
     engine: Engine
@@ -77,7 +77,7 @@ class BatchContext:
 
 
 def commit_batch(
-    ctx: BatchContext,
+    ctx: WorkerContext,
     consumer: Consumer,
     owned: set[tuple[str, int]],
     messages: list[Message],
@@ -87,37 +87,16 @@ def commit_batch(
 ) -> BatchResult:
     """Make one batch durable, then move its offsets.
 
-    1. DB commit: one transaction claims the ledger rows, runs the in-database effects, and writes
-       transitions and outbox rows (outcomes, ledger-backed dead letters, and the wake-up records
-       of scheduled retries); due work whose outcome can only be `applied` (no row yet, or a
-       due unclaimed `pending` one) has its row written once, already applied, before its effect
-       (`lapse.processors.settle`); retried on deadlock. If it fails for another
-       reason, the batch is redone event by event, and an event whose own transaction fails is
-       dead-lettered through the ledger in a transaction of its own; an event whose values the
-       ledger refuses even then joins step 2's poison as its raw record (`isolate_failures`). Kinds
-       with an external effect are only claimed under a lease here; their effects then run outside
-       any transaction and a second transaction records them applied or schedules their retry /
-       dead letter (`lapse.processors.leased`). A crash between the two leaves the row claimed:
-       the redelivered record backs off until the lease ends, then redoes the idempotent effect
-       and completes. Retry wake-ups go through the outbox, not step 2, so the retry schedule and
-       its wake-up commit together: a crash after the commit cannot lose the wake-up (the relay
-       sends it at least once; the reconciler still re-emits retry rows past due as a backstop).
-    2. Produce what has no ledger change, and flush: first poison to `lapse.dlq` (the original
-       bytes clipped to a budget under the producer's size limit; a dead letter the DLQ refuses
-       for its size or form goes again without them), each logged as dead-lettered only once
-       acknowledged; then early events back to a delay tier at the ledger's due time, and events
-       held under another worker's lease back to a tier until that lease ends. Raise if any
-       record was not acknowledged (offsets stay put).
-    3. Commit, on the consumer's own thread, the next offset (last + 1) of every partition in
-       the batch that this consumer still owns; a revoked partition's offsets are never
-       committed. With `commit_asynchronously` the commit is sent without waiting for the
-       broker's answer: the effects are already durable, so a commit lost in a crash only means
-       redelivery, which the ledger absorbs; the worker commits synchronously when a partition is
-       revoked and on close.
+    1. DB commit: the batch's transaction (`apply_batch`), retried on deadlock, redone event by
+       event when one event fails it; then the leased external effects and their own transaction.
+    2. Produce what has no ledger change (poison to the DLQ, early and backed-off events to a
+       delay tier) and flush; raise if any record was not acknowledged.
+    3. Commit the next offset of every partition still owned, on the consumer's thread.
     """
     now = ctx.clock()
     result = BatchResult()
     unrecorded: list[Invalid] = []
+    # Step 1: the database commit (and the external effects' second transaction).
     if events:
         with ctx.engine.connect() as conn:
             scope = ctx.scope(conn, now, positions)
@@ -126,6 +105,7 @@ def commit_batch(
                 result.absorb(run_leased(ctx.effect_runner(), scope, result, ctx.clock))
     _crash_if("after_db_commit", ctx.settings)
 
+    # Step 2: produce what has no ledger change, and flush.
     poison = [*poison, *raw_records(messages, positions, unrecorded)]
     send_poison(ctx.producer, ctx.codec, ctx.delivery, ctx.topics.dlq, poison, now, ctx.budget)
     for event in result.not_due + result.backed_off:
@@ -134,15 +114,15 @@ def commit_batch(
         ctx.delivery.flush(ctx.producer)
     _crash_if("after_produce", ctx.settings)
 
+    # Step 3: commit the offsets, on the consumer's thread.
     ctx.on_consumer_thread(lambda: commit_offsets(consumer, owned, messages,
                                                   asynchronous=ctx.commit_asynchronously))
     return result
 
 
 def _apply_with_retry(scope: BatchScope, events: list[ExpiryEvent], unrecorded: list[Invalid]) -> BatchResult:
-    """The batch transaction, retried on deadlock. Any other failure that is not about the
-    connection is taken as one event's fault: the batch is redone event by event (see
-    `isolate_failures`), so one bad event cannot fail its batch, and the worker, forever."""
+    """The batch transaction, retried on deadlock; any other failure not about the connection is
+    taken as one event's fault, and the batch is redone event by event (`isolate_failures`)."""
     for attempt in range(DEADLOCK_RETRIES):
         try:
             with scope.conn.begin():
@@ -159,14 +139,9 @@ def _apply_with_retry(scope: BatchScope, events: list[ExpiryEvent], unrecorded: 
 
 def isolate_failures(scope: BatchScope, events: list[ExpiryEvent],
                      unrecorded: list[Invalid] | None = None) -> BatchResult:
-    """Apply each event in its own transaction on the scope's connection; an event whose
-    transaction fails (other than by the connection) is dead-lettered as invalid with the
-    error's first line, in a transaction of its own, and logged once that has committed.
-
-    The last resort: an event whose dead letter fails too, because the database refuses its values
-    (`values_at_fault`), is appended to `unrecorded` with both reasons, for the caller to send its
-    raw record to the DLQ as poison. Without `unrecorded` (or for any other failure) the error
-    is raised."""
+    """Apply each event in its own transaction; one whose transaction fails is dead-lettered as
+    invalid in a transaction of its own, or, if the ledger refuses even that (`values_at_fault`),
+    appended to `unrecorded` for its raw record to go to the DLQ (without `unrecorded`, raised)."""
     result = BatchResult()
     failed: list[Invalid] = []
     for event in events:
@@ -220,15 +195,14 @@ def _one_line(exc: BaseException) -> str:
     """The error's type and first line, control characters escaped (it may quote a value)."""
     cause = getattr(exc, "orig", None) or exc
     first = (str(cause).strip().splitlines() or [""])[0]
-    return safe_text(f"{type(cause).__name__}: {first}", 500)
+    return one_line(f"{type(cause).__name__}: {first}", 500, escape=True)
 
 
 def commit_offsets(consumer: Consumer, owned: set[tuple[str, int]], messages: list[Message], *,
                    asynchronous: bool = False) -> list[TopicPartition]:
     """Commit last+1 per owned partition seen in `messages` (waiting for the broker unless
-    `asynchronous`); returns what was committed. The offsets are passed explicitly, never stored in
-    the consumer first: storing takes locks the consumer's thread holds during a rebalance
-    callback, where the worker waits for this batch."""
+    `asynchronous`), passed explicitly, never stored in the consumer first; returns what was
+    committed."""
     nxt: dict[tuple[str, int], int] = {}
     for msg in messages:
         topic, partition, offset = position_of(msg)
@@ -242,12 +216,12 @@ def commit_offsets(consumer: Consumer, owned: set[tuple[str, int]], messages: li
     return offsets
 
 
-def _produce_delayed(ctx: BatchContext, event: ExpiryEvent, now: datetime) -> None:
+def _produce_delayed(ctx: WorkerContext, event: ExpiryEvent, now: datetime) -> None:
     """Queue `event`'s wake-up on its delay tier (a full queue is waited out). A validated event
     is a few KiB, so a refusal for its size is a bug: raised as permanent, never dropped."""
     topic, headers = delay_record(ctx.topics, event.due_at, now)
     refused = produce_or_refusal(ctx.producer, topic, key=event.op_key.encode(),
-                                 value=ctx.codec.encode("expiry_event", expiry_record(event, now)),
+                                 value=ctx.codec.encode(EXPIRY_EVENT, expiry_record(event, now)),
                                  headers=list(headers), on_delivery=ctx.delivery)
     if refused is not None:
         raise DeliveryFailed(f"{topic} refused the wake-up of {event.op_key}: {refused.str()}", permanent=True)

@@ -18,8 +18,10 @@ from confluent_kafka import Message
 
 from lapse.kernel.codec import Codec, DecodeError
 from lapse.kernel.kinds import CleanupKind
-from lapse.kernel.ledger import ExpiryEvent, InvalidEvent, InvalidField, Position, safe_text
+from lapse.kernel.ledger import ExpiryEvent, InvalidEvent, InvalidField, Position
 from lapse.kernel.logs import get_logger
+from lapse.kernel.schema_names import EXPIRY_EVENT
+from lapse.kernel.text import one_line
 
 log = get_logger("processor")
 
@@ -92,7 +94,7 @@ def decode_event(value: bytes | None, codec: Codec, kinds: Mapping[str, CleanupK
     (whose code and message name the field at fault)."""
     if value is None:
         raise DecodeError("empty", "record has no value (tombstone)")
-    event = ExpiryEvent.from_record(codec.decode_expected("expiry_event", value), now)
+    event = ExpiryEvent.from_record(codec.decode_expected(EXPIRY_EVENT, value), now)
     kind = kinds.get(event.kind)
     if kind is None:
         raise UnknownKind(f"unknown cleanup kind {event.kind!r}")
@@ -107,5 +109,5 @@ def poison_of(msg: Message, code: str, reason: str) -> Poison:
     try:
         headers = list(msg.headers() or [])
     except Exception as exc:  # headers the client cannot even hand over: keep a note of it
-        headers = [("lapse-unreadable-headers", safe_text(str(exc), 200).encode())]
-    return Poison(*position_of(msg), msg.key(), msg.value(), headers, code, safe_text(reason, 2000))
+        headers = [("lapse-unreadable-headers", one_line(str(exc), 200, escape=True).encode())]
+    return Poison(*position_of(msg), msg.key(), msg.value(), headers, code, one_line(reason, 2000, escape=True))

@@ -22,6 +22,7 @@ from datetime import UTC, datetime, timedelta
 from email.utils import parsedate_to_datetime
 
 from lapse.kernel.kinds import CleanupKind
+from lapse.kernel.text import one_line
 
 RATE_LIMITED = "rate_limited"  # the far side said "slow down"; retry after it, no attempt burnt
 TEMPORARY = "temporary"        # try again later, up to the kind's attempt cap
@@ -34,7 +35,6 @@ CLASSES = (RATE_LIMITED, TEMPORARY, INVALID, AMBIGUOUS)
 # The longest Retry-After honoured: a far side asking for more (or for years) waits this long.
 MAX_RETRY_AFTER_S = 3600.0
 _DELAY_SECONDS = re.compile(r"[0-9]{1,12}")  # RFC 9110 delay-seconds, short enough to parse
-_UNPRINTABLE = re.compile(r"[\x00-\x1f\x7f]+")
 
 
 class EffectFailure(Exception):
@@ -45,7 +45,7 @@ class EffectFailure(Exception):
     def __init__(self, failure_class: str, reason: str, retry_after: float | None = None):
         if failure_class not in CLASSES:
             raise ValueError(f"unknown failure class {failure_class!r}")
-        reason = excerpt(str(reason), 500)
+        reason = one_line(str(reason), 500)
         super().__init__(reason)
         self.failure_class = failure_class
         self.reason = reason
@@ -65,13 +65,6 @@ def classify(exc: BaseException) -> EffectFailure:
     if isinstance(exc, (ValueError, TypeError, KeyError)):
         return EffectFailure(INVALID, reason)
     return EffectFailure(AMBIGUOUS, reason)
-
-
-def excerpt(text: str, limit: int = 120) -> str:
-    """`text` as one short line for a failure reason: control characters (newlines too) become
-    spaces, and past `limit` characters it is cut with an ellipsis."""
-    line = " ".join(_UNPRINTABLE.sub(" ", text).split())
-    return line if len(line) <= limit else line[: limit - 1] + "…"
 
 
 def retry_after_seconds(value: str | None, now: datetime) -> float | None:
@@ -148,7 +141,7 @@ def decide(kind: CleanupKind, attempt_before: int, failure: EffectFailure, now: 
     if cls == RATE_LIMITED:
         since = deferrals.since or now
         if (now - since).total_seconds() >= kind.rate_limited_for_s:
-            return Decision(False, attempt_before, cls, excerpt(
+            return Decision(False, attempt_before, cls, one_line(
                 f"rate limited {deferrals.rate_limited + 1} times since {since.isoformat()}, past the "
                 f"kind's {kind.rate_limited_for_s:g} s deadline; last: {reason}", 500))
         wait = failure.retry_after if failure.retry_after is not None else backoff_seconds(

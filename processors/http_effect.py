@@ -17,12 +17,12 @@ from urllib.parse import quote, urlsplit
 import httpx
 
 from lapse.kernel.kinds.effects import EffectCall, HttpEffect
+from lapse.kernel.text import one_line
 from lapse.processors.failures import (
     AMBIGUOUS,
     INVALID,
     TEMPORARY,
     EffectFailure,
-    excerpt,
     for_status,
     retry_after_seconds,
 )
@@ -45,7 +45,7 @@ def render_url(template: str, call: EffectCall) -> str:
             continue
         raw = values.get(name)
         if raw is None:
-            raise EffectFailure(INVALID, f"URL placeholder {{{excerpt(name, 63)}}} has no value in the row")
+            raise EffectFailure(INVALID, f"URL placeholder {{{one_line(name, 63)}}} has no value in the row")
         text = raw.isoformat() if isinstance(raw, (date, datetime)) else str(raw)
         out.append(quote(text, safe=""))
     return "".join(out)
@@ -72,7 +72,7 @@ class HttpCaller:
                 if 200 <= status < 300:
                     read_some(response, 65536)  # a body read to its end lets the connection be reused
                     return
-                reason = f"HTTP {status} {excerpt(response.reason_phrase, 40)} from {self.effect.method} {where}"
+                reason = f"HTTP {status} {one_line(response.reason_phrase, 40)} from {self.effect.method} {where}"
                 body = body_excerpt(response)
         except (httpx.HTTPError, httpx.InvalidURL) as exc:
             raise transport_failure(exc, self.effect.method, where) from None
@@ -90,7 +90,7 @@ def host_of(url: str) -> str:
     may hold credentials."""
     try:
         parts = urlsplit(url)
-        return excerpt(f"{parts.hostname or '?'}" + (f":{parts.port}" if parts.port else ""), 80)
+        return one_line(f"{parts.hostname or '?'}" + (f":{parts.port}" if parts.port else ""), 80)
     except ValueError:
         return "?"
 
@@ -111,7 +111,7 @@ def read_some(response: httpx.Response, limit: int) -> bytes:
 
 def body_excerpt(response: httpx.Response) -> str:
     """The start of an error answer's body as one short line."""
-    return excerpt(read_some(response, 512).decode("utf-8", "replace"), 120)
+    return one_line(read_some(response, 512).decode("utf-8", "replace"), 120)
 
 
 def transport_failure(exc: Exception, method: str, where: str) -> EffectFailure:
@@ -123,7 +123,7 @@ def transport_failure(exc: Exception, method: str, where: str) -> EffectFailure:
     reason = f"{type(exc).__name__} on {method} {where}"
     if isinstance(exc, (httpx.InvalidURL, httpx.UnsupportedProtocol, httpx.LocalProtocolError)):
         return EffectFailure(INVALID, reason)
-    reason += f": {excerpt(str(exc), 120)}" if str(exc) else ""
+    reason += f": {one_line(str(exc), 120)}" if str(exc) else ""
     if isinstance(exc, (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout, httpx.ProxyError)):
         return EffectFailure(TEMPORARY, reason)
     return EffectFailure(AMBIGUOUS, reason)

@@ -1,21 +1,8 @@
 """One batch in flight: its `commit_batch` runs on a batch thread while the worker consumes and
 decodes the next batch, so the broker fetch and the decoding overlap the database round trips.
 
-Why this keeps every guarantee of the serial loop:
-1. Order. There is one batch thread and at most one batch on it. The worker hands batch N+1 over
-   only after N's `commit_batch` has returned and its outcome was settled, so effects, produced
-   records and offset commits follow consume order per partition exactly as before.
-2. Nothing is committed early. Consuming N+1 moves only the consumer's fetch position, never its
-   committed offset; N+1's offsets are committed by its own `commit_batch`, after its effects are
-   durable.
-3. Rebalances. They happen only inside `consume`, on the worker's thread, and the worker's
-   rebalance callbacks settle the batch in flight first: it finishes (and commits its offsets)
-   while its partitions are still owned, and only then are partitions given up. Records fetched
-   for a partition before its revoke are dropped by the ownership filter, as before.
-4. Failure. A batch that fails is never followed by the one consumed behind it: that one is not
-   handed over, and both are rewound together to the failed batch's first offsets.
-5. Circuits. A circuit opened by N's outcomes drops N+1's records of that partition before the
-   hand-over; they are read again from the partition's next offset when the circuit closes.
+Why order, offsets, rebalances, failures and circuits hold as in a serial loop:
+docs/design/processing.md, "The batch in flight".
 """
 
 from __future__ import annotations
@@ -35,7 +22,7 @@ R = TypeVar("R")
 
 
 @dataclass(frozen=True)
-class Settled(Generic[T]):
+class Collected(Generic[T]):
     """A batch that left the batch thread: its records, what the worker decoded from them, and
     its result or the error that ended it."""
 
@@ -47,14 +34,9 @@ class Settled(Generic[T]):
 
 
 class InFlight(Generic[T]):
-    """A one-slot batch thread: `submit` a batch's work, `settle` to wait for it and take it back.
-
-    The batch's work may need the consumer (step 3 of `commit_batch` commits offsets), but a
-    consumer is called from its own thread only: called from another thread while its own thread
-    serves a rebalance callback, it blocks, and the callback waits for the batch. So the batch
-    thread hands such calls over (`on_consumer_thread`) and `settle`, on the consumer's thread,
-    runs them while it waits; the batch thread waits for each call's answer.
-    """
+    """A one-slot batch thread: `submit` a batch's work, `collect` to wait for it and take it back.
+    Calls the batch's work makes on the consumer are handed over (`on_consumer_thread`) and run by
+    `collect`, on the consumer's own thread, while it waits."""
 
     def __init__(self, name: str) -> None:
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix=name)
@@ -68,8 +50,8 @@ class InFlight(Generic[T]):
         return self._batch is not None
 
     def ready(self) -> bool:
-        """Whether `settle` would not wait: no batch is in flight (a rebalance callback may have
-        settled it while the worker waited for more records), or its work has ended or waits for
+        """Whether `collect` would not wait: no batch is in flight (a rebalance callback may have
+        collected it while the worker waited for more records), or its work has ended or waits for
         a call."""
         return self._batch is None or not self._calls.empty()
 
@@ -77,11 +59,11 @@ class InFlight(Generic[T]):
         """Start `work` for `messages` (decoded as `decoded`) on the batch thread; the slot must
         be free."""
         if self._batch is not None:
-            raise RuntimeError("a batch is already in flight: settle it first")
+            raise RuntimeError("a batch is already in flight: collect it first")
         self._batch = (messages, decoded, self._pool.submit(self._timed, work))
 
     def on_consumer_thread(self, call: Callable[[], R]) -> R:
-        """Run `call` on the consumer's thread (from the batch thread: at its next `settle`) and
+        """Run `call` on the consumer's thread (from the batch thread: at its next `collect`) and
         return its answer; called on any other thread than the batch thread, it runs at once."""
         if threading.get_ident() != self._batch_thread:
             return call()
@@ -89,7 +71,7 @@ class InFlight(Generic[T]):
         self._calls.put((call, answer))
         return answer.result()
 
-    def settle(self) -> Settled[T] | None:
+    def collect(self) -> Collected[T] | None:
         """Wait for the batch in flight, if any, running the calls it hands over, and free the
         slot; never raises the batch's error."""
         if self._batch is None:
@@ -105,11 +87,11 @@ class InFlight(Generic[T]):
         try:
             result, seconds = future.result()
         except BaseException as exc:  # handed to the worker, which decides (rewind or stop)
-            return Settled(messages, decoded, None, exc, 0.0)
-        return Settled(messages, decoded, result, None, seconds)
+            return Collected(messages, decoded, None, exc, 0.0)
+        return Collected(messages, decoded, result, None, seconds)
 
     def close(self) -> None:
-        """Stop the thread; `settle` first, or a batch in flight waits for calls nobody runs."""
+        """Stop the thread; `collect` first, or a batch in flight waits for calls nobody runs."""
         self._pool.shutdown(wait=True)
 
     def _timed(self, work: Callable[[], T]) -> tuple[T, float]:
@@ -118,4 +100,4 @@ class InFlight(Generic[T]):
         try:
             return work(), time.monotonic() - started
         finally:
-            self._calls.put(None)  # the batch's work has ended: settle stops serving calls
+            self._calls.put(None)  # the batch's work has ended: collect stops serving calls

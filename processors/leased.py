@@ -1,29 +1,7 @@
 """Effects outside the database, under a lease: run them, then record them in a second transaction.
 
-`apply_batch` claimed the rows (claim_owner/claim_until) and read their targets in the first
-transaction. Here each becomes an `EffectCall` (op key, attempt, tenant, subject, the row's values)
-and the effects run with bounded concurrency and a token bucket per kind, while the
-leases are renewed (a bounded number of times); then one transaction locks the rows still
-claimed by this worker and marks them applied (and the business rows done), or schedules the
-retry / dead letter of each failure. A row whose lease another worker took over meanwhile is
-left to that worker.
-
-The takeover path. Every call carries the op key (a stable idempotency key: the HTTP effect sends
-it as `Idempotency-Key`, with `Lapse-Attempt`) and the attempt. When a lease runs out while a call
-is in flight (the holder died, hung, or its call outran the bounded renewals):
-1. The holder, if alive, reports the call AMBIGUOUS and finds in `complete` that the row is no
-   longer its own: reported `lost`, nothing recorded, whatever its call did.
-2. The next delivery of the op key (a copy backed off until the lease's end, the reconciler's
-   re-emit of an expired claim) claims the row; the claim counts the lost attempt, so the new holder calls again
-   with the same op key and a higher attempt, and the far side can drop the repeat.
-3. The ledger records the effect once: only the holder of the live claim completes it
-   (`lock_claims`), and completion is a conditional move out of `claimed`.
-4. A kind whose effect is not idempotent is never called a second time: the takeover records the
-   lost call as AMBIGUOUS, a dead letter for a person to check (`rules.lease_external`). The same
-   holds for a call still running when its own lease ran out (AMBIGUOUS, `failures.decide`).
-Each takeover counts an attempt, and a takeover whose lost attempt was the last is recorded as a
-failure instead of a call, so a call that kills its worker every time ends in a dead letter
-(`exhausted`) after the kind's max_attempts.
+How leases are renewed, and why a takeover records each effect once: docs/design/processing.md,
+"Leases and external effects".
 """
 
 from __future__ import annotations
@@ -38,8 +16,9 @@ from lapse.kernel.ledger import APPLIED, CLAIMED, ExpiryEvent, lock_claims, rene
 from lapse.kernel.logs import get_logger
 from lapse.kernel.rate_limit import TokenBucket
 from lapse.kernel.settings import Settings
+from lapse.kernel.text import one_line
 from lapse.processors.effect_calls import CallerFactory, EffectCaller, callers_from_settings
-from lapse.processors.failures import AMBIGUOUS, TEMPORARY, EffectFailure, classify, excerpt
+from lapse.processors.failures import AMBIGUOUS, TEMPORARY, EffectFailure, classify
 from lapse.processors.retries import FailedAttempt, record_failures
 from lapse.processors.rules import external_effect
 from lapse.processors.scope import BatchResult, BatchScope
@@ -71,12 +50,9 @@ class EffectRunner:
 
     def run(self, jobs: list[tuple[CleanupKind, EffectCall]], lease_s: float,
             renew: Callable[[list[str]], None]) -> dict[str, EffectFailure | None]:
-        """Run the calls; op key → None on success or the classified failure.
-
-        A kind whose caller cannot be built (a store that cannot be opened) fails its calls as
-        temporary: fixed and restarted, the worker completes them. Leases are renewed every
-        lease/3 while calls run, at most `max_renewals` times; a call still running after that
-        is reported AMBIGUOUS (it may yet land) and its row retried."""
+        """Run the calls, renewing their leases every lease/3 at most `max_renewals` times; op key →
+        None on success or the classified failure (AMBIGUOUS for a call still running after that,
+        TEMPORARY for a kind whose caller cannot be built)."""
         out: dict[str, EffectFailure | None] = {}
         futures = {}
         unusable: dict[str, str] = {}  # kind → why its caller could not be built, in this run
@@ -86,7 +62,7 @@ class EffectRunner:
                     caller = self.caller(kind)
                 except Exception as exc:  # any setup error: reported on the calls, the batch goes on
                     unusable[kind.name] = (f"cannot set up the effect of {kind.name!r}: "
-                                           f"{type(exc).__name__}: {excerpt(str(exc), 200)}")
+                                           f"{type(exc).__name__}: {one_line(str(exc), 200)}")
                     log.warning(unusable[kind.name], extra={"kind": kind.name})
             if kind.name in unusable:
                 out[call.op_key] = EffectFailure(TEMPORARY, unusable[kind.name])

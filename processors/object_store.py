@@ -12,7 +12,8 @@ import threading
 from pathlib import Path, PurePosixPath
 from typing import Any, Protocol
 
-from lapse.processors.failures import INVALID, RATE_LIMITED, TEMPORARY, EffectFailure, excerpt
+from lapse.kernel.text import one_line
+from lapse.processors.failures import INVALID, RATE_LIMITED, TEMPORARY, EffectFailure
 
 MAX_KEY_BYTES = 1024  # S3's limit on an object key, UTF-8 encoded
 
@@ -39,12 +40,12 @@ def object_key(prefix: str, value: Any) -> str:
     """The full key of the object named by a row's key column value under `prefix`, checked
     before any call: a non-empty string with no NUL, at most MAX_KEY_BYTES with the prefix."""
     if not isinstance(value, str) or not value:
-        raise EffectFailure(INVALID, f"object key {excerpt(repr(value), 80)} is not a non-empty string")
+        raise EffectFailure(INVALID, f"object key {one_line(repr(value), 80)} is not a non-empty string")
     key = prefix + value
     if "\0" in key:
-        raise EffectFailure(INVALID, f"object key {excerpt(repr(value), 80)} holds a NUL character")
+        raise EffectFailure(INVALID, f"object key {one_line(repr(value), 80)} holds a NUL character")
     if len(key.encode("utf-8", "surrogatepass")) > MAX_KEY_BYTES:
-        raise EffectFailure(INVALID, f"object key {excerpt(repr(value), 80)} is longer than {MAX_KEY_BYTES} bytes")
+        raise EffectFailure(INVALID, f"object key {one_line(repr(value), 80)} is longer than {MAX_KEY_BYTES} bytes")
     return key
 
 

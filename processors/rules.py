@@ -1,10 +1,7 @@
-"""The cleanup rules for one batch, as plain functions over the batch's scope.
+"""The cleanup rules for one batch, as plain functions over the batch's scope: the careful path.
 
-`apply_batch` runs inside the transaction its caller began on the scope's connection: it settles
-due work whose outcome is known on a fast path (`lapse.processors.settle`), creates the other
-missing ledger rows, claims the claimable ones, runs each kind's in-database effect (or leases
-its external one), decides what happened to each event, and flushes the ledger writes once. It
-never touches Kafka, so it is tested against a real database with no broker.
+`apply_batch` runs in the transaction its caller began and never touches Kafka, so it is tested on
+a real database with no broker. The arguments: docs/design/processing.md, "The careful path".
 """
 
 from __future__ import annotations
@@ -30,12 +27,12 @@ from lapse.kernel.ledger import (
     insert_pending,
     millis,
     read_rows,
-    safe_text,
 )
+from lapse.kernel.text import one_line
 from lapse.processors.failures import AMBIGUOUS, INVALID, EffectFailure
+from lapse.processors.fast_path import apply_fast_path
 from lapse.processors.retries import FailedAttempt, record_failures, wake_up
 from lapse.processors.scope import BatchResult, BatchScope
-from lapse.processors.settle import settle_due
 
 Invalid = tuple[ExpiryEvent, str]  # an event whose work can never run, and why
 REASON_LIMIT = 500  # characters of a dead-letter reason written to the ledger
@@ -60,48 +57,37 @@ class KindRun:
 def apply_batch(scope: BatchScope, events: Sequence[ExpiryEvent], *, fast_path: bool = True) -> BatchResult:
     """Claim, apply and record one batch of decoded events in the scope's transaction.
 
-    Events must name known kinds (the decoder dead-letters the others before this point). Without
-    `fast_path` every event takes the careful path (the tests compare the two).
+    Events must name known kinds (the decoder dead-letters the others). Without `fast_path` every
+    event takes the careful path (the tests compare the two).
 
-    1. Collapse: one event per op key, the latest attempt winning; the others are duplicates.
-       Work whose outcome is known to be `applied` (an in-database effect, a business row present,
-       of the event's tenant, eligible and due, and either no ledger row and a due event, or a
-       `pending` row due, unclaimed and unfinished) takes the fast path: applied with its ledger
-       row written once, finished (`lapse.processors.settle`). Steps 2 to 5 are the careful path,
-       for the rest.
-    2. Claim: create the missing ledger rows (`pending`), read every row as it is before the
-       claim, bring forward the `pending` rows waiting past now for no reason their business row
-       gives (the business row, not the event, says when work is due: an event due in 2100 must
-       not hold back a due subject), and claim the claimable ones for this worker until now + lease.
-    3. Sort out the unclaimed by their rows as they are after the claim: duplicates, held under
-       another worker's live lease (backed off until it ends), or not due (handed back).
-    4. Run each kind: parse the subjects (a malformed one is invalid), check the event's tenant
-       against the business row's (a mismatch is invalid and the row is left alone), then apply
-       the in-database effect, or only lease the external one (`leased`, with its targets, for
-       `lapse.processors.leased` to run and complete).
-    5. Record the rest: applied or skipped; rescheduled when the business row is due later now;
-       waiting when it does not exist yet (never terminal at once); invalid work dead-lettered.
-    6. Flush the ledger writes once: finishes, moves, transitions, outbox rows, duplicate counts.
+    1. Collapse to one event per op key (the latest attempt wins); work whose outcome is known
+       takes the fast path (`apply_fast_path`); steps 2 to 5 are the careful path, for the rest.
+    2. Claim: create the missing ledger rows, read them, bring forward rows waiting for no reason
+       their business row gives, claim the claimable.
+    3. Sort out the unclaimed: duplicates, backed off under another lease, or not due.
+    4. Run each kind: parse, check tenants, apply in the database or lease the external effect.
+    5. Record the rest: applied, skipped, rescheduled, waiting for its business row, or invalid.
+    6. Flush the ledger writes once.
     """
     result = scope.result
-    # 1.
+    # Step 1: collapse, and the fast path.
     unique, extra = collapse(events)
     if not unique:
         return result
     scope.writes.duplicates.update(extra)
-    settled = settle_due(scope, unique, extra) if fast_path else set()
-    unique = {key: event for key, event in unique.items() if key not in settled}
+    fast = apply_fast_path(scope, unique, extra) if fast_path else set()
+    unique = {key: event for key, event in unique.items() if key not in fast}
     if not unique:
         result.duplicates += sum(scope.writes.duplicates.values())
         scope.writes.flush(scope.conn)
         return result
-    # 2.
+    # Step 2: claim.
     before, claimed = claim_rows(scope, unique)
-    # 3.
+    # Step 3: sort out the unclaimed.
     classify_unclaimed(scope, unique, claimed)
-    # 4.
+    # Step 4: run each kind.
     runs = [run_kind(scope, kind, batch, before) for kind, batch in claimed_by_kind(scope, unique, claimed)]
-    # 5.
+    # Step 5: record the rest.
     later, missing = [], []
     for run in runs:
         moved, absent = record_run(scope, run, before)
@@ -110,7 +96,7 @@ def apply_batch(scope: BatchScope, events: Sequence[ExpiryEvent], *, fast_path: 
     reschedule(scope, later, before)
     await_subjects(scope, missing, before)
     dead_letter_invalid(scope, [bad for run in runs for bad in run.invalid], before)
-    # 6.
+    # Step 6: flush the ledger writes once.
     result.duplicates += sum(scope.writes.duplicates.values())
     scope.writes.flush(scope.conn)
     return result
@@ -146,12 +132,9 @@ def claim_rows(scope: BatchScope, events: Mapping[str, ExpiryEvent]) -> tuple[di
 
 def held_back_by_event(scope: BatchScope, events: Mapping[str, ExpiryEvent], before: Mapping[str, LedgerRow]
                        ) -> list[str]:
-    """Op keys whose row is `pending` past now for no reason its business row gives: the business
-    row is due before the row's due time (applied now, or rescheduled to its real due time), is no
-    longer eligible (skipped now), or does not exist while the row waits longer than one recheck
-    (its bounded rechecks start now). A row waiting for its eligible subject's own due time (a
-    reschedule) or for its recheck keeps waiting, so duplicates do not use up the rechecks. Only
-    rows waiting in the future are looked up: a batch of due events costs no extra query."""
+    """Op keys whose row is `pending` past now for no reason its business row gives (due sooner,
+    no longer eligible, or missing while the row waits longer than one recheck); only rows waiting
+    in the future are looked up."""
     waiting: dict[str, list[ExpiryEvent]] = {}
     for key, event in events.items():
         row = before.get(key)
@@ -176,13 +159,8 @@ def held_back_by_event(scope: BatchScope, events: Mapping[str, ExpiryEvent], bef
 
 
 def classify_unclaimed(scope: BatchScope, unique: Mapping[str, ExpiryEvent], claimed: set[str]) -> None:
-    """Sort events whose row could not be claimed, by the row's state as it is now (read after the
-    claim, so a race lost to a concurrent worker shows its outcome):
-
-    - done, an older attempt's wake-up, or a retry wake-up for another due time: a duplicate;
-    - held under another worker's live lease: backed off until that lease ends;
-    - waiting and not due: handed back through a delay tier with the ledger's due time.
-    """
+    """Sort events whose row could not be claimed by the row as it is after the claim: a duplicate,
+    backed off until another worker's lease ends, or handed back not due."""
     rest = [key for key in unique if key not in claimed]
     rows = read_rows(scope.conn, rest) if rest else {}
     result = scope.result
@@ -244,8 +222,8 @@ def tenant_mismatches(kind: CleanupKind, batch: list[ExpiryEvent], present: Mapp
     for event in batch:
         row = present.get(event.subject_id)
         if row is not None and row.tenant != event.tenant:
-            yield event, (f"tenant mismatch: the event says {safe_text(event.tenant, TENANT_SHOWN)!r}, "
-                          f"the business row says {safe_text(row.tenant, TENANT_SHOWN)!r}")
+            yield event, (f"tenant mismatch: the event says {one_line(event.tenant, TENANT_SHOWN, escape=True)!r}, "
+                          f"the business row says {one_line(row.tenant, TENANT_SHOWN, escape=True)!r}")
 
 
 def external_effect(kind: CleanupKind) -> ExternalEffect:
@@ -256,16 +234,10 @@ def external_effect(kind: CleanupKind) -> ExternalEffect:
 
 def lease_external(scope: BatchScope, kind: CleanupKind, events: list[ExpiryEvent],
                    subjects: Mapping[str, Any], before: Mapping[str, LedgerRow]) -> set[str]:
-    """Keep the claims of subjects that still have a target (their business row still eligible
-    and due): they go to `leased` with the row's values and the attempt the call runs (the ledger's
-    count of attempts so far + 1), and the lease is recorded as a transition. Returns the op keys
-    handled here (leased, or failed as below); the rest have no target and are recorded as done.
-
-    A row taken over from an expired lease (`before` says claimed) had its lost attempt counted by
-    the claim, so the call runs one attempt higher, with the same op key. A kind whose effect is not
-    idempotent is not called again then: the lost call may have landed, so it is recorded as an
-    ambiguous failure (a dead letter for a person to check); nor is one whose lost attempt was its
-    last (`exhausted`), so a call that kills its worker every time ends."""
+    """Lease the subjects that still have a target: to `leased` with the row's values and the
+    attempt the call runs; a takeover of a non-idempotent effect, or of a last attempt, is recorded
+    as a failure instead (docs/design/processing.md, "Leases"). Returns the op keys handled here;
+    the rest have no target and are recorded as skipped."""
     targets = external_effect(kind).targets(scope.conn, list(subjects.values()), scope.now)
     lost: list[FailedAttempt] = []
     for event in events:
@@ -323,12 +295,8 @@ def reschedule(scope: BatchScope, later: list[tuple[ExpiryEvent, datetime]],
 
 def await_subjects(scope: BatchScope, missing: list[tuple[ExpiryEvent, CleanupKind]],
                    before: Mapping[str, LedgerRow]) -> None:
-    """Work whose business row does not exist (yet: an event may overtake the row it is about)
-    waits rather than finishing: back to `pending`, due at now + the kind's `retry_cap_s` (the
-    bounded recheck), with a wake-up then. Each recheck counts an attempt so that a subject that
-    never appears (or was deleted) ends `skipped` after `max_attempts` rechecks instead of waking
-    up for ever. Meanwhile the sweep emits the subject as soon as its row exists and is due (the
-    row waits past its due time), so the wait rarely runs out."""
+    """Work whose business row does not exist (yet) waits for it: back to `pending` until the next
+    recheck, each counting an attempt, and `skipped` after the kind's `max_attempts`."""
     for event, kind in missing:
         row = before[event.op_key]
         attempt = row.attempt + 1
@@ -360,13 +328,10 @@ def dead_letter_invalid(scope: BatchScope, invalid: list[Invalid], before: Mappi
 
 
 def dead_letter_events(scope: BatchScope, failed: list[Invalid]) -> BatchResult:
-    """Dead-letter events whose cleanup cannot run at all (their own transaction failed), as
-    `invalid` with the reason: ledger row, transition, DLQ record and outcome, in the scope's
-    transaction. Rows already terminal are left alone (the event was a duplicate). A reason may
-    quote outside input (a database error about a value): its control characters are escaped, so
-    the reason itself cannot be what the database refuses."""
+    """Dead-letter events whose own transaction failed as `invalid` with the reason (escaped, so
+    it cannot be what the database refuses), in the scope's transaction; terminal rows are left alone."""
     before, claimed = claim_rows(scope, {e.op_key: e for e, _ in failed})
-    dead_letter_invalid(scope, [(e, safe_text(r, REASON_LIMIT)) for e, r in failed if e.op_key in claimed],
+    dead_letter_invalid(scope, [(e, one_line(r, REASON_LIMIT, escape=True)) for e, r in failed if e.op_key in claimed],
                         before)
     scope.writes.flush(scope.conn)
     return scope.result

@@ -22,13 +22,13 @@ from botocore.exceptions import (
 )
 from botocore.exceptions import ConnectionError as NotConnected
 
+from lapse.kernel.text import one_line
 from lapse.processors.failures import (
     AMBIGUOUS,
     INVALID,
     RATE_LIMITED,
     TEMPORARY,
     EffectFailure,
-    excerpt,
     for_status,
     retry_after_seconds,
 )
@@ -85,7 +85,8 @@ def s3_failure(exc: ClientError, key: str) -> EffectFailure | None:
     error = exc.response.get("Error", {})
     meta = exc.response.get("ResponseMetadata", {})
     code, status = error.get("Code", ""), int(meta.get("HTTPStatusCode", 0))
-    reason = f"S3 {code or 'error'} ({status}) deleting {excerpt(key, 80)!r}: {excerpt(error.get('Message', ''), 100)}"
+    reason = (f"S3 {code or 'error'} ({status}) deleting {one_line(key, 80)!r}: "
+              f"{one_line(error.get('Message', ''), 100)}")
     if code in DONE or (status == 404 and code != "NoSuchBucket"):
         return None
     if code in SLOW_DOWN or status == 429:
@@ -102,7 +103,7 @@ def transport_failure(exc: BotoCoreError) -> EffectFailure:
     """A failure with no S3 answer: not connected (endpoint unreachable, connect timeout, proxy,
     TLS) is temporary; a request botocore refused to build, or missing credentials, invalid;
     anything after the request was sent (a read timeout, a connection cut off) ambiguous."""
-    reason = f"S3 {type(exc).__name__}: {excerpt(str(exc), 160)}"
+    reason = f"S3 {type(exc).__name__}: {one_line(str(exc), 160)}"
     if isinstance(exc, (NoCredentialsError, PartialCredentialsError, ParamValidationError)):
         return EffectFailure(INVALID, reason)
     if isinstance(exc, NotConnected):

@@ -1,11 +1,5 @@
-"""One batch's scope: what every step of a batch works with, and what the steps collect.
-
-A `BatchScope` is one batch on one database connection: the kinds, where records go (the `Topology`),
-who and when, the lease, where each event was consumed, the retry jitter; and the ledger writes
-its steps fill and the `BatchResult` they report, both for one transaction. A step that runs in
-one transaction (`apply_batch`) runs in the one its caller began on the connection; work that
-takes several (`isolate_failures`, `run_leased`) begins each itself, with `scope.fresh()`: the
-same batch with fresh writes and a fresh result.
+"""One batch's scope: what every step of a batch works with (`BatchScope`), and what they report
+(`BatchResult`); see docs/design/processing.md, "The batch scope".
 """
 
 from __future__ import annotations
@@ -51,10 +45,6 @@ class BatchResult:
                 mine.update(value)
             else:
                 setattr(self, name, mine + value)
-
-    @property
-    def completed(self) -> int:
-        return len(self.applied) + len(self.skipped) + len(self.dead_lettered)
 
 
 @dataclass

@@ -2,7 +2,7 @@
 
 A batch's `commit_batch` runs on a batch thread while the next batch is consumed and decoded
 (`lapse.processors.in_flight`, which argues why that keeps the commit order). Partition ownership
-comes from the rebalance callbacks, which settle the batch in flight before anything changes
+comes from the rebalance callbacks, which collect the batch in flight before anything changes
 hands; a revoke then commits the revoked partitions' offsets synchronously, as does closing.
 Between batches offsets are committed without waiting for the broker's acknowledgement.
 """
@@ -26,9 +26,9 @@ from lapse.kernel.logs import get_logger
 from lapse.kernel.outages import Outage, is_transient
 from lapse.kernel.settings import Settings
 from lapse.processors.circuit import CircuitPolicy, DeadLetterCircuit
-from lapse.processors.commit import BatchContext, commit_batch
+from lapse.processors.commit import WorkerContext, commit_batch
 from lapse.processors.decode import Poison, decode_batch, partition_of, position_of
-from lapse.processors.in_flight import InFlight, Settled
+from lapse.processors.in_flight import Collected, InFlight
 from lapse.processors.metrics import observe_batch, observe_circuit_opened
 from lapse.processors.rewind import rewind_and_back_off
 from lapse.processors.scope import BatchResult
@@ -81,7 +81,7 @@ class CleanupWorker:
         # No ping before each batch (a round trip): a dead connection fails the batch as an outage,
         # which rewinds it, and the pool replaces the connection.
         self.engine = engine_from_settings(settings, pre_ping=False)
-        self.ctx = BatchContext(
+        self.ctx = WorkerContext(
             settings=settings,
             engine=self.engine,
             codec=Codec.from_settings(settings),
@@ -99,18 +99,18 @@ class CleanupWorker:
         self.next_offset: dict[tuple[str, int], int] = {}
         self.outage = Outage("processor", log)
         self.closing = False  # set once close() has made its last commit
-        self.failed: Settled[BatchResult] | None = None  # a batch that failed, until the loop rewinds it
+        self.failed: Collected[BatchResult] | None = None  # a batch that failed, until the loop rewinds it
 
     def _on_assign(self, consumer, partitions) -> None:
-        self._settle()
+        self._collect()
         self.reached_broker = True
         self.owned |= {(p.topic, p.partition) for p in partitions}
         log.info("partitions assigned", extra={"partitions": sorted(p.partition for p in partitions)})
 
     def _on_revoke(self, consumer, partitions) -> None:
-        """Settle the batch in flight (it commits while the partitions are still ours), commit the
+        """Collect the batch in flight (it commits while the partitions are still ours), commit the
         revoked partitions' offsets synchronously, then give them up."""
-        self._settle()
+        self._collect()
         revoked = {(p.topic, p.partition) for p in partitions}
         if not self.closing:  # close() has committed already: no commit while the group terminates
             self._commit_now(revoked & self.owned)
@@ -118,7 +118,7 @@ class CleanupWorker:
 
     def _on_lost(self, consumer, partitions) -> None:
         """Partitions already taken from us (the session expired): nothing may be committed."""
-        self._settle()
+        self._collect()
         self._give_up({(p.topic, p.partition) for p in partitions})
 
     def _give_up(self, partitions: set[tuple[str, int]]) -> None:
@@ -159,14 +159,14 @@ class CleanupWorker:
                 try:
                     decoded = self._decode(messages)  # overlaps the batch in flight
                 except Exception as exc:
-                    self._settle()
+                    self._collect()
                     if self._rethrow_failure(messages):  # rewinds these records too
                         continue
                     if not is_transient(exc):
                         raise
                     self._retry_later(messages, exc)
                     continue
-                self._settle()
+                self._collect()
                 if self._rethrow_failure(messages):
                     continue
                 if messages:
@@ -247,7 +247,7 @@ class CleanupWorker:
         return decode_batch(messages, self.ctx.codec, self.ctx.kinds)
 
     def _without_open_circuits(self, messages: list[Message], decoded: Decoded) -> tuple[list[Message], Decoded]:
-        """Drop the records of partitions whose circuit the settled batch just opened (they are read
+        """Drop the records of partitions whose circuit the collected batch just opened (they are read
         again from the next offset when it closes); the rest is decoded again only then."""
         kept = [m for m in messages if not self.circuit.is_open(partition_of(m))]
         if len(kept) == len(messages):
@@ -260,20 +260,20 @@ class CleanupWorker:
         self.in_flight.submit(messages, decoded, lambda: commit_batch(
             self.ctx, self.consumer, self.owned, messages, events, positions, poison))
 
-    def _settle(self) -> None:
+    def _collect(self) -> None:
         """Wait for the batch in flight and count it; a failure is kept for the loop to rewind."""
-        settled = self.in_flight.settle()
-        if settled is None:
+        collected = self.in_flight.collect()
+        if collected is None:
             return
-        if settled.error is not None:
-            self.failed = settled
+        if collected.error is not None:
+            self.failed = collected
             return
         self.outage.over()
-        self._count(settled)
+        self._count(collected)
 
-    def _count(self, settled: Settled[BatchResult]) -> None:
-        result, messages = settled.result, settled.messages
-        events, positions, poison = settled.decoded
+    def _count(self, collected: Collected[BatchResult]) -> None:
+        result, messages = collected.result, collected.messages
+        events, positions, poison = collected.decoded
         assert result is not None
         for msg in messages:
             topic, partition, offset = position_of(msg)
@@ -290,10 +290,10 @@ class CleanupWorker:
         s.conflicts += len(result.conflicts)
         s.poison += len(poison)
         s.delayed += len(result.not_due)
-        observe_batch(len(messages), result, events, len(poison), settled.seconds)
+        observe_batch(len(messages), result, events, len(poison), collected.seconds)
         log.debug("batch committed", extra={
             "records": len(messages), "applied": len(result.applied),
-            "duplicates": result.duplicates, "ms": round(settled.seconds * 1000, 1)})
+            "duplicates": result.duplicates, "ms": round(collected.seconds * 1000, 1)})
 
     def _feed_circuit(self, result, positions, poison) -> None:
         """Count each partition's good and failed outcomes; pause the ones that trip."""
@@ -342,9 +342,9 @@ class CleanupWorker:
             self._record_circuit(tp, opened=False)
 
     def close(self) -> None:
-        """Settle the batch in flight, commit what finished synchronously, and close every client."""
+        """Collect the batch in flight, commit what finished synchronously, and close every client."""
         try:
-            self._settle()
+            self._collect()
             self.in_flight.close()
             self._commit_now(set(self.owned))
             self.closing = True

@@ -9,6 +9,7 @@ from confluent_kafka import Producer
 from lapse.kernel.codec import Codec
 from lapse.kernel.kafka_clients import DeliveryTracker
 from lapse.kernel.ledger import ExpiryEvent, expiry_record
+from lapse.kernel.schema_names import EXPIRY_EVENT
 
 
 def emit_events(producer: Producer, codec: Codec, delivery: DeliveryTracker, topic: str,
@@ -17,7 +18,7 @@ def emit_events(producer: Producer, codec: Codec, delivery: DeliveryTracker, top
     DeliveryFailed otherwise, so no caller reports work done that is not on the topic."""
     for event in events:
         producer.produce(topic, key=event.op_key.encode(),
-                         value=codec.encode("expiry_event", expiry_record(event, now)),
+                         value=codec.encode(EXPIRY_EVENT, expiry_record(event, now)),
                          on_delivery=delivery)
         producer.poll(0)
     delivery.flush(producer)

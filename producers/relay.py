@@ -24,6 +24,7 @@ from lapse.kernel.codec import Codec
 from lapse.kernel.kafka_clients import DeliveryTracker
 from lapse.kernel.logs import get_logger
 from lapse.kernel.outages import Outage, is_transient
+from lapse.kernel.schema_names import CLEANUP_OUTCOME
 from lapse.producers import relay_queries
 from lapse.producers.relay_queries import SLOTS
 from lapse.producers.relay_slots import REBALANCE_S, SlotLease
@@ -60,7 +61,7 @@ def _publish(conn: Connection, rows: list[Any], producer: Producer, codec: Codec
         return 0
     for row in rows:
         payload = dict(row.payload)
-        if row.schema == "cleanup_outcome":
+        if row.schema == CLEANUP_OUTCOME:
             payload["outcome_id"] = row.id
         headers: list[tuple[str, str | bytes | None]] = [
             (k, str(v).encode()) for k, v in (row.headers or {}).items()]

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 from lapse.kernel.codec import Codec, DecodeError
 from lapse.kernel.connections import faust_connection
 from lapse.kernel.ledger import APPLIED, DEAD_LETTER, TERMINAL, millis
+from lapse.kernel.schema_names import CLEANUP_OUTCOME
 from lapse.kernel.settings import Settings
 from lapse.readers.offsets import manual_consumer, partitions_of
 
@@ -165,7 +166,7 @@ def build_app(settings: Settings, options: AnalyticsOptions, partitions: int) ->
         async for batch in stream.take(options.batch, within=1.0):
             for value in batch:
                 try:
-                    record = codec.decode_expected("cleanup_outcome", value)
+                    record = codec.decode_expected(CLEANUP_OUTCOME, value)
                 except DecodeError:
                     tables["undecodable"]["all"] += 1
                     continue

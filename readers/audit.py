@@ -21,7 +21,8 @@ from typing import Any, TextIO
 from confluent_kafka import Consumer, Message
 
 from lapse.kernel.codec import Codec, DecodeError
-from lapse.kernel.ledger import APPLIED, SKIPPED, TERMINAL, millis
+from lapse.kernel.ledger import APPLIED, SETTLED, TERMINAL, millis
+from lapse.kernel.schema_names import CLEANUP_OUTCOME, DEAD_LETTER_RECORD, EXPIRY_EVENT
 from lapse.kernel.settings import Settings
 from lapse.readers.offsets import Span, manual_consumer, offsets_at, partitions_of, watermarks
 from lapse.readers.partition_ends import EndTracker, read_to_ends
@@ -134,7 +135,7 @@ class _History:
             self.final[key] = (at, oid, status)
         if status == APPLIED:
             self.applied.setdefault(key, []).append(oid)
-        if status in (APPLIED, SKIPPED):
+        if status in SETTLED:
             self.resolved_ms[key] = max(at, self.resolved_ms.get(key, at))
 
     def dead_letter(self, record: dict[str, Any]) -> None:
@@ -176,8 +177,8 @@ def run_audit(settings: Settings, *, since: datetime | None = None, until: datet
     report = AuditReport(since=since.isoformat() if since else None,
                          until=until.isoformat() if until else None)
     codec = Codec.from_settings(settings)
-    expected = {settings.topology.expiry: "expiry_event", settings.topology.outcomes: "cleanup_outcome",
-                settings.topology.dlq: "dead_letter"}
+    expected = {settings.topology.expiry: EXPIRY_EVENT, settings.topology.outcomes: CLEANUP_OUTCOME,
+                settings.topology.dlq: DEAD_LETTER_RECORD}
     fields = {settings.topology.expiry: EVENT_FIELDS, settings.topology.outcomes: OUTCOME_FIELDS,
               settings.topology.dlq: DEAD_LETTER_FIELDS}
     history = _History()

@@ -13,6 +13,7 @@ from typing import Any
 from sqlalchemy import Connection
 
 from lapse.kernel.ledger import DEAD_LETTER
+from lapse.kernel.schema_names import DEAD_LETTER_RECORD
 from lapse.kernel.topology import Topology
 from lapse.readers.history_queries import (
     LedgerRecord,
@@ -63,7 +64,7 @@ def _transition(t: TransitionRecord) -> dict[str, Any]:
 def _outbox(o: OutboxRecord, topology: Topology | None) -> dict[str, Any]:
     record = {f: (_from_millis(o.payload[f]) if f in _MILLIS_FIELDS else o.payload[f])
               for f in RECORD_FIELDS if f in o.payload}
-    if o.schema == "dead_letter":
+    if o.schema == DEAD_LETTER_RECORD:
         record["history"] = [{**h, "at": _from_millis(h.get("at"))} for h in o.payload.get("history") or []]
     return {"id": o.id, "topic": o.topic, "role": topic_role(topology, o.topic), "schema": o.schema,
             "record": record, "headers": dict(o.headers), "created_at": iso(o.created_at),

@@ -25,19 +25,18 @@ from sqlalchemy import (
 )
 
 from lapse.kernel.kinds import CleanupKind, EligibleRow
-from lapse.kernel.ledger import APPLIED, SKIPPED, ledger_state_of, waits_past
+from lapse.kernel.ledger import SETTLED, ledger_state_of, waits_past
 
 # Ledger states of an eligible business row that the reconciler acts on: none (a gap), or a
-# terminal state while the business row still looks eligible (an anomaly); and, reported as
+# settled one while the business row still looks eligible (an anomaly); and, reported as
 # WAITING_PAST_DUE, a `pending` row still waiting past now while its business row is due.
-NEEDS_ATTENTION = (APPLIED, SKIPPED)
 WAITING_PAST_DUE = "waiting_past_due"
 
 
 def eligible_statement(kind: CleanupKind, cutoff: datetime, after: tuple[Any, ...] | None, limit: int,
                        now: datetime) -> CompoundSelect[Any]:
     """One page of business rows of `kind` due at or before `cutoff`, in (due, id) order after
-    `after`. Only the rows that need attention come back (no ledger row, a terminal one, or a
+    `after`. Only the rows that need attention come back (no ledger row, a settled one, or a
     `pending` one waiting past `now`), with their ledger state and whether it waits; the last row
     of the page always comes back too, flagged `last`, with the page's row count, so the scan moves
     on without reading every row into Python."""
@@ -52,7 +51,7 @@ def eligible_statement(kind: CleanupKind, cutoff: datetime, after: tuple[Any, ..
     attention = (
         select(*probed.c[:3], probed.c.state, probed.c.waiting, literal(False).label("last"),
                literal(0).label("n"))
-        .where(or_(probed.c.state.is_(None), probed.c.state.in_(NEEDS_ATTENTION), probed.c.waiting))
+        .where(or_(probed.c.state.is_(None), probed.c.state.in_(SETTLED), probed.c.waiting))
     )
     last = (
         select(*cols, null().label("state"), literal(False).label("waiting"), literal(True).label("last"),

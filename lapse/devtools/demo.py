@@ -25,12 +25,13 @@ from lapse.kernel.kinds import load_kinds
 from lapse.kernel.ledger import TERMINAL, expiry_event
 from lapse.kernel.logs import get_logger
 from lapse.kernel.models import cleanup_ledger, ledger_transitions, outbox
-from lapse.kernel.provisioning import apply, plan
+from lapse.kernel.schema_names import CLEANUP_OUTCOME
 from lapse.kernel.settings import Settings
 from lapse.kernel.topology import load_topology
 from lapse.processors import FilesystemObjectStore
 from lapse.producers import emit_events, sweep_once
 from lapse.readers import Span, manual_consumer, partitions_of, read_spans
+from lapse.shell.provisioning import apply, plan
 from lapse.shell.roles import pipeline_roles
 from lapse.shell.supervisor import Supervisor
 
@@ -145,7 +146,7 @@ def published_outcomes(settings: Settings, codec: Codec) -> dict[str, set[int]]:
         spans = [Span(topic, p, 0, NO_END) for p in partitions_of(consumer, topic)]
         seen: dict[str, set[int]] = {}
         for msg in read_spans(consumer, spans, stall_s=30):
-            record = codec.decode_expected("cleanup_outcome", msg.value() or b"")
+            record = codec.decode_expected(CLEANUP_OUTCOME, msg.value() or b"")
             seen.setdefault(record["op_key"], set()).add(record["outcome_id"])
         return seen
     finally:

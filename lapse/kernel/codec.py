@@ -22,6 +22,7 @@ from fastavro.types import Schema
 from lapse.kernel.connections import registry_client
 from lapse.kernel.schema_registry import SchemaRegistryClient, SchemaRegistryError
 from lapse.kernel.settings import Settings
+from lapse.kernel.text import one_line
 
 __all__ = ["Codec", "DecodeError", "EncodeError", "SchemaRegistryError", "SchemaStore", "StoredSchema"]
 
@@ -34,6 +35,8 @@ CONFLUENT_HEADER_LEN = 5
 REGISTRY_SCHEMA_MAX_DEPTH = 64
 # At most this many refused registry schema ids are remembered (the oldest goes first).
 REFUSED_SCHEMA_IDS_MAX = 10_000
+# Longest message of a DecodeError (it may quote a writer schema or a library error at length).
+MESSAGE_CHARS = 500
 
 
 class DecodeError(Exception):
@@ -270,7 +273,7 @@ class Codec:
             raw = json.loads(schema_text)
         except (ValueError, RecursionError) as exc:
             message = f"schema id {schema_id} is not a valid Avro schema: {exc}"
-            raise DecodeError("unknown_schema_id", message.replace("\n", " ")) from None
+            raise DecodeError("unknown_schema_id", one_line(message, MESSAGE_CHARS)) from None
         if _nesting_depth(raw, REGISTRY_SCHEMA_MAX_DEPTH) > REGISTRY_SCHEMA_MAX_DEPTH:
             message = (f"schema id {schema_id} nests deeper than {REGISTRY_SCHEMA_MAX_DEPTH} levels, so it is "
                        "neither the current schema nor one in schemas/history (not parsed)")
@@ -279,14 +282,14 @@ class Codec:
             canonical = _canonical_form(raw)
         except Exception as exc:  # fastavro raises SchemaParseException, UnknownType, KeyError, TypeError…
             message = f"schema id {schema_id} is not a valid Avro schema: {type(exc).__name__}: {exc}"
-            raise DecodeError("unknown_schema_id", message.replace("\n", " ")) from None
+            raise DecodeError("unknown_schema_id", one_line(message, MESSAGE_CHARS)) from None
         plan = self._by_canonical_form.get(canonical)
         if plan is not None:
             return plan
         name = _canonical_name(canonical)
         if name not in self.store.by_name:
             message = f"schema id {schema_id} is {name!r}, not a Lapse record"
-            raise DecodeError("unexpected_schema", message.replace("\n", " "))
+            raise DecodeError("unexpected_schema", one_line(message, MESSAGE_CHARS))
         fp = fingerprint(canonical, "CRC-64-AVRO")
         message = (f"schema id {schema_id} is {name} with fingerprint {fp}, which is neither the current "
                    "schema nor one in schemas/history")
@@ -341,7 +344,7 @@ def _read(plan: _ReadPlan, data: bytes, offset: int) -> dict[str, Any]:
         if at_fault:
             raise DecodeError("invalid_field", "; ".join(at_fault)) from None
         message = f"cannot read {plan.stem} body: {type(exc).__name__}: {exc}"
-        raise DecodeError("malformed_body", message.replace("\n", " ")) from None
+        raise DecodeError("malformed_body", one_line(message, MESSAGE_CHARS)) from None
     if not isinstance(record, dict):  # every Lapse schema is a record
         raise DecodeError("malformed_body", f"{plan.stem} body is not a record")
     if body.tell() != len(data):
@@ -439,4 +442,4 @@ def _encode_message(schema: StoredSchema, record: Any, exc: Exception) -> str:
     missing = [f["name"] for f in fields if "default" not in f and f["name"] not in record]
     if missing:
         return f"{schema.stem}: missing required field{'s' if len(missing) > 1 else ''} {', '.join(missing)}"
-    return f"{schema.stem}: {exc}".replace("\n", " ")
+    return one_line(f"{schema.stem}: {exc}", MESSAGE_CHARS)

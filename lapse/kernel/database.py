@@ -24,13 +24,14 @@ from sqlalchemy.pool import ConnectionPoolEntry
 from lapse.kernel import package_files
 from lapse.kernel.connections import postgres_tls_args
 from lapse.kernel.models import SCHEMA
+from lapse.kernel.schema_names import DATABASE_SCHEMA
 from lapse.kernel.settings import Settings, env_var
 
 if TYPE_CHECKING:
     from alembic.config import Config
     from alembic.migration import MigrationContext
 
-DEFAULT_SCHEMA = "lapse"
+DEFAULT_SCHEMA = DATABASE_SCHEMA
 TABLE_PREFIX = "lapse_"
 # The time partitions of a partitioned table on PostgreSQL: lapse_outbox_p20261130, lapse_outbox_default.
 PARTITION_NAME = re.compile(r"lapse_\w+_(p\d{8}|default)")

@@ -42,7 +42,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
-from lapse.kernel.ledger import LATEST_DUE_AHEAD, safe_text, time_problem
+from lapse.kernel.ledger import LATEST_DUE_AHEAD, time_problem
+from lapse.kernel.text import one_line
 from lapse.kernel.topology import DelayTier, Topology
 
 DUE_AT_HEADER = "lapse-due-at"
@@ -116,14 +117,6 @@ def parse_due(headers: RecordHeaders | None) -> datetime | None:
     return datetime.fromtimestamp(int(values[0]) / 1000, UTC)
 
 
-def parse_hops(headers: RecordHeaders | None) -> int | None:
-    """The `lapse-hops` count of a record's headers, or None when it is missing or not digits."""
-    values = _values(headers, HOPS_HEADER)
-    if not values or values[0] is None or not HOPS_FORM.fullmatch(values[0]):
-        return None
-    return int(values[0])
-
-
 def read_wake_up(headers: RecordHeaders | None, expiry_topic: str, now: datetime) -> WakeUp:
     """The wake-up a delay-tier record's headers describe, checked: `lapse-due-at` present, once,
     epoch milliseconds within the due-time window; `lapse-target`, when present, once and naming
@@ -155,7 +148,7 @@ def read_wake_up(headers: RecordHeaders | None, expiry_topic: str, now: datetime
     except UnicodeDecodeError:
         raise InvalidWakeUp("invalid_header", f"{TARGET_HEADER}: not UTF-8: {_shown(target_raw)}") from None
     if target != expiry_topic:
-        raise InvalidWakeUp("refused_target", f"{TARGET_HEADER}: {safe_text(target, 80)!r} is not the "
+        raise InvalidWakeUp("refused_target", f"{TARGET_HEADER}: {one_line(target, 80, escape=True)!r} is not the "
                             f"expiry topic {expiry_topic!r}; a delay tier forwards nowhere else")
     return WakeUp(due_at, target, hops)
 

@@ -29,8 +29,10 @@ from sqlalchemy import (
 from sqlalchemy.engine import Dialect
 from sqlalchemy.types import TypeDecorator
 
+from lapse.kernel.schema_names import DATABASE_SCHEMA
+
 # The placeholder schema of Lapse's tables, translated per engine to the effective one.
-SCHEMA = "lapse"
+SCHEMA = DATABASE_SCHEMA
 
 metadata = MetaData(
     naming_convention={

@@ -12,7 +12,7 @@ from collections.abc import Callable
 
 class TokenBucket:
     """Thread-safe; `acquire(n)` spends n tokens and sleeps off any debt (a request larger than
-    the burst simply waits longer). `waited` totals the seconds spent waiting."""
+    the burst simply waits longer)."""
 
     def __init__(self, rate: float, burst: float | None = None, *,
                  clock: Callable[[], float] = time.monotonic,
@@ -25,7 +25,6 @@ class TokenBucket:
         self.sleep = sleep
         self.tokens = self.burst
         self.stamp = clock()
-        self.waited = 0.0
         self._lock = threading.Lock()
 
     def acquire(self, n: int = 1) -> None:
@@ -34,6 +33,5 @@ class TokenBucket:
             self.tokens = min(self.burst, self.tokens + (now - self.stamp) * self.rate) - n
             self.stamp = now
             wait = -self.tokens / self.rate if self.tokens < 0 else 0.0
-            self.waited += wait
         if wait > 0:
             self.sleep(wait)

@@ -27,7 +27,8 @@ from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, Settings
 
 from lapse.kernel import package_files
 from lapse.kernel.config_file import CONFIG_ENV_VAR, ConfigFileSource, choose_config_file, file_keys
-from lapse.kernel.masking import is_secret_key
+from lapse.kernel.schema_names import DATABASE_SCHEMA
+from lapse.kernel.secret_keys import is_secret_key
 from lapse.kernel.topology import Topology, load_topology
 
 ENV_PREFIX = "LAPSE_"
@@ -178,7 +179,7 @@ class DatabaseSettings(_Section):
     )
 
     schema_name: str = Field(
-        "lapse", pattern=r"^[a-z_][a-z0-9_]{0,62}$",
+        DATABASE_SCHEMA, pattern=r"^[a-z_][a-z0-9_]{0,62}$",
         description="PostgreSQL schema of Lapse's own tables (SQLite uses the lapse_ table prefix instead).")
     connect_timeout_s: float = Field(
         10.0, gt=0, le=600, description="Longest wait for a database connection before it counts as unreachable.")
@@ -250,7 +251,7 @@ class ReconcilerSettings(_Section):
 
 class RetentionSettings(_Section):
     """How long finished work is kept before `lapse prune` removes it. Unset horizons are derived
-    from topics.yaml (lapse.reconciler.horizons says how); a shorter one is refused."""
+    from topics.yaml (lapse.retention.horizons says how); a shorter one is refused."""
 
     ledger_horizon_s: float | None = Field(
         None, gt=0, description="Keep applied and skipped ledger rows (and their transitions) this long after they "

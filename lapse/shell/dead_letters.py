@@ -23,7 +23,8 @@ def poison_records(settings: Settings, kind: str | None, tenant: str | None, lim
     # function-local: keeps `lapse --help` fast
     from lapse.kernel.codec import Codec, DecodeError
     from lapse.kernel.kafka_logs import leave_connection_failures_to_caller
-    from lapse.readers.offsets import OffsetsError, read_to_end
+    from lapse.kernel.schema_names import DEAD_LETTER_RECORD
+    from lapse.readers import OffsetsError, read_to_end
 
     leave_connection_failures_to_caller()  # an unreachable broker is the error boundary's one line
     codec = Codec.from_settings(settings)
@@ -31,7 +32,7 @@ def poison_records(settings: Settings, kind: str | None, tenant: str | None, lim
     try:
         for msg in read_to_end(settings, settings.topology.dlq):
             try:
-                record = codec.decode_expected("dead_letter", msg.value() or b"")
+                record = codec.decode_expected(DEAD_LETTER_RECORD, msg.value() or b"")
             except DecodeError as exc:
                 record = {"failure_class": "poison", "reason": f"dead letter does not decode: {exc}"}
             if record.get("failure_class") != "poison":
@@ -89,8 +90,7 @@ def run_discard(engine: Engine, selection: Selection, *, limit: int, actor: str,
     transaction, then log it; returns the rows discarded and the action's id (None: nothing matched
     any more, nothing recorded)."""
     # function-local: keeps `lapse --help` fast
-    from lapse.kernel.operator_actions import DISCARD, OperatorAction, log_action, record_action, session_user
-    from lapse.processors import discard
+    from lapse.operator_actions import DISCARD, OperatorAction, discard, log_action, record_action, session_user
 
     recorded = None
     with engine.begin() as conn:

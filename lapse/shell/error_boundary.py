@@ -1,5 +1,5 @@
 """The one error boundary of the `lapse` command: whatever escapes a command becomes one line on
-stderr and a documented exit code (`ExitCode`; the README's "Exit codes" table).
+stderr and a documented exit code (`ExitCode`; the "Exit codes" table of docs/troubleshooting.md).
 
 A wrong input, an invalid configuration, an unreachable dependency (Kafka, the database, the
 schema registry), a missing or unreadable file: `lapse: <what>: <why>`, one line, bounded, with
@@ -27,7 +27,8 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from lapse.kernel.masking import MASK, mask_url
+from lapse.kernel.text import one_line
+from lapse.shell.masking import MASK, mask_url
 
 if TYPE_CHECKING:
     from lapse.kernel.settings import Settings
@@ -38,7 +39,7 @@ CAUSES_FOLLOWED = 5
 
 
 class ExitCode(IntEnum):
-    """What the exit status of `lapse` means (the README's "Exit codes" table)."""
+    """What the exit status of `lapse` means (the "Exit codes" table of docs/troubleshooting.md)."""
 
     OK = 0
     PROBLEM_FOUND = 1   # a check found a problem: an audit invariant broken, a kinds check failed, drift
@@ -96,21 +97,18 @@ def note_debug() -> None:
 _URL = re.compile(r"[A-Za-z][A-Za-z0-9+.\-]*://\S+")
 _USERINFO = re.compile(r"(://[^\s:/@]*):\S*@")
 _SECRET_ASSIGNMENT = re.compile(r"(?i)\b(password|passwd|pwd|secret)(\s*[=:]\s*)\S+")
-_BREAKS = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]+")
-_SPACES = re.compile(r"\s{2,}")
 
 
-def one_line(text: str, secrets: Sequence[str] = ()) -> str:
-    """`text` as one bounded line: control characters and line breaks become spaces, every URL's
-    password, `password=…` value and each of `secrets` is masked, then the line is cut to
-    MAX_LINE_CHARS (masking first, so a cut never leaves part of a secret)."""
+def masked_line(text: str, secrets: Sequence[str] = ()) -> str:
+    """`text` as one bounded line (`lapse.kernel.text.one_line`, cut to MAX_LINE_CHARS), every URL's
+    password, `password=…` value and each of `secrets` masked first, so a cut never leaves part of
+    a secret."""
     for secret in sorted((s for s in secrets if len(s) >= 3), key=len, reverse=True):
         text = text.replace(secret, MASK)
     text = _URL.sub(lambda m: mask_url(m.group(0)), text)
     text = _USERINFO.sub(rf"\1:{MASK}@", text)
     text = _SECRET_ASSIGNMENT.sub(rf"\1\2{MASK}", text)
-    text = _SPACES.sub(" ", _BREAKS.sub(" ", text)).strip()
-    return text if len(text) <= MAX_LINE_CHARS else text[: MAX_LINE_CHARS - 1] + "…"
+    return one_line(text, MAX_LINE_CHARS)
 
 
 def _first_line(exc: BaseException) -> str:
@@ -209,8 +207,8 @@ def _configuration(exc: BaseException, _settings: Settings | None) -> tuple[Exit
     from lapse.kernel.kinds import KindsFileError
     from lapse.kernel.kinds.errors import KindError
     from lapse.kernel.settings import UnknownSetting
-    from lapse.kernel.startup_checks import StartupRefused
     from lapse.kernel.topology import TopicsFileError
+    from lapse.shell.startup_checks import StartupRefused
 
     if isinstance(exc, (UnknownSetting, ConfigFileError, KindsFileError, KindError, TopicsFileError,
                         StartupRefused, ConnectionRefused)):
@@ -315,22 +313,22 @@ def diagnose(exc: BaseException, settings: Settings | None = None) -> Diagnosis:
     """The one line and exit code for `exc` (see ExitCode)."""
     secrets = _secrets(settings)
     if isinstance(exc, CommandFailed):
-        return Diagnosis(ExitCode(exc.exit_code), "lapse: " + one_line(exc.format_message(), secrets))
+        return Diagnosis(ExitCode(exc.exit_code), "lapse: " + masked_line(exc.format_message(), secrets))
     if isinstance(exc, click.ClickException):
         behind = exc.__context__
         known = _classify(behind, settings) if behind is not None else None
         if known is not None and known[0] == ExitCode.UNREACHABLE:  # the outage's own line
-            return Diagnosis(known[0], "lapse: " + one_line(_text(known), secrets))
+            return Diagnosis(known[0], "lapse: " + masked_line(_text(known), secrets))
         if known is not None and known[0] != ExitCode.INTERNAL:
-            return Diagnosis(known[0], "lapse: " + one_line(exc.format_message(), secrets))
+            return Diagnosis(known[0], "lapse: " + masked_line(exc.format_message(), secrets))
         if isinstance(exc, click.UsageError):
-            return Diagnosis(ExitCode.USAGE, "lapse: " + one_line(_usage_text(exc), secrets))
-        return Diagnosis(_code(exc.exit_code), "lapse: " + one_line(exc.format_message(), secrets))
+            return Diagnosis(ExitCode.USAGE, "lapse: " + masked_line(_usage_text(exc), secrets))
+        return Diagnosis(_code(exc.exit_code), "lapse: " + masked_line(exc.format_message(), secrets))
     known = _classify(exc, settings)
     if known is not None:
-        return Diagnosis(known[0], "lapse: " + one_line(_text(known), secrets))
+        return Diagnosis(known[0], "lapse: " + masked_line(_text(known), secrets))
     text = f"internal error: {type(exc).__name__}: {_first_line(exc)}"
-    return Diagnosis(ExitCode.INTERNAL, "lapse: " + one_line(text, secrets)[: MAX_LINE_CHARS - 45]
+    return Diagnosis(ExitCode.INTERNAL, "lapse: " + masked_line(text, secrets)[: MAX_LINE_CHARS - 45]
                      + " (run with --debug for the traceback)")
 
 
@@ -372,7 +370,7 @@ def _run_bounded(invoke: Callable[[], Any]) -> int:
     except SystemExit as exc:  # a command's own exit status (`sys.exit(1)` after a report)
         if isinstance(exc.code, int) or exc.code is None:
             return exc.code or 0
-        _say("lapse: " + one_line(str(exc.code), _secrets(invocation.settings)))
+        _say("lapse: " + masked_line(str(exc.code), _secrets(invocation.settings)))
         return int(ExitCode.PROBLEM_FOUND)
     except (Exception, KeyboardInterrupt) as exc:  # the boundary: everything ends as one line
         settings = invocation.settings
@@ -411,5 +409,14 @@ class BoundedGroup(click.Group):
         sys.exit(status)
 
 
-__all__ = ["BoundedGroup", "CommandFailed", "Diagnosis", "ExitCode", "diagnose", "note_debug", "note_settings",
-           "one_line", "run_bounded"]
+__all__ = [
+    "BoundedGroup",
+    "CommandFailed",
+    "Diagnosis",
+    "ExitCode",
+    "diagnose",
+    "masked_line",
+    "note_debug",
+    "note_settings",
+    "run_bounded",
+]

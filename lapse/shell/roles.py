@@ -20,19 +20,14 @@ from lapse.kernel.kinds import CleanupKind, load_kinds
 from lapse.kernel.logs import get_logger
 from lapse.kernel.outages import Outage, is_transient
 from lapse.kernel.settings import Settings
-from lapse.kernel.signals import stop_on_signals
-from lapse.kernel.startup_checks import check_startup
 from lapse.processors import CleanupWorker, DelayWorker
 from lapse.producers import run_relay, sweep_once
-from lapse.reconciler import (
-    PassResult,
-    Reconciler,
-    horizons_from_settings,
-    notifier_from_settings,
-    prune_once,
-    run_daily_reports,
-)
+from lapse.reconciler import Reconciler
+from lapse.reports import PassResult, notifier_from_settings, run_daily_reports
+from lapse.retention import horizons_from_settings, prune_once
 from lapse.shell.metrics import monitor
+from lapse.shell.signals import stop_on_signals
+from lapse.shell.startup_checks import check_startup
 from lapse.shell.supervisor import Role
 
 log = get_logger("roles")

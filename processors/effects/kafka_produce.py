@@ -35,8 +35,9 @@ from lapse.kernel.kafka_clients import PERMANENT_ERRORS, make_consumer, make_pro
 from lapse.kernel.kinds.effects import EffectCall
 from lapse.kernel.kinds.effects.kafka_produce import KafkaProduceEffect
 from lapse.kernel.settings import Settings
+from lapse.kernel.text import one_line
 from lapse.processors.effects.base import CallerSetup
-from lapse.processors.failures import AMBIGUOUS, INVALID, TEMPORARY, EffectFailure, excerpt
+from lapse.processors.failures import AMBIGUOUS, INVALID, TEMPORARY, EffectFailure
 
 HEADER_OP_KEY = "lapse-op-key"
 HEADER_ATTEMPT = "lapse-attempt"
@@ -56,7 +57,7 @@ def partition_of(key: bytes, partitions: int) -> int:
 
 def produce_failure(err: KafkaError, topic: str) -> EffectFailure:
     """The failure class of a produce error on `topic`."""
-    reason = f"produce to {excerpt(topic, 80)}: {err.name()}: {excerpt(err.str(), 160)}"
+    reason = f"produce to {one_line(topic, 80)}: {err.name()}: {one_line(err.str(), 160)}"
     if err.code() in INVALID_ERRORS:
         return EffectFailure(INVALID, reason)
     if err.code() in AMBIGUOUS_ERRORS:
@@ -101,7 +102,7 @@ class KafkaProduceCaller:
                     err = topic.error if topic is not None else None
                     if err is not None:
                         raise produce_failure(err, self.topic)
-                    raise EffectFailure(TEMPORARY, f"no partitions of {excerpt(self.topic, 80)} known yet")
+                    raise EffectFailure(TEMPORARY, f"no partitions of {one_line(self.topic, 80)} known yet")
                 self._partitions = len(topic.partitions)
             return self._partitions
 
@@ -125,7 +126,7 @@ class KafkaProduceCaller:
             self.producer.produce(self.topic, key=key, value=value, headers=headers, partition=partition,
                                   on_delivery=report)
         except BufferError:
-            raise EffectFailure(TEMPORARY, f"the producer's queue for {excerpt(self.topic, 80)} is full") from None
+            raise EffectFailure(TEMPORARY, f"the producer's queue for {one_line(self.topic, 80)} is full") from None
         except KafkaException as exc:
             err = _error_of(exc)
             if err is None:
@@ -134,7 +135,7 @@ class KafkaProduceCaller:
         deadline = time.monotonic() + self.timeout_s + 5.0  # the producer times out first
         while not delivered.is_set():
             if time.monotonic() > deadline:
-                raise EffectFailure(AMBIGUOUS, f"no delivery report from {excerpt(self.topic, 80)} in time")
+                raise EffectFailure(AMBIGUOUS, f"no delivery report from {one_line(self.topic, 80)} in time")
             self.producer.poll(0.05)
         if reports[0] is not None:
             raise produce_failure(reports[0], self.topic)
@@ -147,7 +148,7 @@ class KafkaProduceCaller:
             "isolation.level": "read_committed", "enable.partition.eof": True, "fetch.wait.max.ms": 50})
         wanted = op_key.encode()
         timeout = max(self.timeout_s, 5.0)
-        where = excerpt(f"{self.topic}[{partition}]", 100)
+        where = one_line(f"{self.topic}[{partition}]", 100)
         try:
             consumer.assign([TopicPartition(self.topic, partition, OFFSET_BEGINNING)])
             deadline = time.monotonic() + timeout
@@ -162,12 +163,12 @@ class KafkaProduceCaller:
                 elif error.code() == KafkaError._PARTITION_EOF:
                     return False
                 else:
-                    raise EffectFailure(TEMPORARY, f"checking {where}: {excerpt(error.str(), 160)}")
+                    raise EffectFailure(TEMPORARY, f"checking {where}: {one_line(error.str(), 160)}")
         except KafkaException as exc:
-            raise EffectFailure(TEMPORARY, f"checking {where}: {excerpt(str(exc), 160)}") from None
+            raise EffectFailure(TEMPORARY, f"checking {where}: {one_line(str(exc), 160)}") from None
         finally:
             consumer.close()
-        raise EffectFailure(TEMPORARY, f"checking {where} for {excerpt(op_key, 80)} did not finish in {timeout:g} s")
+        raise EffectFailure(TEMPORARY, f"checking {where} for {one_line(op_key, 80)} did not finish in {timeout:g} s")
 
     def close(self) -> None:
         self.producer.flush(self.timeout_s)

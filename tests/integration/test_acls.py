@@ -15,17 +15,17 @@ from click.testing import CliRunner, Result
 from confluent_kafka.admin import AclBinding, AclOperation, AclPermissionType, ResourcePatternType, ResourceType
 from sqlalchemy import select
 
-from lapse.kernel.acls import declared_grants
 from lapse.kernel.database import make_engine
 from lapse.kernel.kinds.effects import EffectCall
 from lapse.kernel.kinds.effects.kafka_produce import KafkaProduceEffect
 from lapse.kernel.models import operator_actions
-from lapse.kernel.provisioning import existing_acls
 from lapse.kernel.settings import env_var, load_settings
 from lapse.kernel.topology import load_topology
 from lapse.processors.effects.kafka_produce import KafkaProduceCaller
 from lapse.processors.failures import INVALID, EffectFailure
+from lapse.shell.acls import declared_grants
 from lapse.shell.app import main
+from lapse.shell.provisioning import existing_acls
 from tests.fixtures.kafka import read_topic
 from tests.fixtures.topology import TOPICS_FILE
 

@@ -37,8 +37,7 @@ from lapse.kernel.ledger import (
 from lapse.kernel.models import cleanup_ledger, ledger_transitions, outbox
 from lapse.processors.rules import apply_batch
 from lapse.processors.scope import BatchResult
-from tests.fixtures.kinds import demo_kinds
-from tests.fixtures.settle import (
+from tests.fixtures.fast_path import (
     DELETE,
     NOW,
     RELEASE,
@@ -60,6 +59,7 @@ from tests.fixtures.settle import (
     seed_business,
     world_strategy,
 )
+from tests.fixtures.kinds import demo_kinds
 
 SUBJECTS = 6
 SWEPT_AT = NOW - timedelta(seconds=30)  # when the sweep ran, before the batch

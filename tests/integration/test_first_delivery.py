@@ -21,8 +21,7 @@ from lapse.kernel.ledger import ExpiryEvent, expiry_event, insert_pending
 from lapse.kernel.models import cleanup_ledger, ledger_transitions, outbox
 from lapse.processors.rules import apply_batch
 from lapse.processors.scope import BatchResult
-from tests.fixtures.kinds import demo_kinds
-from tests.fixtures.settle import (
+from tests.fixtures.fast_path import (
     DELETE,
     NOW,
     RELEASE,
@@ -43,6 +42,7 @@ from tests.fixtures.settle import (
     seed_business,
     world_strategy,
 )
+from tests.fixtures.kinds import demo_kinds
 
 SUBJECTS = 6  # reservation ids 1..6 (artifact ids 1..2)
 

@@ -106,7 +106,7 @@ def outbox_drained(p: Pipeline, at_least: int) -> bool:
     return unsent == 0 and total >= at_least
 
 
-def settled(p: Pipeline, running: RunningPipeline, n: int) -> bool:
+def caught_up(p: Pipeline, running: RunningPipeline, n: int) -> bool:
     """All `n` applied, every outcome relayed, every expiry offset committed."""
     running.assert_alive()
     return applied(p) == n and outbox_drained(p, n) and all_committed(p)
@@ -159,7 +159,7 @@ def test_every_role_rides_out_a_schema_registry_outage(pipeline, tmp_path):
             running.assert_alive()
             assert applied(pipeline) == 0
             registry.start()  # the same port
-            eventually(lambda: settled(pipeline, running, 100), timeout_s=120,
+            eventually(lambda: caught_up(pipeline, running, 100), timeout_s=120,
                        what="100 applied, outcomes relayed, offsets committed after the outage")
             running.assert_alive()
             warned = warnings_by_role(running)
@@ -172,7 +172,7 @@ def test_every_role_rides_out_a_schema_registry_outage(pipeline, tmp_path):
 def test_every_role_rides_out_database_connections_terminated_in_a_loop(pipeline, tmp_path):
     first = seed(pipeline, 50, tenant="t1")
     with lapse_run(pipeline.settings, tmp_path) as running:
-        eventually(lambda: settled(pipeline, running, 50), timeout_s=120, what="the first 50 applied")
+        eventually(lambda: caught_up(pipeline, running, 50), timeout_s=120, what="the first 50 applied")
         # Due while the connections are being killed: swept, applied and relayed through the fault.
         second = seed(pipeline, 150, tenant="t1", expires_at=datetime.now(UTC) + timedelta(seconds=2))
         killer = ConnectionKiller(pipeline.settings.database.url_plain(), every_s=0.2)
@@ -186,7 +186,7 @@ def test_every_role_rides_out_database_connections_terminated_in_a_loop(pipeline
             killer.stop()
         assert killer.terminated > 0
         running.assert_alive()
-        eventually(lambda: settled(pipeline, running, 200), timeout_s=120,
+        eventually(lambda: caught_up(pipeline, running, 200), timeout_s=120,
                    what="all 200 applied, outcomes relayed, offsets committed after the fault")
         running.assert_alive()
     assert len(second) == 150

@@ -12,7 +12,7 @@ factor 3, no prefix: the session's other cluster tests use prefixed names) and e
 interval. Nothing is shortened for time (tests/fixtures/compose.py TIME_OVERRIDES is empty, and
 asserted small).
 
-What is mapped (tests/fixtures/compose.py MAPPED_ENV, MAPPED_FLAGS, MAPPED_CONFIG), because only
+What is mapped (tests/fixtures/compose.py MAPPED_ENV, MAPPED_FLAGS, its config-file list), because only
 compose's network, TLS and volumes have it:
 - the brokers `kafka-1..3:9092` become the local cluster, which speaks PLAINTEXT: each config
   file's [kafka] table (SASL_SSL, SCRAM-SHA-512, the role's own user, the CA) is dropped. SASL_SSL
@@ -21,14 +21,14 @@ compose's network, TLS and volumes have it:
 - the schema registry becomes none (Avro single-object encoding): the repo has only a test double
   of it (tests/fixtures/registry.py), which the codec tests use for the Confluent format;
 - the database `postgres:5432/lapse` with a role per service and TLS becomes the test's database
-  and its one user, without TLS (the roles' grants: tests/unit/test_compose.py reads init-roles.sh);
+  and its one user, without TLS (the roles' grants: tests/integration/test_compose.py reads init-roles.sh);
 - ports (metrics 9400, analytics 6066, console 8088) become free local ports, bind addresses
   (0.0.0.0) 127.0.0.1, container paths (the reports volume, Faust's data folder) folders of the test.
 - the kinds file compose mounts (compose/kinds.yaml, which declares no kind until a deployment
   declares its own) becomes the test's: the demo's reservations and a webhook kind (an HTTP server
   of the test answering 200, 503 then 200, 429 then 204, or 400) over the test's tables.
 
-What cannot run as a local process, and is checked by tests/unit/test_compose.py instead: the
+What cannot run as a local process, and is checked by tests/integration/test_compose.py instead: the
 non-Lapse services (kafka-1..3 and kafka-init, postgres and its init-roles.sh, schema-registry,
 prometheus, grafana: their images are not here and Docker cannot run on these machines), the Lapse
 image itself (compose/Dockerfile), named volumes, the secrets' mounts and healthchecks/depends_on

@@ -21,7 +21,7 @@ from tests.fixtures.kafka import read_topic
 from tests.fixtures.pipeline import all_committed, assert_each_applied_once, expiry_event, produce, seed
 from tests.fixtures.polling import eventually
 from tests.fixtures.processes import ASSIGNED, RoleProcesses
-from tests.fixtures.workers import ledger_settled
+from tests.fixtures.workers import ledger_all_terminal
 
 EVENTS = 20_000
 PROCESSORS, RELAYS = 3, 2
@@ -74,7 +74,7 @@ def test_kill_storm_loses_nothing_and_does_nothing_twice(pipeline, tmp_path):
         storm_s = time.monotonic() - storm_started
         producer.join(120)
 
-        eventually(lambda: ledger_settled(pipeline.engine, terminal=EVENTS) and all_committed(pipeline)
+        eventually(lambda: ledger_all_terminal(pipeline.engine, terminal=EVENTS) and all_committed(pipeline)
                    and outbox_sent(pipeline.engine), timeout_s=600, interval_s=2.0,
                    what=f"{EVENTS} terminal ledger rows, every offset committed, the outbox sent")
         drained_s = time.monotonic() - started

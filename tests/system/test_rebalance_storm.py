@@ -21,7 +21,7 @@ from tests.fixtures.pipeline import (
 )
 from tests.fixtures.polling import eventually
 from tests.fixtures.processes import ASSIGNED, RoleProcess, RoleProcesses
-from tests.fixtures.workers import ledger_settled
+from tests.fixtures.workers import ledger_all_terminal
 
 EVENTS = 3000
 WORKERS = 3
@@ -74,7 +74,7 @@ def test_every_worker_stopped_in_a_rebalance_storm_exits_cleanly_and_nothing_is_
                        what="a worker with partitions")
         producer.join(120)
 
-        eventually(lambda: ledger_settled(pipeline.engine, terminal=EVENTS) and all_committed(pipeline),
+        eventually(lambda: ledger_all_terminal(pipeline.engine, terminal=EVENTS) and all_committed(pipeline),
                    timeout_s=180, interval_s=1.0,
                    what=f"{EVENTS} terminal ledger rows and every offset of {EXPIRY_PARTITIONS} partitions committed")
         last = procs.running()

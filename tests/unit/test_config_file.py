@@ -22,8 +22,6 @@ from lapse.kernel.config_file import ConfigFileError
 from lapse.kernel.settings import Settings, UnknownSetting, check_environment, load_settings, setting_origins
 from lapse.shell.app import main
 
-PATH_FIELD = "topics.file"
-
 
 @pytest.fixture(autouse=True)
 def clean_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:

@@ -44,7 +44,7 @@ TOPICS = ("groups: {cleanup: g-cleanup, delay: g-delay, analytics: g-analytics}\
           "  t.effects: {role: effect, partitions: 4}\n")
 
 metadata = MetaData()
-profiles = Table(
+Table(  # the business table the declarations name, created in each test's own SQLite file
     "profiles", metadata,
     Column("id", Integer, primary_key=True),
     Column("status", String(16), nullable=False),

@@ -18,6 +18,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from lapse.kernel.kinds.effects import EffectCall
+from lapse.kernel.text import one_line
 from lapse.processors.failures import (
     AMBIGUOUS,
     INVALID,
@@ -26,7 +27,6 @@ from lapse.processors.failures import (
     TEMPORARY,
     EffectFailure,
     classify,
-    excerpt,
     for_status,
     retry_after_seconds,
 )
@@ -93,7 +93,7 @@ def test_an_http_date_without_zone_is_utc_and_the_far_future_is_bounded():
 
 @given(st.text(max_size=500))
 def test_excerpts_are_one_short_line(text):
-    line = excerpt(text, 120)
+    line = one_line(text, 120)
     assert len(line) <= 120 and "\n" not in line and "\r" not in line
 
 

@@ -1,5 +1,5 @@
-"""The one-slot batch thread: settling returns the batch's result or error, calls the batch hands
-over run on the settling thread, and a slot settled from anywhere (a rebalance callback, while the
+"""The one-slot batch thread: collecting returns the batch's result or error, calls the batch hands
+over run on the collecting thread, and a slot collected from anywhere (a rebalance callback, while the
 worker waits for more records) reads as ready, so the worker's wait for more records ends."""
 
 from __future__ import annotations
@@ -16,17 +16,18 @@ from tests.fixtures.polling import eventually
 def in_flight():
     slot: InFlight[str] = InFlight("test-batch")
     yield slot
-    slot.settle()
+    slot.collect()
     slot.close()
 
 
-def test_settle_returns_the_result_and_frees_the_slot(in_flight):
+def test_collect_returns_the_result_and_frees_the_slot(in_flight):
     in_flight.submit(["m"], "decoded", lambda: "done")
-    settled = in_flight.settle()
-    assert settled is not None
-    assert (settled.messages, settled.decoded, settled.result, settled.error) == (["m"], "decoded", "done", None)
+    collected = in_flight.collect()
+    assert collected is not None
+    got = collected.messages, collected.decoded, collected.result, collected.error
+    assert got == (["m"], "decoded", "done", None)
     assert not in_flight.busy
-    assert in_flight.settle() is None
+    assert in_flight.collect() is None
 
 
 def test_a_failed_batch_is_returned_with_its_error_never_raised(in_flight):
@@ -34,9 +35,9 @@ def test_a_failed_batch_is_returned_with_its_error_never_raised(in_flight):
         raise ValueError("database away")
 
     in_flight.submit([], None, fail)
-    settled = in_flight.settle()
-    assert settled is not None and settled.result is None
-    assert isinstance(settled.error, ValueError)
+    collected = in_flight.collect()
+    assert collected is not None and collected.result is None
+    assert isinstance(collected.error, ValueError)
 
 
 def test_a_second_batch_is_refused_while_one_is_in_flight(in_flight):
@@ -49,8 +50,8 @@ def test_a_second_batch_is_refused_while_one_is_in_flight(in_flight):
 
 def test_a_handed_over_call_runs_on_the_settling_thread(in_flight):
     in_flight.submit([], None, lambda: in_flight.on_consumer_thread(lambda: threading.current_thread().name))
-    settled = in_flight.settle()
-    assert settled is not None and settled.result == threading.current_thread().name
+    collected = in_flight.collect()
+    assert collected is not None and collected.result == threading.current_thread().name
 
 
 def test_ready_only_once_the_work_has_ended_or_waits_for_a_call(in_flight):
@@ -60,23 +61,23 @@ def test_ready_only_once_the_work_has_ended_or_waits_for_a_call(in_flight):
     release.set()
     eventually(in_flight.ready, timeout_s=10, interval_s=0.01, what="ready")
 
-    in_flight.settle()
+    in_flight.collect()
     in_flight.submit([], None, lambda: in_flight.on_consumer_thread(called.set) or "after the call")
-    # The batch waits for its call: settling now would not block.
+    # The batch waits for its call: collecting now would not block.
     eventually(in_flight.ready, timeout_s=10, interval_s=0.01, what="ready")
-    settled = in_flight.settle()
-    assert called.is_set() and settled is not None and settled.result == "after the call"
+    collected = in_flight.collect()
+    assert called.is_set() and collected is not None and collected.result == "after the call"
 
 
 def test_a_slot_settled_elsewhere_reads_as_ready(in_flight):
     """The worker checks `busy`, then waits for more records until `ready()`; a rebalance callback
-    inside that wait settles the batch. With nothing in flight any more, the wait must end: before
+    inside that wait collects the batch. With nothing in flight any more, the wait must end: before
     this was so, the worker waited for a full batch of records that never came."""
     release = threading.Event()
     in_flight.submit([], None, lambda: str(release.wait(10)))
     assert not in_flight.ready()
     threading.Timer(0.05, release.set).start()
-    assert in_flight.settle() is not None  # what the rebalance callback does
+    assert in_flight.collect() is not None  # what the rebalance callback does
     assert not in_flight.busy
     assert in_flight.ready()
 

@@ -19,13 +19,13 @@ from typing import Any
 
 from sqlalchemy import Connection, select
 
-from lapse.devtools.bench.lean import CLEANUP_OUTCOME
 from lapse.devtools.demo_tables import reservations
 from lapse.kernel.codec import Codec
 from lapse.kernel.database import engine_from_settings
 from lapse.kernel.ledger import APPLIED, ExpiryEvent
 from lapse.kernel.models import cleanup_ledger as L
 from lapse.kernel.models import outbox as O
+from lapse.kernel.schema_names import CLEANUP_OUTCOME
 from lapse.kernel.settings import Settings
 
 SHOWN = 3  # keys a reason quotes

@@ -30,6 +30,7 @@ from lapse.kernel.codec import Codec
 from lapse.kernel.connections import faust_connection
 from lapse.kernel.database import engine_from_settings
 from lapse.kernel.ledger import ExpiryEvent
+from lapse.kernel.schema_names import EXPIRY_EVENT
 from lapse.kernel.settings import KafkaSettings, Settings, load_settings
 
 if TYPE_CHECKING:
@@ -110,7 +111,7 @@ def _worker(args: dict[str, Any]) -> None:
     async def cleanup(stream: faust.StreamT[bytes]) -> None:
         async for value in stream:
             now = datetime.now(UTC)
-            event = ExpiryEvent.from_record(codec.decode_expected("expiry_event", value))
+            event = ExpiryEvent.from_record(codec.decode_expected(EXPIRY_EVENT, value))
             try:
                 apply_one(conn, sql, event, worker="bench-faust", outcomes_topic=topology.outcomes, now=now)
                 conn.commit()

@@ -24,6 +24,7 @@ from lapse.kernel.database import engine_from_settings
 from lapse.kernel.kafka_clients import make_producer
 from lapse.kernel.ledger import TERMINAL, expiry_record
 from lapse.kernel.models import ledger_transitions as T
+from lapse.kernel.schema_names import EXPIRY_EVENT
 from lapse.kernel.settings import Settings
 
 WATCH_POLL_S = 0.02
@@ -133,7 +134,7 @@ def _paced_produce(settings: Settings, topic: str, ids: Iterable[int], rate: flo
             time.sleep(delay)
         event = reservation_event(rid, datetime.now(UTC))
         producer.produce(topic, key=event.op_key.encode(), on_delivery=delivered,
-                         value=codec.encode("expiry_event", expiry_record(event, datetime.now(UTC))))
+                         value=codec.encode(EXPIRY_EVENT, expiry_record(event, datetime.now(UTC))))
         producer.poll(0)
     producer.flush(30)
     return stamps

@@ -33,8 +33,7 @@ from lapse.devtools.demo_tables import reservations
 from lapse.kernel.database import qualified_name
 from lapse.kernel.ledger import APPLIED, PENDING, SKIPPED, ExpiryEvent, outcome_record
 from lapse.kernel.models import cleanup_ledger, outbox
-
-CLEANUP_OUTCOME = "cleanup_outcome"  # the outbox schema of an outcome record (as Lapse's writes say)
+from lapse.kernel.schema_names import CLEANUP_OUTCOME
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,7 @@ from lapse.kernel.database import engine_from_settings, make_engine, qualified_n
 from lapse.kernel.kafka_clients import make_consumer
 from lapse.kernel.ledger import APPLIED, ExpiryEvent
 from lapse.kernel.models import cleanup_ledger
+from lapse.kernel.schema_names import EXPIRY_EVENT
 from lapse.kernel.settings import Settings
 from lapse.processors import BatchScope, apply_batch
 
@@ -102,7 +103,7 @@ def _consume_and_decode(settings: Settings, group: str, events: int) -> tuple[in
                 err = msg.error()
                 if err is None:
                     started = started or time.perf_counter()
-                    ExpiryEvent.from_record(codec.decode_expected("expiry_event", msg.value() or b""))
+                    ExpiryEvent.from_record(codec.decode_expected(EXPIRY_EVENT, msg.value() or b""))
                     done += 1
                 elif err.code() != KafkaError._PARTITION_EOF:
                     raise KafkaException(err)

@@ -24,6 +24,7 @@ from lapse.kernel.codec import Codec
 from lapse.kernel.database import engine_from_settings
 from lapse.kernel.kafka_clients import make_consumer
 from lapse.kernel.ledger import ExpiryEvent
+from lapse.kernel.schema_names import EXPIRY_EVENT
 from lapse.kernel.settings import Settings
 
 BATCHED_NAIVE_BATCH = 500
@@ -40,7 +41,7 @@ def run_naive(settings: Settings, events: int) -> dict[str, Any]:
         if msg is None or _eof(msg):
             return 0
         now = datetime.now(UTC)
-        event = ExpiryEvent.from_record(codec.decode_expected("expiry_event", msg.value() or b""))
+        event = ExpiryEvent.from_record(codec.decode_expected(EXPIRY_EVENT, msg.value() or b""))
         _in_transaction(conn, lambda: apply_one(conn, sql, event, worker="bench-naive",
                                                 outcomes_topic=outcomes, now=now))
         consumer.commit(message=msg, asynchronous=False)
@@ -60,7 +61,7 @@ def run_batched_naive(settings: Settings, events: int, batch: int = BATCHED_NAIV
         if not messages:
             return 0
         now = datetime.now(UTC)
-        decoded = [ExpiryEvent.from_record(codec.decode_expected("expiry_event", m.value() or b""))
+        decoded = [ExpiryEvent.from_record(codec.decode_expected(EXPIRY_EVENT, m.value() or b""))
                    for m in messages]
         _in_transaction(conn, lambda: apply_many(conn, sql, decoded, worker="bench-batched-naive",
                                                  outcomes_topic=outcomes, now=now))

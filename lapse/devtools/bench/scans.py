@@ -17,6 +17,7 @@ from lapse.kernel.codec import Codec
 from lapse.kernel.database import engine_from_settings, qualified_name
 from lapse.kernel.kafka_clients import make_producer
 from lapse.kernel.models import cleanup_ledger
+from lapse.kernel.schema_names import EXPIRY_EVENT
 from lapse.kernel.settings import Settings
 from lapse.readers import EVENT_FIELDS, manual_consumer
 from lapse.reconciler import scan_rate
@@ -70,7 +71,7 @@ def audit_replay(settings: Settings) -> dict[str, Any]:
                 err = msg.error()
                 if err is None:
                     started = started or time.perf_counter()
-                    codec.decode_fields("expiry_event", msg.value() or b"", EVENT_FIELDS)
+                    codec.decode_fields(EXPIRY_EVENT, msg.value() or b"", EVENT_FIELDS)
                     records += 1
                 elif err.code() == KafkaError._PARTITION_EOF:
                     at_eof.add(msg.partition())

@@ -127,17 +127,17 @@ def _warm_up(engine: Engine, load: OfferedLoad, seeded: bool, timeout_s: float =
     has begun on the oldest rows: every role has started, joined its group and prepared its
     statements, so the readings measure service, not start-up."""
     since = datetime.now(UTC) - timedelta(seconds=1)
-    oldest = oldest_settled(engine)
+    oldest = oldest_applied(engine)
     load.offer(1)
     deadline = time.monotonic() + timeout_s
     while not (finished_between(engine, since, datetime.now(UTC) + timedelta(seconds=1))
-               and (not seeded or oldest_settled(engine) != oldest)):
+               and (not seeded or oldest_applied(engine) != oldest)):
         if time.monotonic() > deadline:
             raise RuntimeError(f"the roles did not finish a first event and begin pruning within {timeout_s:g} s")
         time.sleep(0.5)
 
 
-def oldest_settled(engine: Engine) -> datetime | None:
+def oldest_applied(engine: Engine) -> datetime | None:
     """The oldest finish time of an applied row (along retention's partial index): it moves once
     pruning has removed the oldest rows."""
     led = cleanup_ledger.c

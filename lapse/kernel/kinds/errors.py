@@ -10,6 +10,8 @@ import re
 from pathlib import Path
 from typing import Any
 
+from lapse.kernel.text import one_line
+
 _PLAIN = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 SHOWN_CHARS = 60
 
@@ -18,8 +20,7 @@ def show(value: Any, *, bare: bool = False) -> str:
     """`value` for an error message: quoted (or `bare` when it is a plain word), one line, short."""
     if bare and isinstance(value, (str, int)) and _PLAIN.match(str(value)):
         return str(value)
-    text = repr(value)
-    return text if len(text) <= SHOWN_CHARS else text[:SHOWN_CHARS] + "…"
+    return one_line(repr(value), SHOWN_CHARS + 1)
 
 
 class KindsFileError(ValueError):

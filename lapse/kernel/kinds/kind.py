@@ -17,7 +17,7 @@ from sqlalchemy.sql.elements import NamedColumn
 from sqlalchemy.sql.util import find_tables
 
 from lapse.kernel.batch_sql import any_of
-from lapse.kernel.ledger import has_settled_row, op_key
+from lapse.kernel.ledger import has_row_not_waiting_past, op_key
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,7 +112,7 @@ class CleanupKind:
         if after is not None:
             stmt = stmt.where(tuple_(*cols) > tuple_(*after))
         if without_ledger:
-            stmt = stmt.where(~has_settled_row(self.name, self.id_column, now))
+            stmt = stmt.where(~has_row_not_waiting_past(self.name, self.id_column, now))
         return stmt.order_by(*cols).limit(limit)
 
     def not_yet_due(self, conn: Connection, subjects: list[Any], now: datetime) -> dict[str, datetime]:

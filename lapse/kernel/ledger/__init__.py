@@ -11,7 +11,7 @@ This module is the package's face: every other module imports the ledger from he
 - `queries` — every statement of the state machine (the SQL);
 - `reads`   — the probes business-table selects embed, and the aggregates status and reports show;
 - `writes`  — the accumulator a transaction fills and flushes once;
-- `retention` — the bounded deletes of finished rows, their transitions and sent outbox rows.
+- `partitions` — the time partitions of transitions and the outbox on PostgreSQL.
 """
 
 from lapse.kernel.ledger.keys import InvalidEvent, InvalidOpKey, new_correlation_id, op_key, parse_op_key
@@ -43,7 +43,7 @@ from lapse.kernel.ledger.reads import (
     counts_by_state_and_kind,
     expired_claims,
     has_ledger_row,
-    has_settled_row,
+    has_row_not_waiting_past,
     ledger_counts,
     ledger_state_of,
     oldest_unfinished_due,
@@ -70,20 +70,7 @@ from lapse.kernel.ledger.records import (
     expiry_record,
     millis,
     outcome_record,
-    safe_text,
     time_problem,
-)
-from lapse.kernel.ledger.retention import (
-    count_prunable,
-    prune_dead_letters,
-    prune_dead_letters_statement,
-    prune_discarded_statement,
-    prune_outbox,
-    prune_outbox_statement,
-    prune_settled,
-    prune_settled_statement,
-    prune_transitions,
-    prune_transitions_statement,
 )
 from lapse.kernel.ledger.rows import (
     ClaimedMove,
@@ -104,6 +91,7 @@ from lapse.kernel.ledger.states import (
     DISCARDED,
     PENDING,
     RETRY_SCHEDULED,
+    SETTLED,
     SKIPPED,
     STATES,
     TERMINAL,
@@ -126,6 +114,7 @@ __all__ = [
     "LATEST_DUE_AHEAD",
     "PENDING",
     "RETRY_SCHEDULED",
+    "SETTLED",
     "SKIPPED",
     "STATES",
     "TERMINAL",
@@ -157,7 +146,6 @@ __all__ = [
     "check",
     "claim",
     "clip_original",
-    "count_prunable",
     "counts_by_state_and_kind",
     "dead_letter_record",
     "dead_letters",
@@ -168,7 +156,7 @@ __all__ = [
     "expiry_record",
     "failure_history",
     "has_ledger_row",
-    "has_settled_row",
+    "has_row_not_waiting_past",
     "insert_pending",
     "insert_settled",
     "ledger_counts",
@@ -186,20 +174,10 @@ __all__ = [
     "parse_op_key",
     "pending_row",
     "probe_rows",
-    "prune_dead_letters",
-    "prune_dead_letters_statement",
-    "prune_discarded_statement",
-    "prune_outbox",
-    "prune_outbox_statement",
-    "prune_settled",
-    "prune_settled_statement",
-    "prune_transitions",
-    "prune_transitions_statement",
     "read_rows",
     "release_dead_letters",
     "renew_leases",
     "restore_waiting",
-    "safe_text",
     "settle_waiting",
     "settled_row",
     "settles_waiting",

@@ -42,8 +42,8 @@ ROW_COLUMNS = (L.c.op_key, L.c.state, L.c.attempt, L.c.due_at, L.c.claim_owner, 
 DEAD_LETTER_COLUMNS = (L.c.op_key, L.c.kind, L.c.tenant, L.c.subject_id, L.c.attempt,
                        L.c.last_failure_class, L.c.last_failure, L.c.replay_id, L.c.finished_at)
 
-# Where the two statements that end a claim may take it (each a move `states.ALLOWED` allows).
-FINISHED = (states.APPLIED, states.SKIPPED)
+# Where the two statements that end a claim may take it (each a move `states.ALLOWED` allows):
+# `states.SETTLED`, or set back.
 SET_BACK = (states.PENDING, states.RETRY_SCHEDULED, states.DEAD_LETTER)
 
 
@@ -75,7 +75,7 @@ def insert_pending(conn: Connection, events: Sequence[ExpiryEvent], now: datetim
 def settled_row(event: ExpiryEvent, state: str, attempt: int, duplicates: int, now: datetime) -> dict[str, Any]:
     """The ledger row of `event` as it is once a claim of its `pending` row (`pending_row`) has
     finished in `state` at `attempt` in one transaction at `now`: what `insert_settled` writes."""
-    if state not in FINISHED:
+    if state not in states.SETTLED:
         raise ValueError(f"a settled row is applied or skipped, not {state}")
     return {**pending_row(event, now), "state": state, "attempt": attempt, "duplicates": duplicates,
             "finished_at": now}
@@ -98,7 +98,7 @@ def withdraw_settled(conn: Connection, op_keys: Sequence[str], now: datetime) ->
     if not op_keys:
         return 0
     stmt = delete(L).where(any_of(conn, L.c.op_key, op_keys), L.c.created_at == now,
-                           L.c.finished_at == now, L.c.state.in_(FINISHED))
+                           L.c.finished_at == now, L.c.state.in_(states.SETTLED))
     return conn.execute(stmt).rowcount
 
 
@@ -220,7 +220,7 @@ def finish(conn: Connection, op_keys: Sequence[str], owner: str, state: str, now
     `claim_owner` is set only while a row is claimed (every move out of `claimed` clears it), so
     it stands for `state = 'claimed'` here; leaving `state` out keeps the planner on the primary
     key instead of a state index full of dead entries from earlier transitions."""
-    if state not in FINISHED:
+    if state not in states.SETTLED:
         raise ValueError(f"finish moves a claim to applied or skipped, not {state}")
     if not op_keys:
         return 0
@@ -417,17 +417,8 @@ def add_duplicates(conn: Connection, counts: Mapping[str, int]) -> None:
 
 # Append ------------------------------------------------------------------------------------------
 
-def insert_transitions(conn: Connection, rows: Sequence[dict[str, Any]]) -> None:
-    """Append transitions (op_key, from_state, to_state, attempt, actor, at, …) in one statement."""
-    bulk_insert(conn, T, rows)
-
-
-def insert_outbox(conn: Connection, rows: Sequence[dict[str, Any]]) -> None:
-    bulk_insert(conn, outbox, rows)
-
-
 def insert_transitions_and_outbox(conn: Connection, transitions: Sequence[dict[str, Any]],
                                   outbox_rows: Sequence[dict[str, Any]]) -> None:
-    """`insert_transitions` and `insert_outbox` in one statement (one round trip) on PostgreSQL."""
+    """Append transitions and outbox rows in one statement (one round trip) on PostgreSQL."""
     bulk_insert_together(conn, [(T, transitions), (outbox, outbox_rows)])
 

@@ -35,7 +35,7 @@ def has_ledger_row(kind_name: str, subject_column: ColumnElement[Any]) -> Column
     return exists().where(_subject_is(kind_name, subject_column))
 
 
-def has_settled_row(kind_name: str, subject_column: ColumnElement[Any], now: datetime) -> ColumnElement[bool]:
+def has_row_not_waiting_past(kind_name: str, subject_column: ColumnElement[Any], now: datetime) -> ColumnElement[bool]:
     """EXISTS a ledger row for the business row whose id is `subject_column` that someone is on: any
     row but a `pending` one still waiting past `now` (an event's own far-off due time, or a subject
     that did not exist when its event came). The sweep negates it on due rows: no ledger row yet,
@@ -70,7 +70,6 @@ def counts_by_state_and_kind(conn: Connection) -> list[StateKindCount]:
 # Below this many rows (by the planner's figure) the ledger is counted exactly: a scan of it is
 # cheap, and the estimate's sampling error is a larger share of small counts.
 EXACT_BELOW_ROWS = 100_000
-FINISHED = (states.APPLIED, states.SKIPPED)
 
 
 def ledger_counts(conn: Connection, exact_below: int = EXACT_BELOW_ROWS) -> LedgerCounts:
@@ -79,7 +78,7 @@ def ledger_counts(conn: Connection, exact_below: int = EXACT_BELOW_ROWS) -> Ledg
 
     The unfinished states (pending, claimed, retry_scheduled) and dead_letter are always exact,
     counted through their partial indexes (ix_lapse_ledger_unfinished_due,
-    ix_lapse_ledger_dead_letters): in a healthy system they are a small set. The finished states
+    ix_lapse_ledger_dead_letters): in a healthy system they are a small set. The settled states
     (applied, skipped; discarded once the statistics see it), most of the ledger, are estimated on
     PostgreSQL when the planner puts the ledger at `exact_below` rows or more: the table's row
     count as the planner scales it (pg_class.reltuples per page times the pages now), less the
@@ -111,7 +110,7 @@ def ledger_counts(conn: Connection, exact_below: int = EXACT_BELOW_ROWS) -> Ledg
     kind_sum = sum(by_kind.values())
     # Discarded dead letters are final too and have no index to count them by: estimated like
     # applied and skipped once the statistics see them, otherwise a share too small to tell apart.
-    guessed = FINISHED + ((states.DISCARDED,) if states.DISCARDED in state_freq else ())
+    guessed = states.SETTLED + ((states.DISCARDED,) if states.DISCARDED in state_freq else ())
     state_sum = sum(state_freq.get(s, 0.0) for s in guessed)
     estimates = [
         StateKindCount(state, kind, n)

@@ -22,6 +22,7 @@ from typing import Any
 
 from lapse.kernel.ledger.keys import InvalidEvent, InvalidOpKey, new_correlation_id, op_key, parse_op_key
 from lapse.kernel.ledger.rows import LedgerRow
+from lapse.kernel.text import one_line
 
 # Longest values (in characters) the ledger columns hold (lapse/kernel/models.py).
 FIELD_LIMITS = {"op_key": 200, "kind": 64, "tenant": 64, "subject_id": 128, "correlation_id": 64,
@@ -55,12 +56,6 @@ class InvalidField(InvalidEvent):
     def __init__(self, problems: Mapping[str, str]):
         super().__init__("; ".join(f"{name}: {problem}" for name, problem in problems.items()))
         self.fields = tuple(problems)
-
-
-def safe_text(text: str, limit: int) -> str:
-    """`text` with every forbidden character escaped (`\\u0000`), cut to `limit` characters: for
-    reasons and messages that go into the ledger or a log and may quote outside input."""
-    return FORBIDDEN_CHARACTERS.sub(lambda m: f"\\u{ord(m.group()):04x}", text)[:limit]
 
 
 def millis(ts: datetime) -> int:
@@ -110,7 +105,7 @@ class ExpiryEvent:
         if problems:
             raise InvalidField(problems)
         if kind != record["kind"] or subject != record["subject_id"]:
-            raise InvalidOpKey(f"op key {safe_text(key, 80)!r} does not match kind/subject_id of the event")
+            raise InvalidOpKey(f"op key {one_line(key, 80, escape=True)!r} does not match kind/subject_id of the event")
         return cls(
             op_key=key,
             kind=kind,
@@ -329,7 +324,7 @@ def _clip_headers(headers: Sequence[tuple[Any, Any]], budget: int) -> tuple[dict
     for name, value in headers:
         text = name.decode("utf-8", "replace") if isinstance(name, bytes) else str(name)
         raw = value.encode("utf-8", "surrogatepass") if isinstance(value, str) else bytes(value or b"")
-        last[safe_text(text, HEADER_NAME_LIMIT)] = raw
+        last[one_line(text, HEADER_NAME_LIMIT, escape=True)] = raw
     kept: dict[str, bytes] = {}
     left, cut = budget, len(headers) > len(last)
     for name, raw in last.items():

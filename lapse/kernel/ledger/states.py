@@ -20,7 +20,11 @@ DEAD_LETTER = "dead_letter"
 DISCARDED = "discarded"
 
 STATES = (PENDING, CLAIMED, APPLIED, SKIPPED, RETRY_SCHEDULED, DEAD_LETTER, DISCARDED)
-TERMINAL = frozenset({APPLIED, SKIPPED, DEAD_LETTER, DISCARDED})
+# Settled: the work is over and its outcome known, the cleanup applied or not needed (skipped).
+SETTLED = (APPLIED, SKIPPED)
+# Terminal: the pipeline moves the row no further (settled, or dead-lettered or discarded; only an
+# operator's replay takes a dead letter back to pending).
+TERMINAL = frozenset({*SETTLED, DEAD_LETTER, DISCARDED})
 WAITING = (PENDING, RETRY_SCHEDULED)
 # Due work not yet finished: waiting, or claimed and not yet applied, skipped or dead-lettered.
 UNFINISHED = (PENDING, CLAIMED, RETRY_SCHEDULED)

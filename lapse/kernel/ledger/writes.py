@@ -29,9 +29,7 @@ from lapse.kernel.ledger.records import (
 )
 from lapse.kernel.ledger.rows import ClaimedMove
 from lapse.kernel.ledger.states import APPLIED, CLAIMED, DEAD_LETTER, PENDING, SKIPPED, check
-
-# The record types the outbox carries, by the schema the relay encodes them with.
-EXPIRY_EVENT, CLEANUP_OUTCOME, DEAD_LETTER_RECORD = "expiry_event", "cleanup_outcome", "dead_letter"
+from lapse.kernel.schema_names import CLEANUP_OUTCOME, DEAD_LETTER_RECORD, EXPIRY_EVENT
 
 
 @dataclass

@@ -19,9 +19,9 @@ def delay(settings: Settings, as_json: bool) -> None:
     """Consume every lapse.delay.<tier> topic in group lapse-delay; hold each partition until its
     head record is due, then forward it to its target topic (lapse.expiry)."""
     # function-local: keeps `lapse --help` fast
-    from lapse.kernel.signals import stop_on_signals
     from lapse.processors import DelayWorker
     from lapse.shell.metrics import serve
+    from lapse.shell.signals import stop_on_signals
 
     serve(settings)
     worker = DelayWorker(settings)

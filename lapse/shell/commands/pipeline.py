@@ -33,10 +33,10 @@ def sweep(settings: Settings, once: bool, as_json: bool) -> None:
     from lapse.kernel.database import engine_from_settings
     from lapse.kernel.kafka_clients import make_producer
     from lapse.kernel.kinds import load_kinds
-    from lapse.kernel.startup_checks import check_startup
     from lapse.producers import sweep_once
     from lapse.shell.commands.kinds import kinds_file_errors
     from lapse.shell.roles import run_sweep_role
+    from lapse.shell.startup_checks import check_startup
 
     if not once:
         # function-local: keeps `lapse --help` fast
@@ -70,11 +70,11 @@ def process(settings: Settings, exit_when_idle: float | None, as_json: bool) -> 
     """Consume lapse.expiry in group lapse-cleanup and apply each cleanup once."""
     # function-local: keeps `lapse --help` fast
     from lapse.kernel.kafka_logs import leave_connection_failures_to_caller
-    from lapse.kernel.signals import stop_on_signals
-    from lapse.kernel.startup_checks import check_startup
     from lapse.processors import CleanupWorker
     from lapse.shell.commands.kinds import kinds_file_errors
     from lapse.shell.metrics import serve
+    from lapse.shell.signals import stop_on_signals
+    from lapse.shell.startup_checks import check_startup
 
     check_startup(settings)  # before any record is consumed
     if exit_when_idle is not None:  # a bounded run: an unreachable broker is its one error line (exit 4)
@@ -120,11 +120,11 @@ def run(settings: Settings, workers: int, with_console: bool) -> None:
     # function-local: keeps `lapse --help` fast
     from lapse.kernel.database import engine_from_settings
     from lapse.kernel.kinds import load_kinds
-    from lapse.kernel.signals import stop_on_signals
-    from lapse.kernel.startup_checks import check_startup
     from lapse.shell.commands.kinds import kinds_file_errors
     from lapse.shell.error_boundary import CommandFailed, ExitCode
     from lapse.shell.roles import pipeline_roles
+    from lapse.shell.signals import stop_on_signals
+    from lapse.shell.startup_checks import check_startup
     from lapse.shell.supervisor import Supervisor
 
     if with_console:

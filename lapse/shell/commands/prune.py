@@ -24,7 +24,7 @@ PROGRESS_EVERY_S = 2.0
 
 def _text(r: dict[str, Any]) -> str:
     # function-local: keeps `lapse --help` fast
-    from lapse.reconciler.horizons import duration_text
+    from lapse.retention import duration_text
 
     verb = "would remove" if r["dry_run"] else "removed"
     lines = []
@@ -97,7 +97,7 @@ def prune(settings: Settings, dry_run: bool, watch: bool, as_json: bool) -> None
     """Remove finished work older than its retention horizon (one pass, or a pass every interval)."""
     # function-local: keeps `lapse --help` fast
     from lapse.kernel.database import engine_from_settings
-    from lapse.reconciler import HorizonRefused, horizons_from_settings, prune_dry_run, prune_once
+    from lapse.retention import HorizonRefused, horizons_from_settings, prune_dry_run, prune_once
 
     try:
         horizons = horizons_from_settings(settings)

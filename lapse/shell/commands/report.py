@@ -46,8 +46,7 @@ def report(settings: Settings, day: datetime | None, as_json: bool, serve: bool)
     has closed) and send undelivered final reports, each once."""
     # function-local: keeps `lapse --help` fast
     from lapse.kernel.database import engine_from_settings
-    from lapse.reconciler.daily_report import deliver_pending, enqueue_report
-    from lapse.reconciler.notifiers import notifier_from_settings
+    from lapse.reports import deliver_pending, enqueue_report, notifier_from_settings
 
     if serve and day is not None:
         raise click.UsageError("give --date or --serve, not both: the report role picks its days itself")

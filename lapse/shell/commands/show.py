@@ -13,6 +13,7 @@ from typing import Any
 
 import click
 
+from lapse.kernel.schema_names import CLEANUP_OUTCOME, DEAD_LETTER_RECORD
 from lapse.kernel.settings import Settings
 from lapse.shell.cli import main
 from lapse.shell.cli_options import emit, pass_settings, setting_option
@@ -43,11 +44,11 @@ def _transition_line(t: dict[str, Any]) -> str:
 
 def _outbox_line(o: dict[str, Any]) -> str:
     r = o["record"]
-    if o["schema"] == "cleanup_outcome":
+    if o["schema"] == CLEANUP_OUTCOME:
         what = f"outcome {r.get('status')} attempt {r.get('attempt')}"
         failure = _failure(r.get("failure_class"), r.get("reason"))
         what += f" {failure}" if failure else ""
-    elif o["schema"] == "dead_letter":
+    elif o["schema"] == DEAD_LETTER_RECORD:
         what = f"dead letter {_failure(r.get('failure_class'), r.get('reason'))}"
     else:
         what = f"event attempt {r.get('attempt')} due {r.get('due_at')} ({r.get('source')})"
@@ -106,7 +107,7 @@ def show(settings: Settings, op_key: str | None, correlation_id: str | None, sin
     # function-local: keeps `lapse --help` fast
     from lapse.kernel.database import engine_from_settings
     from lapse.kernel.ledger import InvalidOpKey, parse_op_key
-    from lapse.readers.history import correlated_op_keys, iso, operation_history
+    from lapse.readers import correlated_op_keys, iso, operation_history
 
     if (op_key is None) == (correlation_id is None):
         raise click.UsageError("give exactly one of OP_KEY or --correlation-id ID")

@@ -273,7 +273,7 @@ def create_app(settings: Settings) -> Starlette:
         """Whatever a page meets (the database away, a bug): one line on the error page and the
         traceback in the log, never on the page."""
         log.error("console page failed", exc_info=exc, extra={"path": request.url.path})
-        return console.render(request, console.who(request), "error.html", 500, message=views.one_line(exc, settings))
+        return console.render(request, console.who(request), "error.html", 500, message=views.error_line(exc, settings))
 
     return Starlette(routes=console.routes(), lifespan=lifespan, exception_handlers={Exception: failed})
 

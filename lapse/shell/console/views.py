@@ -16,27 +16,29 @@ from sqlalchemy import Engine
 from sqlalchemy.exc import DBAPIError
 
 from lapse.kernel.ledger import InvalidOpKey, Selection, dead_letters, parse_op_key
-from lapse.kernel.operator_actions import (
+from lapse.kernel.outages import is_transient
+from lapse.kernel.settings import Settings
+from lapse.operator_actions import (
     REPLAY,
     OperatorAction,
     log_action,
     recent_actions,
     record_action,
+    replay,
     session_user,
 )
-from lapse.kernel.outages import is_transient
-from lapse.kernel.settings import Settings
-from lapse.processors import replay
 from lapse.readers import (
+    correlated_op_keys,
     daily_reports,
     filtered_dead_letters,
+    has_operation,
+    lag_status,
     ledger_states,
+    operation_history,
     operator_action,
     status_report,
     throughput,
 )
-from lapse.readers.history import correlated_op_keys, has_operation, operation_history
-from lapse.readers.status import lag_status
 from lapse.shell.console.verdict import judge
 from lapse.shell.dead_letters import describe_selection, poison_records
 from lapse.shell.error_boundary import diagnose
@@ -68,7 +70,7 @@ def overview(settings: Settings, engine: Engine, now: datetime) -> dict[str, Any
         except Exception as exc:
             if not is_transient(exc):
                 raise
-            report["lag"] = [{"group": "every group", "topic": "every topic", "error": one_line(exc, settings)}]
+            report["lag"] = [{"group": "every group", "topic": "every topic", "error": error_line(exc, settings)}]
         return {"status": report, "verdict": asdict(judge(report)), "throughput": rates.result()}
 
 
@@ -143,7 +145,7 @@ def dead_letter_list(settings: Settings, engine: Engine, flt: DeadLetterFilter) 
         except Exception as exc:  # the broker away: the ledger's dead letters are still shown
             if not is_transient(exc) or isinstance(exc, DBAPIError):
                 raise
-            poison_error = one_line(exc, settings)
+            poison_error = error_line(exc, settings)
     return {"dead_letters": rows, "poison": poison, "poison_error": poison_error}
 
 
@@ -236,7 +238,7 @@ def now_utc() -> datetime:
     return datetime.now(UTC)
 
 
-def one_line(exc: BaseException, settings: Settings) -> str:
+def error_line(exc: BaseException, settings: Settings) -> str:
     """An error as the CLI's one line says it (secrets masked, no traceback, SQL or parameters)."""
     return diagnose(exc, settings).line.removeprefix("lapse: ").removesuffix(" (run with --debug for the traceback)")
 

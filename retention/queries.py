@@ -1,7 +1,7 @@
 """The statements of retention: remove finished ledger rows, the transitions of removed rows and
 sent outbox rows once they are older than their horizon, one bounded batch per statement, and count
-what a pass would remove (`lapse prune --dry-run`). The horizons themselves are decided by the
-reconciler room (`lapse.reconciler.horizons`); here they arrive as cutoff times.
+what a pass would remove (`lapse prune --dry-run`). The horizons themselves are decided in
+`lapse.retention.horizons`; here they arrive as cutoff times.
 
 Every statement walks an index, never a table (tests/system/test_prune_plans.py checks the plans
 on a 2,000,000-row ledger):
@@ -43,17 +43,15 @@ from lapse.kernel.models import cleanup_ledger as L
 from lapse.kernel.models import ledger_transitions as T
 from lapse.kernel.models import outbox as O
 
+
 # What the partial indexes' predicates say, spelled as they do (see the module's docstring).
-SETTLED_STATES = (states.APPLIED, states.SKIPPED)
-
-
 def _literal_states(names: tuple[str, ...]) -> list[ColumnElement[Any]]:
     return [literal_column(f"'{name}'") for name in names]
 
 
 def settled() -> ColumnElement[bool]:
     """`state IN ('applied', 'skipped')`: the predicate of ix_lapse_ledger_settled_finished."""
-    return L.c.state.in_(_literal_states(SETTLED_STATES))
+    return L.c.state.in_(_literal_states(states.SETTLED))
 
 
 def dead_lettered() -> ColumnElement[bool]:
@@ -88,7 +86,7 @@ def prune_settled_statement(dialect: str, state: str, cutoff: datetime, limit: i
     order: PostgreSQL's planner, seeing how many rows of both states qualify on a grown ledger,
     would otherwise read the table until it has a batch, and read all of it for the last one. The
     `IN` term is the index's predicate repeated, for SQLite."""
-    if state not in SETTLED_STATES:
+    if state not in states.SETTLED:
         raise ValueError(f"settled rows are applied or skipped, not {state}")
     conds = [*_finished_before(settled(), cutoff), L.c.state == literal_column(f"'{state}'")]
     batch = select(L.c.op_key).where(*conds).order_by(L.c.finished_at).limit(limit)
@@ -123,7 +121,7 @@ def prune_settled(conn: Connection, cutoff: datetime, limit: int) -> int:
     """One batch of at most `limit` applied, then skipped rows (`prune_settled_statement`); returns
     the rows removed (fewer than `limit`: none of either state is left past the cutoff)."""
     removed = 0
-    for state in SETTLED_STATES:
+    for state in states.SETTLED:
         if removed < limit:
             removed += conn.execute(prune_settled_statement(conn.dialect.name, state, cutoff, limit - removed)).rowcount
     return removed

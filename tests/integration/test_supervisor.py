@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 
 from lapse.kernel.settings import load_settings
-from lapse.kernel.signals import stop_on_signals
+from lapse.shell.signals import stop_on_signals
 from lapse.shell.supervisor import Role, Supervisor
 from tests.fixtures.polling import eventually
 
