@@ -2,8 +2,9 @@
 
 Conditions become SQLAlchemy expressions over the table's own columns with bound values; the
 effect compiles itself (`effects`): a conditional UPDATE or DELETE, or an external effect whose
-declaration (URL placeholders, key column, topic, then_set) was checked against the same columns. Negations hold for
-NULL too (`{not: x}` and `{not_in: [...]}` match a row whose column is null), as they read.
+declaration (URL placeholders, key column, topic, then_set) was checked against the same columns.
+Negations hold for NULL too (`{not: x}` and `{not_in: [...]}` match a row whose column is null),
+as they read.
 """
 
 from __future__ import annotations
