@@ -26,7 +26,6 @@ from contextlib import ExitStack
 from dataclasses import dataclass
 from multiprocessing.connection import wait
 from multiprocessing.process import BaseProcess
-from typing import Any
 
 from prometheus_client import Gauge
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -39,8 +38,9 @@ from lapse.shell.metrics import serving_process_tree
 
 log = get_logger("supervisor")
 
-# A role's body: `target(settings, kwargs)`, run in the role's own process (its result is ignored).
-RoleTarget = Callable[[Settings, dict[str, Any]], object]
+# A process's body: `target(settings)`, run in its own spawned process (its result is ignored), so
+# picklable: a module-level function or a partial of one (`lapse.shell.roles.role_process`).
+RoleTarget = Callable[[Settings], object]
 # How long shutdown waits after SIGTERM for the roles to finish their batch, commit and leave:
 # under the 30 s a deployment usually allows, above a batch plus a consumer close.
 SHUTDOWN_GRACE_S = 25.0
@@ -53,21 +53,22 @@ ROLE_STARTED = Gauge("lapse_role_start_time_seconds", "When each live role proce
                      "the pid label tells the processes apart).", ["role"], multiprocess_mode="liveall")
 
 
-@dataclass
-class Role:
+@dataclass(frozen=True)
+class RoleProcess:
+    """One process of the tree: its name (`process-0`) and what it runs."""
+
     name: str
     target: RoleTarget
-    kwargs: dict[str, Any]
 
 
-def _child(target: RoleTarget, settings: Settings, kwargs: dict[str, Any], role_name: str) -> None:
+def _child(target: RoleTarget, settings: Settings, role_name: str) -> None:
     # Each role process is its own claim owner: two processors sharing the parent's id could
     # complete each other's leases.
     settings = settings.with_(runtime={"worker_id": f"{settings.runtime.worker_id}/{role_name}-{os.getpid()}"})
     configure_logging(settings)
     ROLE_STARTED.labels(role=role_name).set_to_current_time()  # the supervisor serves the tree's metrics
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides when children stop
-    target(settings, kwargs)
+    target(settings)
 
 
 class RolesCollector(Collector):
@@ -91,7 +92,7 @@ class RolesCollector(Collector):
 class Supervisor:
     """Starts roles as spawned processes, restarts crashed ones, stops them all on request."""
 
-    def __init__(self, settings: Settings, roles: list[Role], restart_delay_s: float = 1.0,
+    def __init__(self, settings: Settings, roles: list[RoleProcess], restart_delay_s: float = 1.0,
                  grace_s: float = SHUTDOWN_GRACE_S) -> None:
         self.settings = settings
         self.roles = roles
@@ -107,8 +108,8 @@ class Supervisor:
         self._metrics = ExitStack()  # the tree's endpoint while it is served
         self._marked_dead: set[int] = set()
 
-    def _start(self, role: Role) -> None:
-        proc = self.ctx.Process(target=_child, args=(role.target, self.settings, role.kwargs, role.name),
+    def _start(self, role: RoleProcess) -> None:
+        proc = self.ctx.Process(target=_child, args=(role.target, self.settings, role.name),
                                 name=f"lapse-{role.name}", daemon=False)
         proc.start()
         self.procs[role.name] = proc
