@@ -11,7 +11,7 @@ from lapse.shell.roles.base import Role
 
 # How long the start-up look-up of the cluster's metadata waits for a broker before it counts as
 # an outage (then retried with backoff).
-METADATA_TIMEOUT_S = 5.0
+METADATA_TIMEOUT_S = 2.0
 
 
 class DelayRole(Role[int]):
