@@ -1,14 +1,8 @@
-"""A small process tree: each role runs in its own process and is restarted if it dies.
+"""A small process tree (`lapse run`, `lapse demo`): each role in its own spawned process, restarted
+if it dies; shutdown forwards SIGTERM, waits a bounded grace, then SIGKILLs the stragglers.
 
-`lapse run` and `lapse demo` use it; production deployments usually run each role as its own
-service instead (see compose/). Shutdown forwards SIGTERM to every role, waits a bounded grace
-for each to finish its step and leave, then SIGKILLs the stragglers.
-
-With a metrics port set, the tree has one metrics endpoint, served by the supervisor: before the
-first role starts, PROMETHEUS_MULTIPROC_DIR names a fresh directory in which every role process
-writes its metrics (prometheus_client's multiprocess mode); the endpoint sums them and adds the
-status samples and each role's liveness. A role process that ends is marked dead, so gauges of a
-`live…` mode forget it.
+With a metrics port the supervisor serves the tree's one endpoint, summing the metric files every
+role process writes to a fresh PROMETHEUS_MULTIPROC_DIR (prometheus_client's multiprocess mode).
 """
 
 from __future__ import annotations

@@ -1,7 +1,5 @@
-"""`lapse prune`: remove finished ledger rows, their transitions and sent outbox rows older than their
-horizons, in bounded batches (on PostgreSQL: create the time partitions ahead, drop old ones whole);
-`--dry-run` counts them, lists the partitions it would create and drop, and says why each horizon is
-what it is."""
+"""`lapse prune`: remove finished work older than its horizons in bounded batches (on PostgreSQL,
+rotating time partitions); `--dry-run` counts and says why, `--watch` runs the prune role."""
 
 from __future__ import annotations
 
