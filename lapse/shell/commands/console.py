@@ -20,8 +20,7 @@ from lapse.shell.error_boundary import CommandFailed, ExitCode
 def console(settings: Settings) -> None:
     """Serve the operator console at http://BIND:PORT/ until interrupted."""
     # function-local: keeps `lapse --help` fast (the role loads starlette and uvicorn as it starts)
-    from lapse.shell.roles import run_role
-    from lapse.shell.roles.console import ConsoleRole
+    from lapse.shell.roles import ConsoleRole, run_role
 
     try:
         role = ConsoleRole(settings)

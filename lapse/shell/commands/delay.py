@@ -20,8 +20,7 @@ def delay(settings: Settings, as_json: bool) -> None:
     head record is due, then forward it to its target topic (lapse.expiry)."""
     # function-local: keeps `lapse --help` fast
     from lapse.shell.metrics import serve
-    from lapse.shell.roles import run_role
-    from lapse.shell.roles.delay import DelayRole
+    from lapse.shell.roles import DelayRole, run_role
 
     serve(settings)
     forwarded = run_role(DelayRole(settings)) or 0

@@ -9,8 +9,11 @@ from typing import Any
 import click
 
 from lapse.kernel.settings import Settings
+from lapse.kernel.signals import stop_on_signals
 from lapse.shell.cli import main
 from lapse.shell.cli_options import connection_options, emit, pass_settings, setting_option
+from lapse.shell.commands.kinds import kinds_file_errors
+from lapse.shell.error_boundary import CommandFailed, ExitCode
 
 
 def _exit_when_idle() -> Callable[[Callable[..., Any]], Callable[..., Any]]:
@@ -29,10 +32,8 @@ def _exit_when_idle() -> Callable[[Callable[..., Any]], Callable[..., Any]]:
 def sweep(settings: Settings, once: bool, as_json: bool) -> None:
     """Emit expiry events for due business rows that have no ledger row yet."""
     # function-local: keeps `lapse --help` fast
-    from lapse.shell.commands.kinds import kinds_file_errors
     from lapse.shell.metrics import serve
-    from lapse.shell.roles import run_role
-    from lapse.shell.roles.sweep import SweepRole
+    from lapse.shell.roles import SweepRole, run_role
 
     if not once:
         serve(settings)
@@ -55,10 +56,8 @@ def process(settings: Settings, exit_when_idle: float | None, as_json: bool) -> 
     """Consume lapse.expiry in group lapse-cleanup and apply each cleanup once."""
     # function-local: keeps `lapse --help` fast
     from lapse.processors import WorkerStats
-    from lapse.shell.commands.kinds import kinds_file_errors
     from lapse.shell.metrics import serve
-    from lapse.shell.roles import run_role
-    from lapse.shell.roles.process import ProcessRole
+    from lapse.shell.roles import ProcessRole, run_role
 
     serve(settings)
     with kinds_file_errors():
@@ -77,8 +76,7 @@ def relay(settings: Settings, exit_when_idle: float | None) -> None:
     """Publish outbox rows (outcomes, dead letters) to Kafka in order."""
     # function-local: keeps `lapse --help` fast
     from lapse.shell.metrics import serve
-    from lapse.shell.roles import run_role
-    from lapse.shell.roles.relay import RelayRole
+    from lapse.shell.roles import RelayRole, run_role
 
     serve(settings)
     total = run_role(RelayRole(settings, exit_when_idle=exit_when_idle)) or 0
@@ -98,9 +96,6 @@ def run(settings: Settings, workers: int, with_console: bool) -> None:
     --console the operator console) in one process tree until interrupted; a role that dies is
     restarted."""
     # function-local: keeps `lapse --help` fast
-    from lapse.kernel.signals import stop_on_signals
-    from lapse.shell.commands.kinds import kinds_file_errors
-    from lapse.shell.error_boundary import CommandFailed, ExitCode
     from lapse.shell.roles import pipeline_roles, when_reachable
     from lapse.shell.supervisor import Supervisor
 

@@ -94,8 +94,7 @@ def prune(settings: Settings, dry_run: bool, watch: bool, as_json: bool) -> None
     """Remove finished work older than its retention horizon (one pass, or a pass every interval)."""
     # function-local: keeps `lapse --help` fast
     from lapse.reconciler import HorizonRefused
-    from lapse.shell.roles import run_role
-    from lapse.shell.roles.prune import PruneRole
+    from lapse.shell.roles import PruneRole, run_role
 
     try:
         role = PruneRole(settings, once=not watch, dry_run=dry_run, progress=None if watch else _Progress())

@@ -9,6 +9,7 @@ import click
 from lapse.kernel.settings import Settings
 from lapse.shell.cli import main
 from lapse.shell.cli_options import connection_options, emit, pass_settings, setting_option
+from lapse.shell.commands.kinds import kinds_file_errors
 from lapse.shell.time_args import Duration
 
 
@@ -34,10 +35,8 @@ def _summary(r: dict[str, Any]) -> str:
 def reconcile(settings: Settings, once: bool, as_json: bool) -> None:
     """Re-emit eligible work with no ledger row or stuck past the grace period; report anomalies."""
     # function-local: keeps `lapse --help` fast
-    from lapse.shell.commands.kinds import kinds_file_errors
     from lapse.shell.metrics import serve
-    from lapse.shell.roles import run_role
-    from lapse.shell.roles.reconcile import ReconcileRole
+    from lapse.shell.roles import ReconcileRole, run_role
 
     if not once:
         serve(settings)

@@ -46,8 +46,7 @@ def report(settings: Settings, day: datetime | None, as_json: bool, serve: bool)
     has closed) and send undelivered final reports, each once."""
     # function-local: keeps `lapse --help` fast
     from lapse.shell.metrics import serve as serve_metrics
-    from lapse.shell.roles import run_role
-    from lapse.shell.roles.report import ReportRole
+    from lapse.shell.roles import ReportRole, run_role
 
     if serve and day is not None:
         raise click.UsageError("give --date or --serve, not both: the report role picks its days itself")

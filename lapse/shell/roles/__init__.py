@@ -3,7 +3,16 @@ module each, one `Role` base (`base`) and one registry (`registry`), used alike 
 each single-role command and its `--once`."""
 
 from lapse.shell.roles.base import Role, every_interval, is_outage, run_role, when_reachable
+from lapse.shell.roles.console import ConsoleRole
+from lapse.shell.roles.delay import DelayRole
+from lapse.shell.roles.process import ProcessRole
+from lapse.shell.roles.prune import PruneRole
+from lapse.shell.roles.reconcile import ReconcileRole
 from lapse.shell.roles.registry import ROLES, pipeline_roles, role_process, serve_registered
+from lapse.shell.roles.relay import RelayRole
+from lapse.shell.roles.report import ReportRole
+from lapse.shell.roles.sweep import SweepRole
 
-__all__ = ["ROLES", "Role", "every_interval", "is_outage", "pipeline_roles", "role_process", "run_role",
-           "serve_registered", "when_reachable"]
+__all__ = ["ROLES", "ConsoleRole", "DelayRole", "ProcessRole", "PruneRole", "ReconcileRole", "RelayRole",
+           "ReportRole", "Role", "SweepRole", "every_interval", "is_outage", "pipeline_roles", "role_process",
+           "run_role", "serve_registered", "when_reachable"]
