@@ -32,8 +32,8 @@ from lapse.shell.metrics import serving_process_tree
 
 log = get_logger("supervisor")
 
-# A process's body: `target(settings)`, run in its own spawned process (its result is ignored), so
-# picklable: a module-level function or a partial of one (`lapse.shell.roles.role_process`).
+# A child's body: `target(settings)`, run in its own spawned process (its result is ignored), so
+# picklable: a module-level function or a partial of one (`lapse.shell.roles.child_of`).
 RoleTarget = Callable[[Settings], object]
 # How long shutdown waits after SIGTERM for the roles to finish their batch, commit and leave:
 # under the 30 s a deployment usually allows, above a batch plus a consumer close.
@@ -48,8 +48,8 @@ ROLE_STARTED = Gauge("lapse_role_start_time_seconds", "When each live role proce
 
 
 @dataclass(frozen=True)
-class RoleProcess:
-    """One process of the tree: its name (`process-0`) and what it runs."""
+class Child:
+    """One process of the tree: its name (`process-0`) and what it runs (`lapse.shell.roles.child_of`)."""
 
     name: str
     target: RoleTarget
@@ -86,7 +86,7 @@ class RolesCollector(Collector):
 class Supervisor:
     """Starts roles as spawned processes, restarts crashed ones, stops them all on request."""
 
-    def __init__(self, settings: Settings, roles: list[RoleProcess], restart_delay_s: float = 1.0,
+    def __init__(self, settings: Settings, roles: list[Child], restart_delay_s: float = 1.0,
                  grace_s: float = SHUTDOWN_GRACE_S) -> None:
         self.settings = settings
         self.roles = roles
@@ -102,7 +102,7 @@ class Supervisor:
         self._metrics = ExitStack()  # the tree's endpoint while it is served
         self._marked_dead: set[int] = set()
 
-    def _start(self, role: RoleProcess) -> None:
+    def _start(self, role: Child) -> None:
         proc = self.ctx.Process(target=_child, args=(role.target, self.settings, role.name),
                                 name=f"lapse-{role.name}", daemon=False)
         proc.start()

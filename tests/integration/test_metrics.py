@@ -28,7 +28,7 @@ from lapse.readers.status import status_report
 from lapse.shell import metrics
 from lapse.shell.roles import pipeline_roles
 from lapse.shell.status_collector import StatusCollector, status_reader
-from lapse.shell.supervisor import RoleProcess, Supervisor
+from lapse.shell.supervisor import Child, Supervisor
 from tests.fixtures.pipeline import make_pipeline_settings
 from tests.fixtures.polling import eventually
 from tests.fixtures.processes import RoleProcesses
@@ -195,7 +195,7 @@ def test_one_endpoint_sums_the_role_processes_and_forgets_a_restarted_one(kafka_
     settings = make_pipeline_settings(kafka_bootstrap, pg_url, unique, **READER_TOPICS,
                                       runtime={"metrics_port": free_port()})
     port = settings.runtime.metrics_port
-    roles = [RoleProcess("a", partial(count_events, events=3)), RoleProcess("b", partial(count_events, events=4))]
+    roles = [Child("a", partial(count_events, events=3)), Child("b", partial(count_events, events=4))]
     sup = Supervisor(settings, roles, restart_delay_s=0.1, grace_s=10)
     sup.start()
     watching = threading.Thread(target=sup.watch, kwargs={"poll_s": 0.1}, daemon=True)

@@ -19,7 +19,7 @@ from lapse.devtools.brokers.processes import free_port
 from lapse.devtools.demo_kinds import packaged_kinds_file
 from lapse.kernel.settings import env_var, load_settings
 from lapse.shell.error_boundary import ExitCode
-from lapse.shell.roles import ROLES, role_process
+from lapse.shell.roles import ROLES, child_of
 from lapse.shell.supervisor import Supervisor
 from tests.fixtures.polling import eventually
 from tests.fixtures.processes import run_lapse
@@ -85,7 +85,7 @@ def test_the_supervisor_runs_every_role_as_a_service_that_waits(away, capfd):
     for path, value in away.items():
         section, name = path.split(".")
         nested.setdefault(section, {})[name] = value
-    sup = Supervisor(load_settings(**nested), [role_process(name) for name in ROLES], grace_s=EXIT_BOUND_S)
+    sup = Supervisor(load_settings(**nested), [child_of(name) for name in ROLES], grace_s=EXIT_BOUND_S)
     said: list[str] = []
 
     def warned() -> dict[str, int]:

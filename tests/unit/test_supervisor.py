@@ -11,7 +11,7 @@ from pathlib import Path
 
 from lapse.kernel.settings import load_settings
 from lapse.kernel.signals import stop_on_signals
-from lapse.shell.supervisor import RoleProcess, Supervisor
+from lapse.shell.supervisor import Child, Supervisor
 from tests.fixtures.polling import eventually
 
 
@@ -21,7 +21,7 @@ def write_worker_id(settings, *, out: str) -> None:
 
 def test_each_role_process_is_its_own_claim_owner(tmp_path):
     settings = load_settings(runtime={"worker_id": "host-1"})
-    roles = [RoleProcess(f"process-{i}", partial(write_worker_id, out=str(tmp_path / f"{i}.txt"))) for i in range(2)]
+    roles = [Child(f"process-{i}", partial(write_worker_id, out=str(tmp_path / f"{i}.txt"))) for i in range(2)]
     sup = Supervisor(settings, roles)
     sup.start()
     sup.watch(until=lambda: all(not p.is_alive() for p in sup.procs.values()), poll_s=0.1)
@@ -43,7 +43,7 @@ def ignore_sigterm(settings, *, ready: str) -> None:
     time.sleep(120)
 
 
-def started(tmp_path, roles: list[RoleProcess], grace_s: float) -> Supervisor:
+def started(tmp_path, roles: list[Child], grace_s: float) -> Supervisor:
     sup = Supervisor(load_settings(), roles, grace_s=grace_s)
     sup.start()
     eventually(lambda: all(Path(r.target.keywords["ready"]).exists() for r in roles), timeout_s=60, what="roles ready")
@@ -51,8 +51,8 @@ def started(tmp_path, roles: list[RoleProcess], grace_s: float) -> Supervisor:
 
 
 def test_shutdown_forwards_sigterm_and_kills_only_the_roles_that_outlive_the_grace(tmp_path):
-    roles = [RoleProcess("polite", partial(stop_on_sigterm, ready=str(tmp_path / "polite"))),
-             RoleProcess("deaf", partial(ignore_sigterm, ready=str(tmp_path / "deaf")))]
+    roles = [Child("polite", partial(stop_on_sigterm, ready=str(tmp_path / "polite"))),
+             Child("deaf", partial(ignore_sigterm, ready=str(tmp_path / "deaf")))]
     sup = started(tmp_path, roles, grace_s=1.0)
     assert sup.shutdown() == ["deaf"]
     assert sup.procs["polite"].exitcode == 0
@@ -60,7 +60,7 @@ def test_shutdown_forwards_sigterm_and_kills_only_the_roles_that_outlive_the_gra
 
 
 def test_a_second_signal_ends_the_grace(tmp_path):
-    sup = started(tmp_path, [RoleProcess("deaf", partial(ignore_sigterm, ready=str(tmp_path / "deaf")))], grace_s=600)
+    sup = started(tmp_path, [Child("deaf", partial(ignore_sigterm, ready=str(tmp_path / "deaf")))], grace_s=600)
     sup.hurry.set()  # what a second SIGTERM or Ctrl-C does (stop_on_signals(sup.stop, hurry=sup.hurry))
     assert sup.shutdown() == ["deaf"]
     assert sup.procs["deaf"].exitcode == -signal.SIGKILL

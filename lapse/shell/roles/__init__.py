@@ -8,11 +8,27 @@ from lapse.shell.roles.delay import DelayRole
 from lapse.shell.roles.process import ProcessRole
 from lapse.shell.roles.prune import PruneRole
 from lapse.shell.roles.reconcile import ReconcileRole
-from lapse.shell.roles.registry import ROLES, pipeline_roles, role_process, serve_registered
+from lapse.shell.roles.registry import ROLES, child_of, pipeline_roles, serve_registered
 from lapse.shell.roles.relay import RelayRole
 from lapse.shell.roles.report import ReportRole
 from lapse.shell.roles.sweep import SweepRole
 
-__all__ = ["ROLES", "ConsoleRole", "DelayRole", "ProcessRole", "PruneRole", "ReconcileRole", "RelayRole",
-           "ReportRole", "Role", "SweepRole", "every_interval", "is_outage", "pipeline_roles", "role_process",
-           "run_role", "serve_registered", "when_reachable"]
+__all__ = [
+           "ROLES",
+           "ConsoleRole",
+           "DelayRole",
+           "ProcessRole",
+           "PruneRole",
+           "ReconcileRole",
+           "RelayRole",
+           "ReportRole",
+           "Role",
+           "SweepRole",
+           "child_of",
+           "every_interval",
+           "is_outage",
+           "pipeline_roles",
+           "run_role",
+           "serve_registered",
+           "when_reachable",
+]

@@ -16,7 +16,7 @@ from lapse.shell.roles.reconcile import ReconcileRole
 from lapse.shell.roles.relay import RelayRole
 from lapse.shell.roles.report import ReportRole
 from lapse.shell.roles.sweep import SweepRole
-from lapse.shell.supervisor import RoleProcess
+from lapse.shell.supervisor import Child
 
 ROLES: dict[str, type[Role[Any]]] = {role.name: role for role in (
     SweepRole, ProcessRole, RelayRole, DelayRole, ReconcileRole, ReportRole, PruneRole, ConsoleRole)}
@@ -27,19 +27,19 @@ def serve_registered(role: str, settings: Settings) -> None:
     run_role(ROLES[role](settings))
 
 
-def role_process(role: str, name: str | None = None) -> RoleProcess:
-    """A process of the tree running the registered role `role` as a service (named `name`, default the role's)."""
+def child_of(role: str, name: str | None = None) -> Child:
+    """The child of the tree that runs the registered role `role` as a service, named `name` (default: the role)."""
     if role not in ROLES:
         raise KeyError(f"no role {role!r}; the roles are {', '.join(ROLES)}")
-    return RoleProcess(name or role, partial(serve_registered, role))
+    return Child(name or role, partial(serve_registered, role))
 
 
-def pipeline_roles(workers: int, *, console: bool = False) -> list[RoleProcess]:
+def pipeline_roles(workers: int, *, console: bool = False) -> list[Child]:
     """`lapse run`'s processes: a sweep, a relay, `workers` processors, the delay-tier forwarder,
     the reconciler, the daily report and prune, and with `console` the operator console."""
-    processes = [role_process("sweep"), role_process("relay")]
-    processes += [role_process("process", f"process-{i}") for i in range(workers)]
-    processes += [role_process(role) for role in ("delay", "reconcile", "report", "prune")]
+    processes = [child_of("sweep"), child_of("relay")]
+    processes += [child_of("process", f"process-{i}") for i in range(workers)]
+    processes += [child_of(role) for role in ("delay", "reconcile", "report", "prune")]
     if console:
-        processes.append(role_process("console"))
+        processes.append(child_of("console"))
     return processes
