@@ -55,14 +55,14 @@ def sweep(settings: Settings, once: bool, as_json: bool) -> None:
 def process(settings: Settings, exit_when_idle: float | None, as_json: bool) -> None:
     """Consume lapse.expiry in group lapse-cleanup and apply each cleanup once."""
     # function-local: keeps `lapse --help` fast
-    from lapse.processors import WorkerStats
     from lapse.shell.metrics import serve
     from lapse.shell.roles import ProcessRole, run_role
 
     serve(settings)
+    role = ProcessRole(settings, exit_when_idle=exit_when_idle)
     with kinds_file_errors():
-        stats = run_role(ProcessRole(settings, exit_when_idle=exit_when_idle)) or WorkerStats()
-    data = {k: v for k, v in asdict(stats).items() if k != "started"}
+        run_role(role)
+    data = {k: v for k, v in asdict(role.stats).items() if k != "started"}
     emit(data, as_json, lambda d: " ".join(f"{k}={v}" for k, v in d.items()))
 
 

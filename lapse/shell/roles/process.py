@@ -20,6 +20,7 @@ class ProcessRole(Role[WorkerStats]):
         super().__init__(settings, stop=stop)
         self.exit_when_idle = exit_when_idle
         self.worker: CleanupWorker | None = None
+        self.stats = WorkerStats()  # the worker's counts once it ran; zeros when stopped before it started
         self.ran = False
 
     @property
@@ -36,7 +37,8 @@ class ProcessRole(Role[WorkerStats]):
     def run(self) -> WorkerStats:
         assert self.worker is not None, "run after open"
         self.ran = True  # the worker closes itself when its run ends
-        return self.worker.run(exit_when_idle=self.exit_when_idle)
+        self.stats = self.worker.run(exit_when_idle=self.exit_when_idle)
+        return self.stats
 
     def close(self) -> None:
         try:
