@@ -5,31 +5,32 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cksum pyproject.toml | cut -d' ' -f1)
 JARS := build/kafka/libs/.resolved
 
-.PHONY: help demo check lint test scale storm bench soak broker venv postgres kafka-jars chromium promtool clean
+.PHONY: help demo check lint docs test scale storm bench soak broker venv postgres kafka-jars chromium promtool clean
 
 help:
 	@echo "make demo       - the pipeline end to end on the embedded broker and SQLite"
 	@echo "make check      - the fast loop: ruff, mypy, import contracts, then tests/unit (no broker)"
 	@echo "make lint       - ruff, mypy and the import contracts only"
 	@echo "make test       - ruff, mypy, import contracts, then the whole suite on Apache Kafka and PostgreSQL"
+	@echo "make docs       - the docs site (part of make test): references generated from the models, mkdocs build --strict into build/site"
 	@echo "make scale      - the tests on millions of rows and minutes of load (2,000,000-row prune plans, a short soak, the bench smoke)"
 	@echo "make storm      - the kill storm: random SIGKILLs of workers and relays for 60 s over 20,000 events"
 	@echo "make bench      - the benchmark (JSON on stdout)"
 	@echo "make soak       - 10 minutes of steady load over a 2,000,000-row ledger with pruning (JSON on stdout)"
 	@echo "make broker     - a Kafka broker on loopback in the foreground (embedded tansu)"
-	@echo "make venv       - the virtual environment in .venv with the test and check extras"
+	@echo "make venv       - the virtual environment in .venv with the test, check and docs extras"
 	@echo "make postgres   - install (where missing) and start the local PostgreSQL"
 	@echo "make kafka-jars - fetch the Apache Kafka server jars into build/kafka/libs"
 	@echo "make chromium   - install (where missing) Debian's chromium and chromium-driver for the console tests"
 	@echo "make promtool   - install (where missing) promtool, which checks the Prometheus alert rules"
-	@echo "make clean      - remove the demo state and the fetched jars"
+	@echo "make clean      - remove the demo state, the fetched jars and the built docs"
 	@echo "make help       - this list"
 
 venv: $(STAMP)
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --disable-pip-version-check --upgrade pip
-	$(BIN)/pip install -q --disable-pip-version-check -e '.[test,check]'
+	$(BIN)/pip install -q --disable-pip-version-check -e '.[test,check,docs]'
 	@rm -f $(VENV)/.installed-* && touch $@
 
 postgres:
@@ -55,10 +56,16 @@ lint: venv
 	$(BIN)/mypy
 	$(BIN)/lint-imports
 
-check: lint promtool
-	$(BIN)/pytest -q tests/unit
+# Hypothesis' quick profile caps every property at a few examples; `make test` runs their own counts.
+check: lint
+	$(BIN)/pytest -q --hypothesis-profile=quick tests/unit
 
-test: lint postgres kafka-jars chromium promtool
+# The reference pages are generated from the settings and declaration models (not committed).
+docs: venv
+	$(BIN)/python -m lapse.devtools.docs_reference docs/reference
+	$(BIN)/mkdocs build --strict --quiet
+
+test: lint docs postgres kafka-jars chromium promtool
 	$(BIN)/pytest -n 2 -m "not bench and not storm and not scale" -q --durations=15
 
 scale: venv postgres kafka-jars
@@ -77,4 +84,4 @@ broker: venv
 	$(BIN)/lapse broker
 
 clean:
-	rm -rf .lapse build/kafka/libs
+	rm -rf .lapse build/kafka/libs build/site docs/reference

@@ -6,7 +6,6 @@ the classes RATE_LIMITED, TEMPORARY, INVALID, AMBIGUOUS.
 """
 
 from lapse.processors.commit import BatchContext, commit_batch
-from lapse.processors.dead_letters import discard, list_dead_letters, replay
 from lapse.processors.delay_worker import DelayWorker
 from lapse.processors.failures import AMBIGUOUS, INVALID, RATE_LIMITED, TEMPORARY, EffectFailure
 from lapse.processors.object_store import FilesystemObjectStore
@@ -29,7 +28,4 @@ __all__ = [
     "WorkerStats",
     "apply_batch",
     "commit_batch",
-    "discard",
-    "list_dead_letters",
-    "replay",
 ]

@@ -1,7 +1,9 @@
-"""The readers room: consumers of history that never change it — the audit, status and lag,
-committed offsets and their resets, and the analytics stream. This module is the room's face."""
+"""The readers room: consumers of history that never change it — the audit, status and lag, one
+operation's history (`lapse show`), committed offsets and their resets, and the analytics stream.
+This module is the room's face."""
 
-from lapse.readers.audit import EVENT_FIELDS, AuditReport, run_audit
+from lapse.readers.analytics import AnalyticsOptions, run_analytics
+from lapse.readers.audit import BROKEN, EVENT_FIELDS, INCOMPLETE, AuditReport, run_audit
 from lapse.readers.console_queries import (
     daily_reports,
     filtered_dead_letters,
@@ -9,6 +11,7 @@ from lapse.readers.console_queries import (
     operator_action,
     throughput,
 )
+from lapse.readers.history import correlated_op_keys, has_operation, iso, operation_history
 from lapse.readers.offsets import (
     OffsetsError,
     Span,
@@ -19,27 +22,38 @@ from lapse.readers.offsets import (
     partitions_of,
     plan_reset,
     read_spans,
+    read_to_end,
 )
 from lapse.readers.partition_ends import EndNotReached
-from lapse.readers.status import status_report
+from lapse.readers.status import lag_status, status_report
 
 __all__ = [
+    "BROKEN",
     "EVENT_FIELDS",
+    "INCOMPLETE",
+    "AnalyticsOptions",
     "AuditReport",
     "EndNotReached",
     "OffsetsError",
     "Span",
     "committed",
+    "correlated_op_keys",
     "daily_reports",
     "execute_reset",
     "filtered_dead_letters",
     "group_lag",
+    "has_operation",
+    "iso",
+    "lag_status",
     "ledger_states",
     "manual_consumer",
+    "operation_history",
     "operator_action",
     "partitions_of",
     "plan_reset",
     "read_spans",
+    "read_to_end",
+    "run_analytics",
     "run_audit",
     "status_report",
     "throughput",

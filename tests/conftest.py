@@ -16,7 +16,7 @@ creates may have a fixed name. Three rules keep the workers from disturbing each
 - `@pytest.mark.alone`: the test runs while the other worker runs nothing (it waits for the test
   there to end and holds back the next), for bounds measured in seconds that a second worker's load
   could stretch.
-- Hypothesis' per-example deadline is widened (see below).
+- Hypothesis' per-example deadline is widened, and `make check` runs a quick profile (see below).
 """
 
 from __future__ import annotations
@@ -59,8 +59,15 @@ GROUPS = {
 
 # Hypothesis' default deadline (200 ms an example) is a speed check, not a property of the code under
 # test: two workers on two cores stretch examples past it. A test's own `@settings(deadline=…)` wins.
-hypothesis_settings.register_profile("lapse", deadline=timedelta(seconds=5))
-hypothesis_settings.load_profile("lapse")
+# Two profiles: "thorough" (the default, `make test`) runs every property's own number of examples;
+# "quick" (`make check`: `--hypothesis-profile=quick`) runs at most QUICK_EXAMPLES of each, whatever
+# the test asks for (see pytest_collection_modifyitems), so the fast loop stays fast and the
+# thorough run is where the counts are met.
+QUICK_PROFILE = "quick"
+QUICK_EXAMPLES = 10
+hypothesis_settings.register_profile("thorough", deadline=timedelta(seconds=5))
+hypothesis_settings.register_profile(QUICK_PROFILE, deadline=timedelta(seconds=5), max_examples=QUICK_EXAMPLES)
+hypothesis_settings.load_profile("thorough")
 
 
 @pytest.fixture(autouse=True)
@@ -90,6 +97,18 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             raise pytest.UsageError(f"{item.nodeid}: a unit test needs no broker or PostgreSQL, "
                                     f"but asks for {sorted(wants)}; move it to tests/integration")
         item.add_marker(kind)
+    if config.getoption("--hypothesis-profile", None) == QUICK_PROFILE:
+        for item in items:
+            _at_most_quick_examples(getattr(item, "obj", None))
+
+
+def _at_most_quick_examples(test: Any) -> None:
+    """Cap a Hypothesis test's own `@settings(max_examples=…)` at the quick profile's count. The
+    settings live on the wrapped test (Hypothesis reads them when the test runs); a test without
+    them already took the quick profile's."""
+    own = getattr(test, "_hypothesis_internal_use_settings", None)
+    if isinstance(own, hypothesis_settings) and own.max_examples > QUICK_EXAMPLES:
+        test._hypothesis_internal_use_settings = hypothesis_settings(own, max_examples=QUICK_EXAMPLES)
 
 
 @pytest.hookimpl(optionalhook=True)  # a pytest-xdist hook, called on the controller

@@ -25,12 +25,12 @@ from lapse.kernel.kinds import load_kinds
 from lapse.kernel.ledger import TERMINAL, expiry_event
 from lapse.kernel.logs import get_logger
 from lapse.kernel.models import cleanup_ledger, ledger_transitions, outbox
-from lapse.kernel.provisioning import apply, plan
 from lapse.kernel.settings import Settings
 from lapse.kernel.topology import load_topology
 from lapse.processors import FilesystemObjectStore
 from lapse.producers import emit_events, sweep_once
 from lapse.readers import Span, manual_consumer, partitions_of, read_spans
+from lapse.shell.provisioning import apply, plan
 from lapse.shell.roles import pipeline_roles
 from lapse.shell.supervisor import Supervisor
 

@@ -27,7 +27,7 @@ from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, Settings
 
 from lapse.kernel import package_files
 from lapse.kernel.config_file import CONFIG_ENV_VAR, ConfigFileSource, choose_config_file, file_keys
-from lapse.kernel.masking import is_secret_key
+from lapse.kernel.secret_keys import is_secret_key
 from lapse.kernel.topology import Topology, load_topology
 
 ENV_PREFIX = "LAPSE_"
@@ -250,7 +250,7 @@ class ReconcilerSettings(_Section):
 
 class RetentionSettings(_Section):
     """How long finished work is kept before `lapse prune` removes it. Unset horizons are derived
-    from topics.yaml (lapse.reconciler.horizons says how); a shorter one is refused."""
+    from topics.yaml (lapse.retention.horizons says how); a shorter one is refused."""
 
     ledger_horizon_s: float | None = Field(
         None, gt=0, description="Keep applied and skipped ledger rows (and their transitions) this long after they "

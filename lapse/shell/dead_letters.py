@@ -23,7 +23,7 @@ def poison_records(settings: Settings, kind: str | None, tenant: str | None, lim
     # function-local: keeps `lapse --help` fast
     from lapse.kernel.codec import Codec, DecodeError
     from lapse.kernel.kafka_logs import leave_connection_failures_to_caller
-    from lapse.readers.offsets import OffsetsError, read_to_end
+    from lapse.readers import OffsetsError, read_to_end
 
     leave_connection_failures_to_caller()  # an unreachable broker is the error boundary's one line
     codec = Codec.from_settings(settings)
@@ -89,8 +89,7 @@ def run_discard(engine: Engine, selection: Selection, *, limit: int, actor: str,
     transaction, then log it; returns the rows discarded and the action's id (None: nothing matched
     any more, nothing recorded)."""
     # function-local: keeps `lapse --help` fast
-    from lapse.kernel.operator_actions import DISCARD, OperatorAction, log_action, record_action, session_user
-    from lapse.processors import discard
+    from lapse.operator_actions import DISCARD, OperatorAction, discard, log_action, record_action, session_user
 
     recorded = None
     with engine.begin() as conn:

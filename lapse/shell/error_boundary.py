@@ -1,5 +1,5 @@
 """The one error boundary of the `lapse` command: whatever escapes a command becomes one line on
-stderr and a documented exit code (`ExitCode`; the README's "Exit codes" table).
+stderr and a documented exit code (`ExitCode`; the "Exit codes" table of docs/troubleshooting.md).
 
 A wrong input, an invalid configuration, an unreachable dependency (Kafka, the database, the
 schema registry), a missing or unreadable file: `lapse: <what>: <why>`, one line, bounded, with
@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from lapse.kernel.masking import MASK, mask_url
+from lapse.shell.masking import MASK, mask_url
 
 if TYPE_CHECKING:
     from lapse.kernel.settings import Settings
@@ -38,7 +38,7 @@ CAUSES_FOLLOWED = 5
 
 
 class ExitCode(IntEnum):
-    """What the exit status of `lapse` means (the README's "Exit codes" table)."""
+    """What the exit status of `lapse` means (the "Exit codes" table of docs/troubleshooting.md)."""
 
     OK = 0
     PROBLEM_FOUND = 1   # a check found a problem: an audit invariant broken, a kinds check failed, drift
@@ -209,8 +209,8 @@ def _configuration(exc: BaseException, _settings: Settings | None) -> tuple[Exit
     from lapse.kernel.kinds import KindsFileError
     from lapse.kernel.kinds.errors import KindError
     from lapse.kernel.settings import UnknownSetting
-    from lapse.kernel.startup_checks import StartupRefused
     from lapse.kernel.topology import TopicsFileError
+    from lapse.shell.startup_checks import StartupRefused
 
     if isinstance(exc, (UnknownSetting, ConfigFileError, KindsFileError, KindError, TopicsFileError,
                         StartupRefused, ConnectionRefused)):

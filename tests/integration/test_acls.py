@@ -13,13 +13,13 @@ from click.testing import CliRunner, Result
 from confluent_kafka.admin import AclBinding, AclOperation, AclPermissionType, ResourcePatternType, ResourceType
 from sqlalchemy import select
 
-from lapse.kernel.acls import declared_grants
 from lapse.kernel.database import make_engine
 from lapse.kernel.models import operator_actions
-from lapse.kernel.provisioning import existing_acls
 from lapse.kernel.settings import env_var
 from lapse.kernel.topology import load_topology
+from lapse.shell.acls import declared_grants
 from lapse.shell.app import main
+from lapse.shell.provisioning import existing_acls
 from tests.fixtures.topology import TOPICS_FILE
 
 

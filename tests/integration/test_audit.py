@@ -21,7 +21,7 @@ from lapse.devtools.demo_tables import reservations
 from lapse.kernel.database import make_engine
 from lapse.kernel.ledger import ExpiryEvent, Selection, expiry_event
 from lapse.kernel.models import cleanup_ledger, outbox
-from lapse.processors import replay
+from lapse.operator_actions import replay
 from lapse.readers import partitions_of
 from lapse.readers.offsets import manual_consumer, watermarks
 from lapse.shell.app import main

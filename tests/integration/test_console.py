@@ -3,7 +3,7 @@ PostgreSQL: after a run with a retry and a dead letter, the overview shows what 
 --json` shows; the dead letter is found by its op key, replayed through the page after its dry
 run and confirmation, and then applied; a viewer token cannot replay; a form without its CSRF token
 is refused; and with no tokens the console serves loopback only. Each page is saved to
-build/console-screenshots/*.png (the README shows copies in docs/console/)."""
+build/console-screenshots/*.png (docs/operations.md shows copies in docs/console/)."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ from lapse.kernel.database import make_engine
 from lapse.kernel.models import cleanup_ledger, operator_actions, outbox
 from lapse.kernel.settings import Settings
 from lapse.readers import daily_reports, filtered_dead_letters, ledger_states, operator_action, throughput
-from lapse.reconciler import enqueue_report
+from lapse.reports import enqueue_report
 from lapse.shell.app import main
 from lapse.shell.console import create_app
 from tests.fixtures.console import (

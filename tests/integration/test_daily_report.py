@@ -15,9 +15,9 @@ from sqlalchemy import insert, select
 
 from lapse.kernel.database import make_engine
 from lapse.kernel.models import cleanup_ledger, daily_reports, ledger_transitions
-from lapse.reconciler import PassResult, report_pass, run_daily_reports
-from lapse.reconciler.daily_report import deliver_pending, enqueue_report
-from lapse.reconciler.notifiers import FileNotifier
+from lapse.reports import PassResult, report_pass, run_daily_reports
+from lapse.reports.daily_report import deliver_pending, enqueue_report
+from lapse.reports.notifiers import FileNotifier
 from lapse.shell.app import main
 
 DAY = date(2026, 11, 28)

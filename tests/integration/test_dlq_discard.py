@@ -14,11 +14,13 @@ from click.testing import CliRunner
 from sqlalchemy import func, select, text
 
 from lapse.kernel.database import make_engine
-from lapse.kernel.ledger import ExpiryEvent, Selection, count_prunable, expiry_event, prune_dead_letters
+from lapse.kernel.ledger import ExpiryEvent, Selection, expiry_event
 from lapse.kernel.models import cleanup_ledger, ledger_transitions, operator_actions, outbox
 from lapse.kernel.settings import load_settings
-from lapse.processors import BatchScope, apply_batch, discard, replay
+from lapse.operator_actions import discard, replay
+from lapse.processors import BatchScope, apply_batch
 from lapse.readers.status import ledger_status
+from lapse.retention.queries import count_prunable, prune_dead_letters
 from lapse.shell.app import main
 from tests.fixtures.console import running_console
 from tests.fixtures.kinds import demo_kinds

@@ -12,7 +12,8 @@ from sqlalchemy import func, select, text
 from lapse.kernel.database import make_engine
 from lapse.kernel.ledger import ExpiryEvent, Selection, expiry_event
 from lapse.kernel.models import cleanup_ledger, ledger_transitions, operator_actions, outbox
-from lapse.processors import BatchScope, apply_batch, replay
+from lapse.operator_actions import replay
+from lapse.processors import BatchScope, apply_batch
 from lapse.shell.app import main
 from tests.fixtures.kinds import demo_kinds
 from tests.fixtures.topology import repo_topology

@@ -1,6 +1,6 @@
 """`lapse` as an operator runs it, a subprocess each: a broker or database with nothing listening,
 a wrong setting, a broken config file and a wrong window each end in one line on stderr and the
-exit code of the README's table, within a bounded time; an audit that could check nothing never
+exit code of the table in docs/troubleshooting.md, within a bounded time; an audit that could check nothing never
 says "invariants hold"."""
 
 from __future__ import annotations

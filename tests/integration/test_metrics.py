@@ -22,11 +22,11 @@ from lapse.devtools.demo_data import add_reservations
 from lapse.kernel.database import make_engine
 from lapse.kernel.ledger import expiry_event, pending_row
 from lapse.kernel.models import cleanup_ledger
-from lapse.kernel.signals import stop_on_signals
 from lapse.processors.metrics import EVENTS_CONSUMED
 from lapse.readers.status import status_report
 from lapse.shell import metrics
 from lapse.shell.roles import pipeline_roles
+from lapse.shell.signals import stop_on_signals
 from lapse.shell.status_collector import StatusCollector, status_reader
 from lapse.shell.supervisor import Child, Supervisor
 from tests.fixtures.pipeline import make_pipeline_settings

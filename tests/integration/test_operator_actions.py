@@ -10,7 +10,7 @@ from datetime import UTC, datetime
 from sqlalchemy import text
 
 from lapse.kernel.database import make_engine
-from lapse.kernel.operator_actions import (
+from lapse.operator_actions import (
     OFFSETS_RESET,
     OperatorAction,
     log_action,

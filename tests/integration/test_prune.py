@@ -22,12 +22,13 @@ from sqlalchemy import event, insert, select, text
 from sqlalchemy.engine import make_url
 
 from lapse.devtools.demo_tables import reservations
-from lapse.kernel.ledger import count_prunable
 from lapse.kernel.ledger import partitions as parts
 from lapse.kernel.models import cleanup_ledger, ledger_transitions, outbox
 from lapse.processors.rules import apply_batch
-from lapse.reconciler import prune_dry_run, prune_once
-from lapse.reconciler.horizons import HorizonRefused, horizons
+from lapse.retention import partitions as rotation
+from lapse.retention import prune_dry_run, prune_once
+from lapse.retention.horizons import HorizonRefused, horizons
+from lapse.retention.queries import count_prunable
 from lapse.shell.app import main
 from tests.fixtures.db import as_cluster_owner
 from tests.fixtures.polling import eventually
@@ -309,7 +310,7 @@ def test_partitions_are_created_ahead_dropped_whole_pinned_by_unsent_rows_and_de
     history_cutoff = HORIZONS.history.cutoff(at)
     assert history_cutoff is not None
     with engine.connect() as conn:
-        old_weeks = [p.name for p in parts.expired(parts.partitions(conn, parts.TRANSITIONS), history_cutoff)]
+        old_weeks = [p.name for p in rotation.expired(parts.partitions(conn, parts.TRANSITIONS), history_cutoff)]
     old_days = [f"lapse_outbox_p{today + k * day:%Y%m%d}" for k in range(8)]  # all the migration made
     pinned = {old_days[1]: "holds unsent rows", old_days[2]: "within the horizon"}
     new_days = [f"lapse_outbox_p{at + k * day:%Y%m%d}" for k in range(8)]
@@ -354,7 +355,7 @@ def test_partitions_are_created_ahead_dropped_whole_pinned_by_unsent_rows_and_de
 def test_a_locked_table_leaves_its_partitions_for_the_next_pass(pg_url, monkeypatch):
     """A long transaction reading the outbox: the pass does not queue writers behind its DDL; it
     gives up on each partition after lock_timeout, says so, and the next pass does the work."""
-    monkeypatch.setattr(parts, "LOCK_TIMEOUT_MS", 50)
+    monkeypatch.setattr(rotation, "LOCK_TIMEOUT_MS", 50)
     engine = engine_for(pg_url)
     at = parts.OUTBOX.floor(datetime.now(NOW.tzinfo)) + timedelta(days=9)  # today's and tomorrow's expired
     reader = engine.connect()

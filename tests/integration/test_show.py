@@ -16,7 +16,8 @@ from lapse.devtools.demo_tables import artifacts
 from lapse.kernel.database import make_engine
 from lapse.kernel.ledger import ExpiryEvent, Selection, expiry_event
 from lapse.kernel.models import outbox
-from lapse.processors import BatchScope, apply_batch, replay
+from lapse.operator_actions import replay
+from lapse.processors import BatchScope, apply_batch
 from lapse.processors.failures import TEMPORARY, EffectFailure
 from lapse.processors.leased import EffectRunner, run_leased
 from lapse.processors.object_store import FilesystemObjectStore

@@ -20,8 +20,8 @@ from sqlalchemy import text
 from lapse.kernel.codec import Codec
 from lapse.kernel.database import VERSION_TABLE, make_engine, upgrade_url
 from lapse.kernel.settings import REPO_ROOT, env_var, load_settings
-from lapse.kernel.startup_checks import StartupRefused, check_database
 from lapse.shell.error_boundary import ExitCode
+from lapse.shell.startup_checks import StartupRefused, check_database
 from tests.fixtures.db import build_legacy_layout, migrations_head
 from tests.fixtures.kafka import committed, end_offsets
 from tests.fixtures.pipeline import (

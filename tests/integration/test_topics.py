@@ -13,9 +13,9 @@ from sqlalchemy import select, text
 
 from lapse.kernel.database import make_engine
 from lapse.kernel.models import operator_actions
-from lapse.kernel.provisioning import apply, destructive_changes, plan
 from lapse.kernel.topology import Topology, load_topology
 from lapse.shell.app import main
+from lapse.shell.provisioning import apply, destructive_changes, plan
 from tests.fixtures.kafka import admin, create_topics
 from tests.fixtures.polling import eventually
 from tests.fixtures.topology import TOPICS_FILE

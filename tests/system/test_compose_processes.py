@@ -21,14 +21,14 @@ compose's network, TLS and volumes have it:
 - the schema registry becomes none (Avro single-object encoding): the repo has only a test double
   of it (tests/fixtures/registry.py), which the codec tests use for the Confluent format;
 - the database `postgres:5432/lapse` with a role per service and TLS becomes the test's database
-  and its one user, without TLS (the roles' grants: tests/unit/test_compose.py reads init-roles.sh);
+  and its one user, without TLS (the roles' grants: tests/integration/test_compose.py reads init-roles.sh);
 - ports (metrics 9400, analytics 6066, console 8088) become free local ports, bind addresses
   (0.0.0.0) 127.0.0.1, container paths (the reports volume, Faust's data folder) folders of the test.
 - the kinds file compose mounts (compose/kinds.yaml, which declares no kind until a deployment
   declares its own) becomes the test's: the demo's reservations and a webhook kind (an HTTP server
   of the test answering 200, 503 then 200, 429 then 204, or 400) over the test's tables.
 
-What cannot run as a local process, and is checked by tests/unit/test_compose.py instead: the
+What cannot run as a local process, and is checked by tests/integration/test_compose.py instead: the
 non-Lapse services (kafka-1..3 and kafka-init, postgres and its init-roles.sh, schema-registry,
 prometheus, grafana: their images are not here and Docker cannot run on these machines), the Lapse
 image itself (compose/Dockerfile), named volumes, the secrets' mounts and healthchecks/depends_on

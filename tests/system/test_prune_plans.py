@@ -28,21 +28,15 @@ import pytest
 from sqlalchemy import event, text
 
 from lapse.kernel.database import make_engine
-from lapse.kernel.ledger import (
-    count_prunable,
-    failure_history,
-    prune_dead_letters,
-    prune_outbox,
-    prune_settled,
-    transitions_between,
-)
+from lapse.kernel.ledger import failure_history, transitions_between
 from lapse.kernel.ledger import partitions as parts
-from lapse.kernel.ledger.retention import prune_history
 from lapse.producers.relay_queries import lock_unsent, mark_sent
 from lapse.readers.history_queries import correlation_statement, ledger_record, outbox_of, transitions_of
 from lapse.readers.status import ledger_status
-from lapse.reconciler import prune_dry_run, prune_once
-from lapse.reconciler.horizons import Horizon, Horizons, horizons
+from lapse.retention import partitions as rotation
+from lapse.retention import prune_dry_run, prune_once
+from lapse.retention.horizons import Horizon, Horizons, horizons
+from lapse.retention.queries import count_prunable, prune_dead_letters, prune_history, prune_outbox, prune_settled
 
 ROWS = 2_000_000
 TRANSITIONS_EVERY = 2  # a transition for every other ledger row: 1,000,000
@@ -112,7 +106,7 @@ def create_partitions(engine) -> None:
         while lower <= NOW:
             if not any(p.lower == lower for p in existing):
                 with engine.begin() as conn:
-                    parts.create_partition(conn, scheme, lower, lower + scheme.unit)
+                    rotation.create_partition(conn, scheme, lower, lower + scheme.unit)
             lower += scheme.unit
 
 
@@ -142,7 +136,7 @@ def load(engine) -> None:
             conn.execute(text(definition.replace(" ON ONLY ", " ON ")))
         for scheme in SCHEMES:
             for p in parts.partitions(conn, scheme):
-                parts.name_partition_indexes(conn, scheme, p.name)
+                rotation.name_partition_indexes(conn, scheme, p.name)
     with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
         for table in TABLES:
             conn.execute(text(f"ANALYZE lapse.{table}"))
@@ -295,10 +289,10 @@ def check_rotation(engine) -> None:
     outbox_cutoff = HORIZONS.outbox.cutoff(NOW)
     assert outbox_cutoff is not None
     with engine.connect() as conn:
-        expired_days = parts.expired(parts.partitions(conn, parts.OUTBOX), outbox_cutoff)
-        expired_weeks = parts.expired(parts.partitions(conn, parts.TRANSITIONS), NOW - timedelta(seconds=history_s))
+        expired_days = rotation.expired(parts.partitions(conn, parts.OUTBOX), outbox_cutoff)
+        expired_weeks = rotation.expired(parts.partitions(conn, parts.TRANSITIONS), NOW - timedelta(seconds=history_s))
     assert len(expired_days) == 2 and expired_weeks
-    probes = recorded(engine, lambda conn: [parts.outbox_pin(conn, p, outbox_cutoff) for p in expired_days])
+    probes = recorded(engine, lambda conn: [rotation.outbox_pin(conn, p, outbox_cutoff) for p in expired_days])
     for statement, parameters in probes:
         plan = explain(engine, statement, parameters)
         assert_no_table_scan(plan)

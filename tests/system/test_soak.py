@@ -1,7 +1,7 @@
 """`lapse soak`: a short run on the session's Apache Kafka and PostgreSQL reads the pipeline while
 it works (lag, outbox, table sizes, throughput), prunes every seeded row (all past the horizon)
 while the load runs, offers the whole mix, and drops its database afterwards. The 10-minute run
-(`make soak`) is recorded in the README; speeds are never asserted here."""
+(`make soak`) is recorded in docs/performance.md; speeds are never asserted here."""
 
 from __future__ import annotations
 

@@ -8,8 +8,8 @@ from dataclasses import replace
 
 import pytest
 
-from lapse.kernel.acls import MANUAL_GROUP_PREFIX, declared_grants, owned_resources, role_grants
 from lapse.kernel.topology import TopicsFileError, load_topology
+from lapse.shell.acls import MANUAL_GROUP_PREFIX, declared_grants, owned_resources, role_grants
 from tests.fixtures.topology import TOPICS_FILE
 
 BASE = ("groups: {cleanup: g-cleanup, delay: g-delay, analytics: g-analytics}\n"

@@ -8,9 +8,9 @@ from datetime import UTC, date, datetime, timedelta
 
 from click.testing import CliRunner
 
-from lapse.reconciler.daily_report import closes_at
-from lapse.reconciler.notifiers import FileNotifier
-from lapse.reconciler.report_schedule import days_to_report
+from lapse.reports.daily_report import closes_at
+from lapse.reports.notifiers import FileNotifier
+from lapse.reports.report_schedule import days_to_report
 from lapse.shell.app import main
 
 

@@ -12,7 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from lapse.kernel.settings import load_settings
-from lapse.reconciler.horizons import HorizonRefused, horizons, horizons_from_settings
+from lapse.retention.horizons import HorizonRefused, horizons, horizons_from_settings
 from tests.fixtures.topology import repo_topology
 
 RETENTION_MS = st.integers(min_value=0, max_value=10 * 365 * 86_400_000)

@@ -19,7 +19,7 @@ from sqlalchemy import text
 from sqlalchemy.exc import StatementError
 
 from lapse.kernel.database import make_engine
-from lapse.kernel.masking import is_secret_key
+from lapse.kernel.secret_keys import is_secret_key
 from lapse.kernel.settings import (
     NON_SETTING_ENV_VARS,
     Settings,

@@ -15,7 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from lapse.kernel.settings import REPO_ROOT, load_settings
-from lapse.kernel.startup_checks import (
+from lapse.shell.startup_checks import (
     StartupRefused,
     check_schemas,
     check_settings,

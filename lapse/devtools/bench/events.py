@@ -14,11 +14,11 @@ from lapse.kernel.codec import Codec
 from lapse.kernel.kafka_clients import DeliveryTracker, make_admin, make_consumer, make_producer
 from lapse.kernel.ledger import ExpiryEvent, expiry_event
 from lapse.kernel.logs import get_logger
-from lapse.kernel.provisioning import apply, plan
 from lapse.kernel.settings import Settings
 from lapse.kernel.topology import load_topology
 from lapse.producers import emit_events
 from lapse.readers import manual_consumer
+from lapse.shell.provisioning import apply, plan
 
 log = get_logger("bench")
 

@@ -20,10 +20,8 @@ from lapse.kernel.kafka_clients import make_producer
 from lapse.kernel.ledger import ExpiryEvent
 from lapse.kernel.models import outbox
 from lapse.kernel.settings import Settings
-from lapse.producers import relay as relay_loop
-from lapse.producers.relay import relay_until_empty
-from lapse.producers.relay_queries import SLOTS
-from lapse.producers.relay_slots import slot_holders
+from lapse.producers import SLOTS, relay_until_empty, slot_holders
+from lapse.producers import run_relay as run_relay_loop
 
 PARALLEL = 2
 SPLIT_BOUND_S = 30.0  # for the relays to split the slots before the timed run
@@ -78,7 +76,7 @@ def _parallel(settings: Settings, engine: Engine, relays: int) -> dict[str, Any]
     totals = [0] * relays
 
     def relay(i: int) -> None:
-        totals[i] = relay_loop.run_relay(engine, make_producer(settings), Codec.from_settings(settings),
+        totals[i] = run_relay_loop(engine, make_producer(settings), Codec.from_settings(settings),
                               limit=settings.producer.relay_batch_size, idle_s=POLL_S, stop=stop)
 
     threads = [threading.Thread(target=relay, args=(i,), name=f"bench-relay-{i}") for i in range(relays)]

@@ -11,7 +11,7 @@ This module is the package's face: every other module imports the ledger from he
 - `queries` — every statement of the state machine (the SQL);
 - `reads`   — the probes business-table selects embed, and the aggregates status and reports show;
 - `writes`  — the accumulator a transaction fills and flushes once;
-- `retention` — the bounded deletes of finished rows, their transitions and sent outbox rows.
+- `partitions` — the time partitions of transitions and the outbox on PostgreSQL.
 """
 
 from lapse.kernel.ledger.keys import InvalidEvent, InvalidOpKey, new_correlation_id, op_key, parse_op_key
@@ -72,18 +72,6 @@ from lapse.kernel.ledger.records import (
     outcome_record,
     safe_text,
     time_problem,
-)
-from lapse.kernel.ledger.retention import (
-    count_prunable,
-    prune_dead_letters,
-    prune_dead_letters_statement,
-    prune_discarded_statement,
-    prune_outbox,
-    prune_outbox_statement,
-    prune_settled,
-    prune_settled_statement,
-    prune_transitions,
-    prune_transitions_statement,
 )
 from lapse.kernel.ledger.rows import (
     ClaimedMove,
@@ -157,7 +145,6 @@ __all__ = [
     "check",
     "claim",
     "clip_original",
-    "count_prunable",
     "counts_by_state_and_kind",
     "dead_letter_record",
     "dead_letters",
@@ -186,15 +173,6 @@ __all__ = [
     "parse_op_key",
     "pending_row",
     "probe_rows",
-    "prune_dead_letters",
-    "prune_dead_letters_statement",
-    "prune_discarded_statement",
-    "prune_outbox",
-    "prune_outbox_statement",
-    "prune_settled",
-    "prune_settled_statement",
-    "prune_transitions",
-    "prune_transitions_statement",
     "read_rows",
     "release_dead_letters",
     "renew_leases",

@@ -32,7 +32,7 @@ def analytics(settings: Settings, app_id: str, web_port: int, data_dir: Path, re
     """Per-minute outcomes by kind and status, attempts per completion, due-to-applied latency
     (p50/p95/p99) and dead-letter growth, as a faust-streaming app (run one worker)."""
     # function-local: keeps `lapse --help` fast
-    from lapse.readers.analytics import AnalyticsOptions, run_analytics
+    from lapse.readers import AnalyticsOptions, run_analytics
 
     run_analytics(settings, AnalyticsOptions(app_id=app_id, web_port=web_port, data_dir=data_dir,
                                              replication_factor=replication_factor,

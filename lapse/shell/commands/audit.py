@@ -93,9 +93,7 @@ def audit(settings: Settings, since: datetime | None, from_beginning: bool, unti
     is read to its end (partition EOF, at or past the high watermark asked at the start)."""
     # function-local: keeps `lapse --help` fast
     from lapse.kernel.kafka_logs import leave_connection_failures_to_caller
-    from lapse.readers.audit import BROKEN, INCOMPLETE, run_audit
-    from lapse.readers.offsets import OffsetsError
-    from lapse.readers.partition_ends import EndNotReached
+    from lapse.readers import BROKEN, INCOMPLETE, EndNotReached, OffsetsError, run_audit
 
     if bool(since) == from_beginning:
         raise click.UsageError("give exactly one of --since TS or --from-beginning")

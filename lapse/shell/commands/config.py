@@ -12,10 +12,10 @@ from typing import Any
 import click
 
 from lapse.kernel.config_file import ConfigFileError
-from lapse.kernel.masking import masked_settings
 from lapse.kernel.settings import config_file_in_use, nest, setting_origins
 from lapse.shell.cli import config_file_option, main
 from lapse.shell.cli_options import build_settings, connection_options, emit
+from lapse.shell.masking import masked_settings
 
 
 @main.group("config")

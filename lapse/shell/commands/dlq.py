@@ -100,7 +100,7 @@ def dlq_list(settings: Settings, kind: str | None, tenant: str | None, as_json: 
     # function-local: keeps `lapse --help` fast
     from lapse.kernel.database import engine_from_settings
     from lapse.kernel.ledger import Selection
-    from lapse.processors import list_dead_letters
+    from lapse.operator_actions import list_dead_letters
 
     engine = engine_from_settings(settings)
     try:
@@ -155,8 +155,7 @@ def dlq_replay(settings: Settings, kind: str | None, tenant: str | None, as_json
     # function-local: keeps `lapse --help` fast
     from lapse.kernel.database import engine_from_settings
     from lapse.kernel.ledger import Selection, dead_letters
-    from lapse.kernel.operator_actions import REPLAY, OperatorAction, log_action, record_action, session_user
-    from lapse.processors import replay
+    from lapse.operator_actions import REPLAY, OperatorAction, log_action, record_action, replay, session_user
 
     check_operator_input("replay", reason, actor, kind, tenant, op_keys, select_all)
     selection = Selection(kind, tenant, tuple(op_keys), include_replayed)

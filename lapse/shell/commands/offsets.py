@@ -58,7 +58,7 @@ def reset(settings: Settings, group: str, topic: str | None, to_datetime: dateti
     # function-local: keeps `lapse --help` fast
     from lapse.kernel.kafka_clients import make_admin
     from lapse.kernel.kafka_logs import leave_connection_failures_to_caller
-    from lapse.readers.offsets import OffsetsError, plan_reset
+    from lapse.readers import OffsetsError, plan_reset
 
     if sum((to_datetime is not None, to_earliest, shift_by is not None)) != 1:
         raise click.UsageError("give exactly one of --to-datetime, --to-earliest, --shift-by")
@@ -95,14 +95,14 @@ def _execute_recorded(settings: Settings, admin: Any, group: str, plan: list[Any
     from datetime import datetime as clock
 
     from lapse.kernel.database import engine_from_settings
-    from lapse.kernel.operator_actions import (
+    from lapse.operator_actions import (
         OFFSETS_RESET,
         OperatorAction,
         log_action,
         record_action,
         session_user,
     )
-    from lapse.readers.offsets import execute_reset
+    from lapse.readers import execute_reset
 
     engine = engine_from_settings(settings)
     try:

@@ -9,11 +9,11 @@ from typing import Any
 import click
 
 from lapse.kernel.settings import Settings
-from lapse.kernel.signals import stop_on_signals
 from lapse.shell.cli import main
 from lapse.shell.cli_options import connection_options, emit, pass_settings, setting_option
 from lapse.shell.commands.kinds import kinds_file_errors
 from lapse.shell.error_boundary import CommandFailed, ExitCode
+from lapse.shell.signals import stop_on_signals
 
 
 def _exit_when_idle() -> Callable[[Callable[..., Any]], Callable[..., Any]]:
@@ -132,7 +132,7 @@ def _checked(settings: Settings) -> bool:
     # function-local: keeps `lapse --help` fast
     from lapse.kernel.database import engine_from_settings
     from lapse.kernel.kinds import load_kinds
-    from lapse.kernel.startup_checks import check_startup
+    from lapse.shell.startup_checks import check_startup
 
     check_startup(settings)
     engine = engine_from_settings(settings)

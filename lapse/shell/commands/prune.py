@@ -21,7 +21,7 @@ PROGRESS_EVERY_S = 2.0
 
 def _text(r: dict[str, Any]) -> str:
     # function-local: keeps `lapse --help` fast
-    from lapse.reconciler.horizons import duration_text
+    from lapse.retention import duration_text
 
     verb = "would remove" if r["dry_run"] else "removed"
     lines = []
@@ -93,7 +93,7 @@ class _Progress:
 def prune(settings: Settings, dry_run: bool, watch: bool, as_json: bool) -> None:
     """Remove finished work older than its retention horizon (one pass, or a pass every interval)."""
     # function-local: keeps `lapse --help` fast
-    from lapse.reconciler import HorizonRefused
+    from lapse.retention import HorizonRefused
     from lapse.shell.roles import PruneRole, run_role
 
     try:

@@ -106,7 +106,7 @@ def show(settings: Settings, op_key: str | None, correlation_id: str | None, sin
     # function-local: keeps `lapse --help` fast
     from lapse.kernel.database import engine_from_settings
     from lapse.kernel.ledger import InvalidOpKey, parse_op_key
-    from lapse.readers.history import correlated_op_keys, iso, operation_history
+    from lapse.readers import correlated_op_keys, iso, operation_history
 
     if (op_key is None) == (correlation_id is None):
         raise click.UsageError("give exactly one of OP_KEY or --correlation-id ID")

@@ -73,12 +73,12 @@ def status(settings: Settings, watch: float | None, no_lag: bool, as_json: bool)
     claims, dead letters and the lag of every group declared in topics.yaml."""
     # function-local: keeps `lapse --help` fast
     from lapse.kernel.database import engine_from_settings
-    from lapse.readers.status import status_report
+    from lapse.readers import status_report
 
     if watch is not None:
         # function-local: keeps `lapse --help` fast
-        from lapse.kernel.signals import stop_on_signals
         from lapse.shell.metrics import monitor, serve
+        from lapse.shell.signals import stop_on_signals
 
         if settings.runtime.metrics_port is None:
             raise click.UsageError("--watch needs --metrics-port (or LAPSE_RUNTIME__METRICS_PORT)")

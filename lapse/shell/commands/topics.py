@@ -83,8 +83,8 @@ def topics_apply(settings: Settings, dry_run: bool, replication_factor: int | No
     # function-local: keeps `lapse --help` fast
     from lapse.kernel.kafka_clients import make_admin
     from lapse.kernel.kafka_logs import leave_connection_failures_to_caller
-    from lapse.kernel.provisioning import NoAuthorizer, apply, plan, plan_acls, removals
     from lapse.kernel.topology import load_topology
+    from lapse.shell.provisioning import NoAuthorizer, apply, plan, plan_acls, removals
 
     # A wrong topics file (exit 3) or an unreachable broker (exit 4) is the error boundary's one line.
     leave_connection_failures_to_caller()
@@ -133,14 +133,14 @@ def _apply_recorded(settings: Settings, admin: Any, actions: list[Any], reason: 
     from datetime import UTC, datetime
 
     from lapse.kernel.database import engine_from_settings
-    from lapse.kernel.operator_actions import (
+    from lapse.operator_actions import (
         TOPICS_APPLY_DESTRUCTIVE,
         OperatorAction,
         log_action,
         record_action,
         session_user,
     )
-    from lapse.kernel.provisioning import apply
+    from lapse.shell.provisioning import apply
 
     if not (reason or "").strip():
         raise click.UsageError("--allow-destructive needs --reason saying why")

@@ -18,8 +18,8 @@ from dataclasses import dataclass
 
 from itsdangerous import BadSignature, URLSafeTimedSerializer
 
-from lapse.kernel.operator_actions import os_user
 from lapse.kernel.settings import ConsoleSettings
+from lapse.operator_actions import os_user
 
 VIEWER, OPERATOR = "viewer", "operator"
 SESSION_COOKIE = "lapse_console"

@@ -9,8 +9,8 @@ import uvicorn
 
 from lapse.kernel.logs import get_logger
 from lapse.kernel.settings import Settings
-from lapse.kernel.signals import stop_on_signals
 from lapse.shell.console.app import create_app
+from lapse.shell.signals import stop_on_signals
 
 log = get_logger("console")
 

@@ -16,27 +16,29 @@ from sqlalchemy import Engine
 from sqlalchemy.exc import DBAPIError
 
 from lapse.kernel.ledger import InvalidOpKey, Selection, dead_letters, parse_op_key
-from lapse.kernel.operator_actions import (
+from lapse.kernel.outages import is_transient
+from lapse.kernel.settings import Settings
+from lapse.operator_actions import (
     REPLAY,
     OperatorAction,
     log_action,
     recent_actions,
     record_action,
+    replay,
     session_user,
 )
-from lapse.kernel.outages import is_transient
-from lapse.kernel.settings import Settings
-from lapse.processors import replay
 from lapse.readers import (
+    correlated_op_keys,
     daily_reports,
     filtered_dead_letters,
+    has_operation,
+    lag_status,
     ledger_states,
+    operation_history,
     operator_action,
     status_report,
     throughput,
 )
-from lapse.readers.history import correlated_op_keys, has_operation, operation_history
-from lapse.readers.status import lag_status
 from lapse.shell.console.verdict import judge
 from lapse.shell.dead_letters import describe_selection, poison_records
 from lapse.shell.error_boundary import diagnose

@@ -20,8 +20,8 @@ from lapse.kernel.kafka_logs import leave_connection_failures_to_caller
 from lapse.kernel.logs import get_logger
 from lapse.kernel.outages import Outage, is_transient
 from lapse.kernel.settings import Settings
-from lapse.kernel.signals import stop_on_signals
-from lapse.kernel.startup_checks import check_startup
+from lapse.shell.signals import stop_on_signals
+from lapse.shell.startup_checks import check_startup
 
 log = get_logger("roles")
 T = TypeVar("T")

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 
 from lapse.kernel.settings import Settings
-from lapse.reconciler import PruneReport, horizons_from_settings, prune_dry_run, prune_once
+from lapse.retention import PruneReport, horizons_from_settings, prune_dry_run, prune_once
 from lapse.shell.roles.base import Role, every_interval
 
 

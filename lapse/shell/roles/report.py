@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from datetime import UTC, date, datetime, timedelta
 
 from lapse.kernel.settings import Settings
-from lapse.reconciler import (
+from lapse.reports import (
     PassResult,
     StoredReport,
     deliver_pending,

@@ -1,6 +1,6 @@
 """The one index retention needs: applied and skipped ledger rows by (state, finished_at).
 
-`lapse prune` removes finished rows oldest first, in bounded batches (lapse.kernel.ledger.retention).
+`lapse prune` removes finished rows oldest first, in bounded batches (lapse.retention.queries).
 Of its statements only this one had no index to walk: migration 0005 dropped the full
 (finished_at) index because nothing read it then. The others reuse what exists:
 dead letters ix_lapse_ledger_dead_letters, transitions ix_lapse_transitions_at (with a

@@ -13,7 +13,7 @@ Why these keys and widths:
   week more than the horizon (8%). Daily ones would be about 95 index probes per read by key.
   A partition goes by age alone: the transitions older than the history horizon of a ledger row
   still kept go with it (an operation unfinished that long, the first attempts of a long-failing
-  dead letter; lapse.reconciler.horizons says what that gives up). A rule pinning such partitions
+  dead letter; lapse.retention.horizons says what that gives up). A rule pinning such partitions
   would have to probe every transition in them against the ledger, the row-by-row walk this
   replaces; the history horizon is the knob instead, defaulting to the longest the ledger keeps.
 - The partition key must be part of the primary key: (id, at) and (id, created_at). The id stays

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, time, timedelta
+from typing import Any
 
 from sqlalchemy import ColumnElement, Connection, Engine, select, update
 
@@ -20,7 +21,7 @@ from lapse.kernel.batch_sql import bulk_insert
 from lapse.kernel.ledger import op_keys_moved_between, transitions_between
 from lapse.kernel.logs import get_logger
 from lapse.kernel.models import daily_reports
-from lapse.reconciler.notifiers import Notifier
+from lapse.reports.notifiers import Notifier
 
 log = get_logger("report")
 
@@ -45,10 +46,11 @@ def closes_at(day: date, settle: timedelta) -> datetime:
 
 def is_partial() -> ColumnElement[bool]:
     """True for a stored report whose day had not closed when it was built (rebuilt, never sent)."""
-    return daily_reports.c.payload["partial"].as_boolean().is_(True)
+    partial: ColumnElement[bool] = daily_reports.c.payload["partial"].as_boolean().is_(True)
+    return partial
 
 
-def build_report(conn: Connection, day: date, now: datetime, *, partial: bool = False) -> dict:
+def build_report(conn: Connection, day: date, now: datetime, *, partial: bool = False) -> dict[str, Any]:
     """Counts of op keys by kind and state they reached during `day` (UTC), from the ledger
     transitions recorded that day — up to `now` while the day is still open (`partial`)."""
     start, end = day_bounds(day)

@@ -4,7 +4,7 @@ transaction, so the hot path never waits long behind it and a stop takes effect 
 Order matters for transitions: a transition goes once its ledger row is gone, so ledger rows are
 removed first (applied and skipped, then dead letters), then the transitions they leave behind,
 then sent outbox rows. A dry run counts the same rows and changes nothing. The horizons and why
-they are what they are come from `lapse.reconciler.horizons`.
+they are what they are come from `lapse.retention.horizons`.
 
 On PostgreSQL, where transitions and the outbox are time-partitioned (migration 0009), a pass
 first creates the partitions ahead that are missing (moving rows that waited in DEFAULT into
@@ -12,7 +12,7 @@ them), and instead of deleting transitions and sent outbox rows one by one it dr
 past their horizon: transitions' after the history horizon, the outbox's after the outbox horizon
 unless one holds an unsent row or a row sent within the horizon (it is then reported as pinned).
 Only the DEFAULT partitions' old rows are deleted in batches. When a lock is not granted within
-`partitions.LOCK_TIMEOUT_MS`, that partition and the table's next ones are left for the next pass
+`rotation.LOCK_TIMEOUT_MS`, that partition and the table's next ones are left for the next pass
 (reported as skipped: one wait per table, not one per partition). A dry run lists the partitions
 it would create and drop.
 """
@@ -28,11 +28,20 @@ from typing import Any
 from sqlalchemy import Connection, Engine
 from sqlalchemy.exc import DBAPIError, OperationalError
 
-from lapse.kernel.ledger import count_prunable, prune_dead_letters, prune_outbox, prune_settled, prune_transitions
 from lapse.kernel.ledger import partitions as parts
-from lapse.kernel.ledger.retention import count_history_statement, count_outbox_statement, prune_history
 from lapse.kernel.logs import get_logger
-from lapse.reconciler.horizons import Horizons
+from lapse.retention import partitions as rotation
+from lapse.retention.horizons import Horizons
+from lapse.retention.queries import (
+    count_history_statement,
+    count_outbox_statement,
+    count_prunable,
+    prune_dead_letters,
+    prune_history,
+    prune_outbox,
+    prune_settled,
+    prune_transitions,
+)
 
 log = get_logger("prune")
 
@@ -109,13 +118,13 @@ def _plan(conn: Connection, table: str, scheme: parts.Scheme, cutoff: datetime |
           work: PartitionWork) -> list[parts.Partition]:
     """Fill `work` with what a pass would do to `scheme`'s partitions; returns those it would drop."""
     found = parts.partitions(conn, scheme)
-    work.create = [scheme.partition_name(lo) for lo, _ in parts.missing_ahead(found, scheme, now)]
+    work.create = [scheme.partition_name(lo) for lo, _ in rotation.missing_ahead(found, scheme, now)]
     work.default_rows_estimate = next((p.rows for p in found if p.is_default), 0)
     if cutoff is None:
         return []
     droppable = []
-    for p in parts.expired(found, cutoff):
-        pin = parts.outbox_pin(conn, p, cutoff) if table == "outbox" else None
+    for p in rotation.expired(found, cutoff):
+        pin = rotation.outbox_pin(conn, p, cutoff) if table == "outbox" else None
         if pin is None:
             droppable.append(p)
         else:
@@ -155,7 +164,7 @@ def _ensure_ahead(engine: Engine, partitioned: dict[str, parts.Scheme], now: dat
     for table, scheme in partitioned.items():
         work = report.partitions[table]
         with engine.connect() as conn:
-            missing = parts.missing_ahead(parts.partitions(conn, scheme), scheme, now)
+            missing = rotation.missing_ahead(parts.partitions(conn, scheme), scheme, now)
         for lower, upper in missing:
             name = scheme.partition_name(lower)
             if work.skipped:  # the table is busy: the rest waits for the next pass too, without waiting
@@ -163,11 +172,11 @@ def _ensure_ahead(engine: Engine, partitioned: dict[str, parts.Scheme], now: dat
                 continue
             try:
                 with engine.begin() as conn:
-                    work.moved_from_default += parts.create_partition(conn, scheme, lower, upper)
+                    work.moved_from_default += rotation.create_partition(conn, scheme, lower, upper)
             except DBAPIError as exc:
-                if parts.already_exists(exc):  # another pass made it meanwhile
+                if rotation.already_exists(exc):  # another pass made it meanwhile
                     continue
-                if not parts.lock_not_available(exc):
+                if not rotation.lock_not_available(exc):
                     raise
                 work.skipped.append({"name": name, "action": "create", "reason": "lock not granted"})
                 continue
@@ -189,13 +198,13 @@ def _drop_expired(engine: Engine, table: str, scheme: parts.Scheme, cutoff: date
             continue
         try:
             with engine.connect() as conn, conn.begin() as tx:
-                if parts.drop_partition(conn, scheme, p):
+                if rotation.drop_partition(conn, scheme, p):
                     work.drop.append(p.to_dict())
                 else:
                     tx.rollback()
                     work.pinned.append({"name": p.name, "reason": "holds unsent rows"})
         except OperationalError as exc:
-            if not parts.lock_not_available(exc):
+            if not rotation.lock_not_available(exc):
                 raise
             work.skipped.append({"name": p.name, "action": "drop", "reason": "lock not granted"})
     return True

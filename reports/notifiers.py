@@ -12,7 +12,7 @@ import ssl
 import uuid
 from email.message import EmailMessage
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 from pydantic import SecretStr
 
@@ -23,7 +23,7 @@ from lapse.kernel.settings import Settings
 class Notifier(Protocol):
     name: str
 
-    def send(self, key: str, report: dict) -> None:
+    def send(self, key: str, report: dict[str, Any]) -> None:
         """Deliver `report` under idempotency key `key`; raise if it was not accepted."""
 
 
@@ -38,7 +38,7 @@ class FileNotifier:
     def path_for(self, key: str) -> Path:
         return self.folder / f"{key.replace(':', '_')}.json"
 
-    def send(self, key: str, report: dict) -> None:
+    def send(self, key: str, report: dict[str, Any]) -> None:
         self.folder.mkdir(parents=True, exist_ok=True)
         target = self.path_for(key)
         if target.exists():
@@ -72,7 +72,7 @@ class SmtpNotifier:
         self.host, self.port, self.sender, self.recipients, self.timeout = host, port, sender, recipients, timeout
         self.starttls, self.username, self.password = starttls, username, password
 
-    def build(self, key: str, report: dict) -> EmailMessage:
+    def build(self, key: str, report: dict[str, Any]) -> EmailMessage:
         msg = EmailMessage()
         msg["Subject"] = f"Lapse daily report {report.get('date', key)}"
         msg["From"] = self.sender
@@ -82,7 +82,7 @@ class SmtpNotifier:
         msg.set_content(json.dumps(report, sort_keys=True, indent=2))
         return msg
 
-    def send(self, key: str, report: dict) -> None:
+    def send(self, key: str, report: dict[str, Any]) -> None:
         with smtplib.SMTP(self.host, self.port, timeout=self.timeout) as smtp:
             if self.starttls is not None:
                 smtp.starttls(context=self.starttls)  # SMTPNotSupportedError when the server has none

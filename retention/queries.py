@@ -1,7 +1,7 @@
 """The statements of retention: remove finished ledger rows, the transitions of removed rows and
 sent outbox rows once they are older than their horizon, one bounded batch per statement, and count
-what a pass would remove (`lapse prune --dry-run`). The horizons themselves are decided by the
-reconciler room (`lapse.reconciler.horizons`); here they arrive as cutoff times.
+what a pass would remove (`lapse prune --dry-run`). The horizons themselves are decided in
+`lapse.retention.horizons`; here they arrive as cutoff times.
 
 Every statement walks an index, never a table (tests/system/test_prune_plans.py checks the plans
 on a 2,000,000-row ledger):

@@ -10,7 +10,7 @@ from functools import partial
 from pathlib import Path
 
 from lapse.kernel.settings import load_settings
-from lapse.kernel.signals import stop_on_signals
+from lapse.shell.signals import stop_on_signals
 from lapse.shell.supervisor import Child, Supervisor
 from tests.fixtures.polling import eventually
 

@@ -39,8 +39,8 @@ from confluent_kafka.admin import (
     ResourceType,
 )
 
-from lapse.kernel.acls import GROUP, LITERAL, PREFIXED, TOPIC, Grant, declared_grants, owned_resources
 from lapse.kernel.topology import TopicSpec, Topology
+from lapse.shell.acls import GROUP, LITERAL, PREFIXED, TOPIC, Grant, declared_grants, owned_resources
 
 CREATE, ALTER, DRIFT, ERROR = "create", "alter_config", "drift", "error"
 CREATE_ACL, REMOVE_ACL = "create_acl", "remove_acl"

@@ -17,14 +17,14 @@ from datetime import UTC, date, datetime, timedelta
 from sqlalchemy import Engine
 
 from lapse.kernel.logs import get_logger
-from lapse.reconciler.daily_report import (
+from lapse.reports.daily_report import (
     DeliveryResult,
     StoredReport,
     deliver_pending,
     enqueue_report,
     partial_days,
 )
-from lapse.reconciler.notifiers import Notifier
+from lapse.reports.notifiers import Notifier
 
 log = get_logger("report")
 

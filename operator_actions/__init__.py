@@ -1,0 +1,35 @@
+"""The operator actions room: what an operator does to dead letters (list them; replay or discard a
+bounded selection) and the record of every operator action that changes something — one row in
+`lapse_operator_actions` and one log line. This module is the room's public face."""
+
+from lapse.operator_actions.dead_letters import discard, list_dead_letters, replay
+from lapse.operator_actions.record import (
+    DISCARD,
+    OFFSETS_RESET,
+    REPLAY,
+    TOPICS_APPLY_DESTRUCTIVE,
+    OperatorAction,
+    RecordedAction,
+    log_action,
+    os_user,
+    recent_actions,
+    record_action,
+    session_user,
+)
+
+__all__ = [
+    "DISCARD",
+    "OFFSETS_RESET",
+    "REPLAY",
+    "TOPICS_APPLY_DESTRUCTIVE",
+    "OperatorAction",
+    "RecordedAction",
+    "discard",
+    "list_dead_letters",
+    "log_action",
+    "os_user",
+    "recent_actions",
+    "record_action",
+    "replay",
+    "session_user",
+]
