@@ -97,7 +97,7 @@ def serving_process_tree(settings: Settings, multiproc_dir: str, *collectors: Co
 
 def monitor(settings: Settings, stop: threading.Event, interval_s: float = 15.0) -> None:
     """Add the status samples to this process's metrics, each reading serving scrapes for up to
-    `interval_s`, and wait until stopped (`lapse status --watch`, the monitor role)."""
+    `interval_s`, and wait until stopped (`lapse status --watch`, compose's monitor service)."""
     with status_collector(settings, max_age_s=interval_s) as status:
         REGISTRY.register(status)
         try:

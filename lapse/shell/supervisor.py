@@ -1,14 +1,8 @@
-"""A small process tree: each role runs in its own process and is restarted if it dies.
+"""A small process tree (`lapse run`, `lapse demo`): each role in its own spawned process, restarted
+if it dies; shutdown forwards SIGTERM, waits a bounded grace, then SIGKILLs the stragglers.
 
-`lapse run` and `lapse demo` use it; production deployments usually run each role as its own
-service instead (see compose/). Shutdown forwards SIGTERM to every role, waits a bounded grace
-for each to finish its step and leave, then SIGKILLs the stragglers.
-
-With a metrics port set, the tree has one metrics endpoint, served by the supervisor: before the
-first role starts, PROMETHEUS_MULTIPROC_DIR names a fresh directory in which every role process
-writes its metrics (prometheus_client's multiprocess mode); the endpoint sums them and adds the
-status samples and each role's liveness. A role process that ends is marked dead, so gauges of a
-`live…` mode forget it.
+With a metrics port the supervisor serves the tree's one endpoint, summing the metric files every
+role process writes to a fresh PROMETHEUS_MULTIPROC_DIR (prometheus_client's multiprocess mode).
 """
 
 from __future__ import annotations
@@ -26,7 +20,6 @@ from contextlib import ExitStack
 from dataclasses import dataclass
 from multiprocessing.connection import wait
 from multiprocessing.process import BaseProcess
-from typing import Any
 
 from prometheus_client import Gauge
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -39,8 +32,9 @@ from lapse.shell.metrics import serving_process_tree
 
 log = get_logger("supervisor")
 
-# A role's body: `target(settings, kwargs)`, run in the role's own process (its result is ignored).
-RoleTarget = Callable[[Settings, dict[str, Any]], object]
+# A child's body: `target(settings)`, run in its own spawned process (its result is ignored), so
+# picklable: a module-level function or a partial of one (`lapse.shell.roles.child_of`).
+RoleTarget = Callable[[Settings], object]
 # How long shutdown waits after SIGTERM for the roles to finish their batch, commit and leave:
 # under the 30 s a deployment usually allows, above a batch plus a consumer close.
 SHUTDOWN_GRACE_S = 25.0
@@ -53,21 +47,22 @@ ROLE_STARTED = Gauge("lapse_role_start_time_seconds", "When each live role proce
                      "the pid label tells the processes apart).", ["role"], multiprocess_mode="liveall")
 
 
-@dataclass
-class Role:
+@dataclass(frozen=True)
+class Child:
+    """One process of the tree: its name (`process-0`) and what it runs (`lapse.shell.roles.child_of`)."""
+
     name: str
     target: RoleTarget
-    kwargs: dict[str, Any]
 
 
-def _child(target: RoleTarget, settings: Settings, kwargs: dict[str, Any], role_name: str) -> None:
+def _child(target: RoleTarget, settings: Settings, role_name: str) -> None:
     # Each role process is its own claim owner: two processors sharing the parent's id could
     # complete each other's leases.
     settings = settings.with_(runtime={"worker_id": f"{settings.runtime.worker_id}/{role_name}-{os.getpid()}"})
     configure_logging(settings)
     ROLE_STARTED.labels(role=role_name).set_to_current_time()  # the supervisor serves the tree's metrics
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides when children stop
-    target(settings, kwargs)
+    target(settings)
 
 
 class RolesCollector(Collector):
@@ -91,7 +86,7 @@ class RolesCollector(Collector):
 class Supervisor:
     """Starts roles as spawned processes, restarts crashed ones, stops them all on request."""
 
-    def __init__(self, settings: Settings, roles: list[Role], restart_delay_s: float = 1.0,
+    def __init__(self, settings: Settings, roles: list[Child], restart_delay_s: float = 1.0,
                  grace_s: float = SHUTDOWN_GRACE_S) -> None:
         self.settings = settings
         self.roles = roles
@@ -107,8 +102,8 @@ class Supervisor:
         self._metrics = ExitStack()  # the tree's endpoint while it is served
         self._marked_dead: set[int] = set()
 
-    def _start(self, role: Role) -> None:
-        proc = self.ctx.Process(target=_child, args=(role.target, self.settings, role.kwargs, role.name),
+    def _start(self, role: Child) -> None:
+        proc = self.ctx.Process(target=_child, args=(role.target, self.settings, role.name),
                                 name=f"lapse-{role.name}", daemon=False)
         proc.start()
         self.procs[role.name] = proc

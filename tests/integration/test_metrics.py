@@ -10,6 +10,7 @@ import threading
 import urllib.error
 import urllib.request
 from datetime import UTC, datetime, timedelta
+from functools import partial
 
 import pytest
 from prometheus_client import CollectorRegistry, start_http_server
@@ -27,7 +28,7 @@ from lapse.shell import metrics
 from lapse.shell.roles import pipeline_roles
 from lapse.shell.signals import stop_on_signals
 from lapse.shell.status_collector import StatusCollector, status_reader
-from lapse.shell.supervisor import Role, Supervisor
+from lapse.shell.supervisor import Child, Supervisor
 from tests.fixtures.pipeline import make_pipeline_settings
 from tests.fixtures.polling import eventually
 from tests.fixtures.processes import RoleProcesses
@@ -180,10 +181,10 @@ def test_an_unreachable_database_is_a_status_up_0_sample(kafka_bootstrap, pg_url
     assert not samples(scraped, "lapse_ledger_rows") and not samples(scraped, "lapse_oldest_eligible_age_seconds")
 
 
-def count_events(settings, kwargs) -> None:
-    """A role that counts `kwargs["events"]` consumed events, then waits for SIGTERM."""
+def count_events(settings, *, events: int) -> None:
+    """A role that counts `events` consumed events, then waits for SIGTERM."""
     stop = stop_on_signals()
-    EVENTS_CONSUMED.inc(kwargs["events"])
+    EVENTS_CONSUMED.inc(events)
     stop.wait(120)
 
 
@@ -194,7 +195,7 @@ def test_one_endpoint_sums_the_role_processes_and_forgets_a_restarted_one(kafka_
     settings = make_pipeline_settings(kafka_bootstrap, pg_url, unique, **READER_TOPICS,
                                       runtime={"metrics_port": free_port()})
     port = settings.runtime.metrics_port
-    roles = [Role("a", count_events, {"events": 3}), Role("b", count_events, {"events": 4})]
+    roles = [Child("a", partial(count_events, events=3)), Child("b", partial(count_events, events=4))]
     sup = Supervisor(settings, roles, restart_delay_s=0.1, grace_s=10)
     sup.start()
     watching = threading.Thread(target=sup.watch, kwargs={"poll_s": 0.1}, daemon=True)

@@ -6,21 +6,22 @@ import os
 import signal
 import threading
 import time
+from functools import partial
 from pathlib import Path
 
 from lapse.kernel.settings import load_settings
 from lapse.shell.signals import stop_on_signals
-from lapse.shell.supervisor import Role, Supervisor
+from lapse.shell.supervisor import Child, Supervisor
 from tests.fixtures.polling import eventually
 
 
-def write_worker_id(settings, kwargs) -> None:
-    Path(kwargs["out"]).write_text(settings.runtime.worker_id)
+def write_worker_id(settings, *, out: str) -> None:
+    Path(out).write_text(settings.runtime.worker_id)
 
 
 def test_each_role_process_is_its_own_claim_owner(tmp_path):
     settings = load_settings(runtime={"worker_id": "host-1"})
-    roles = [Role(f"process-{i}", write_worker_id, {"out": str(tmp_path / f"{i}.txt")}) for i in range(2)]
+    roles = [Child(f"process-{i}", partial(write_worker_id, out=str(tmp_path / f"{i}.txt"))) for i in range(2)]
     sup = Supervisor(settings, roles)
     sup.start()
     sup.watch(until=lambda: all(not p.is_alive() for p in sup.procs.values()), poll_s=0.1)
@@ -30,28 +31,28 @@ def test_each_role_process_is_its_own_claim_owner(tmp_path):
     assert all(owner.startswith("host-1/process-") for owner in owners)
 
 
-def stop_on_sigterm(settings, kwargs) -> None:
+def stop_on_sigterm(settings, *, ready: str) -> None:
     stop = stop_on_signals()
-    Path(kwargs["ready"]).write_text("ready")
+    Path(ready).write_text("ready")
     stop.wait(120)
 
 
-def ignore_sigterm(settings, kwargs) -> None:
+def ignore_sigterm(settings, *, ready: str) -> None:
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    Path(kwargs["ready"]).write_text("ready")
+    Path(ready).write_text("ready")
     time.sleep(120)
 
 
-def started(tmp_path, roles: list[Role], grace_s: float) -> Supervisor:
+def started(tmp_path, roles: list[Child], grace_s: float) -> Supervisor:
     sup = Supervisor(load_settings(), roles, grace_s=grace_s)
     sup.start()
-    eventually(lambda: all(Path(r.kwargs["ready"]).exists() for r in roles), timeout_s=60, what="roles ready")
+    eventually(lambda: all(Path(r.target.keywords["ready"]).exists() for r in roles), timeout_s=60, what="roles ready")
     return sup
 
 
 def test_shutdown_forwards_sigterm_and_kills_only_the_roles_that_outlive_the_grace(tmp_path):
-    roles = [Role("polite", stop_on_sigterm, {"ready": str(tmp_path / "polite")}),
-             Role("deaf", ignore_sigterm, {"ready": str(tmp_path / "deaf")})]
+    roles = [Child("polite", partial(stop_on_sigterm, ready=str(tmp_path / "polite"))),
+             Child("deaf", partial(ignore_sigterm, ready=str(tmp_path / "deaf")))]
     sup = started(tmp_path, roles, grace_s=1.0)
     assert sup.shutdown() == ["deaf"]
     assert sup.procs["polite"].exitcode == 0
@@ -59,7 +60,7 @@ def test_shutdown_forwards_sigterm_and_kills_only_the_roles_that_outlive_the_gra
 
 
 def test_a_second_signal_ends_the_grace(tmp_path):
-    sup = started(tmp_path, [Role("deaf", ignore_sigterm, {"ready": str(tmp_path / "deaf")})], grace_s=600)
+    sup = started(tmp_path, [Child("deaf", partial(ignore_sigterm, ready=str(tmp_path / "deaf")))], grace_s=600)
     sup.hurry.set()  # what a second SIGTERM or Ctrl-C does (stop_on_signals(sup.stop, hurry=sup.hurry))
     assert sup.shutdown() == ["deaf"]
     assert sup.procs["deaf"].exitcode == -signal.SIGKILL

@@ -11,12 +11,12 @@ from lapse.devtools.bench.events import committed_all
 from lapse.devtools.bench.ledger_watch import ledger_span, released_count, wait_terminal
 from lapse.kernel.database import engine_from_settings
 from lapse.kernel.settings import Settings
-from lapse.shell.roles import run_worker
-from lapse.shell.supervisor import Role, Supervisor
+from lapse.shell.roles import child_of
+from lapse.shell.supervisor import Supervisor
 
 
 def start_workers(settings: Settings, workers: int) -> Supervisor:
-    roles = [Role(f"bench-process-{i}", run_worker, {}) for i in range(workers)]
+    roles = [child_of("process", f"bench-process-{i}") for i in range(workers)]
     sup = Supervisor(settings, roles)
     sup.start()
     return sup

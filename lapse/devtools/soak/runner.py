@@ -37,8 +37,8 @@ from lapse.kernel.logs import configure_logging
 from lapse.kernel.models import cleanup_ledger
 from lapse.kernel.settings import Settings
 from lapse.kernel.topology import load_topology
-from lapse.shell.roles import pipeline_roles, run_prune_role
-from lapse.shell.supervisor import Role, Supervisor
+from lapse.shell.roles import child_of, pipeline_roles
+from lapse.shell.supervisor import Child, Supervisor
 
 PARTITIONS = 4
 WARM_UP_S = 180.0  # the roles' start-up: spawn, imports, start-up checks, group joins
@@ -73,11 +73,11 @@ def soak_topics_file(source: Path, folder: Path, retention_s: int, partitions: i
     return target
 
 
-def soak_roles(workers: int) -> list[Role]:
+def soak_roles(workers: int) -> list[Child]:
     """`lapse run`'s roles, with a prune role added where the pipeline has none."""
     roles = pipeline_roles(workers)
     if not any(r.name == "prune" for r in roles):
-        roles.append(Role("prune", run_prune_role, {}))
+        roles.append(child_of("prune"))
     return roles
 
 

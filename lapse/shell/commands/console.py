@@ -19,10 +19,11 @@ from lapse.shell.error_boundary import CommandFailed, ExitCode
 @pass_settings
 def console(settings: Settings) -> None:
     """Serve the operator console at http://BIND:PORT/ until interrupted."""
-    # function-local: starlette and uvicorn load only for this command (keeps `lapse --help` fast)
-    from lapse.shell.console.server import serve
+    # function-local: keeps `lapse --help` fast (the role loads starlette and uvicorn as it starts)
+    from lapse.shell.roles import ConsoleRole, run_role
 
     try:
-        serve(settings)
+        role = ConsoleRole(settings)
     except ValueError as exc:  # no tokens and a bind beyond this host
         raise CommandFailed(ExitCode.CONFIG, str(exc)) from None
+    run_role(role)

@@ -19,12 +19,9 @@ def delay(settings: Settings, as_json: bool) -> None:
     """Consume every lapse.delay.<tier> topic in group lapse-delay; hold each partition until its
     head record is due, then forward it to its target topic (lapse.expiry)."""
     # function-local: keeps `lapse --help` fast
-    from lapse.processors import DelayWorker
     from lapse.shell.metrics import serve
-    from lapse.shell.signals import stop_on_signals
+    from lapse.shell.roles import DelayRole, run_role
 
     serve(settings)
-    worker = DelayWorker(settings)
-    stop_on_signals(worker.stop)
-    forwarded = worker.run()
+    forwarded = run_role(DelayRole(settings)) or 0
     emit({"forwarded": forwarded}, as_json, lambda d: f"forwarded {d['forwarded']} delayed records")

@@ -11,6 +11,9 @@ import click
 from lapse.kernel.settings import Settings
 from lapse.shell.cli import main
 from lapse.shell.cli_options import connection_options, emit, pass_settings, setting_option
+from lapse.shell.commands.kinds import kinds_file_errors
+from lapse.shell.error_boundary import CommandFailed, ExitCode
+from lapse.shell.signals import stop_on_signals
 
 
 def _exit_when_idle() -> Callable[[Callable[..., Any]], Callable[..., Any]]:
@@ -29,33 +32,16 @@ def _exit_when_idle() -> Callable[[Callable[..., Any]], Callable[..., Any]]:
 def sweep(settings: Settings, once: bool, as_json: bool) -> None:
     """Emit expiry events for due business rows that have no ledger row yet."""
     # function-local: keeps `lapse --help` fast
-    from lapse.kernel.codec import Codec
-    from lapse.kernel.database import engine_from_settings
-    from lapse.kernel.kafka_clients import make_producer
-    from lapse.kernel.kinds import load_kinds
-    from lapse.producers import sweep_once
-    from lapse.shell.commands.kinds import kinds_file_errors
-    from lapse.shell.roles import run_sweep_role
-    from lapse.shell.startup_checks import check_startup
+    from lapse.shell.metrics import serve
+    from lapse.shell.roles import SweepRole, run_role
 
     if not once:
-        # function-local: keeps `lapse --help` fast
-        from lapse.shell.metrics import serve
-
         serve(settings)
-        with kinds_file_errors():
-            run_sweep_role(settings, {})
-        return
-    check_startup(settings)  # the role does its own (above)
-    engine = engine_from_settings(settings)
-    try:
-        with kinds_file_errors():
-            kinds = load_kinds(settings, engine)
-        report = sweep_once(engine, make_producer(settings), Codec.from_settings(settings), settings, kinds)
-    finally:
-        engine.dispose()
-    emit(asdict(report), as_json,
-         lambda r: f"swept {r['pages']} pages: {r['found']} due, {r['emitted']} events emitted")
+    with kinds_file_errors():
+        report = run_role(SweepRole(settings, once=once))
+    if report is not None:
+        emit(asdict(report), as_json,
+             lambda r: f"swept {r['pages']} pages: {r['found']} due, {r['emitted']} events emitted")
 
 
 @main.command()
@@ -69,22 +55,14 @@ def sweep(settings: Settings, once: bool, as_json: bool) -> None:
 def process(settings: Settings, exit_when_idle: float | None, as_json: bool) -> None:
     """Consume lapse.expiry in group lapse-cleanup and apply each cleanup once."""
     # function-local: keeps `lapse --help` fast
-    from lapse.kernel.kafka_logs import leave_connection_failures_to_caller
-    from lapse.processors import CleanupWorker
-    from lapse.shell.commands.kinds import kinds_file_errors
     from lapse.shell.metrics import serve
-    from lapse.shell.signals import stop_on_signals
-    from lapse.shell.startup_checks import check_startup
+    from lapse.shell.roles import ProcessRole, run_role
 
-    check_startup(settings)  # before any record is consumed
-    if exit_when_idle is not None:  # a bounded run: an unreachable broker is its one error line (exit 4)
-        leave_connection_failures_to_caller()
     serve(settings)
-    stop = stop_on_signals()  # before the worker connects: a SIGTERM during start-up is a clean stop too
+    role = ProcessRole(settings, exit_when_idle=exit_when_idle)
     with kinds_file_errors():
-        worker = CleanupWorker(settings, stop=stop)
-    stats = worker.run(exit_when_idle=exit_when_idle)
-    data = {k: v for k, v in asdict(stats).items() if k != "started"}
+        run_role(role)
+    data = {k: v for k, v in asdict(role.stats).items() if k != "started"}
     emit(data, as_json, lambda d: " ".join(f"{k}={v}" for k, v in d.items()))
 
 
@@ -98,10 +76,10 @@ def relay(settings: Settings, exit_when_idle: float | None) -> None:
     """Publish outbox rows (outcomes, dead letters) to Kafka in order."""
     # function-local: keeps `lapse --help` fast
     from lapse.shell.metrics import serve
-    from lapse.shell.roles import run_relay_role
+    from lapse.shell.roles import RelayRole, run_role
 
     serve(settings)
-    total = run_relay_role(settings, {"exit_when_idle": exit_when_idle})
+    total = run_role(RelayRole(settings, exit_when_idle=exit_when_idle)) or 0
     click.echo(f"relayed {total} outbox rows")
 
 
@@ -118,13 +96,7 @@ def run(settings: Settings, workers: int, with_console: bool) -> None:
     --console the operator console) in one process tree until interrupted; a role that dies is
     restarted."""
     # function-local: keeps `lapse --help` fast
-    from lapse.kernel.database import engine_from_settings
-    from lapse.kernel.kinds import load_kinds
-    from lapse.shell.commands.kinds import kinds_file_errors
-    from lapse.shell.error_boundary import CommandFailed, ExitCode
-    from lapse.shell.roles import pipeline_roles
-    from lapse.shell.signals import stop_on_signals
-    from lapse.shell.startup_checks import check_startup
+    from lapse.shell.roles import pipeline_roles, when_reachable
     from lapse.shell.supervisor import Supervisor
 
     if with_console:
@@ -135,17 +107,15 @@ def run(settings: Settings, workers: int, with_console: bool) -> None:
             Access(settings.console).check_bind(settings.console.bind)
         except ValueError as exc:  # no tokens and a bind beyond this host: not a role to restart forever
             raise CommandFailed(ExitCode.CONFIG, str(exc)) from None
-    check_startup(settings)  # refused here, in one line, rather than by every role in a restart loop
-    engine = engine_from_settings(settings)
-    try:
-        with kinds_file_errors():  # refused here, in one line, rather than in every role
-            load_kinds(settings, engine)
-    finally:
-        engine.dispose()
     # The status samples (oldest eligible age, ledger, outbox, lag) are read by the supervisor's
     # metrics endpoint when scraped: no monitor role.
     sup = Supervisor(settings, pipeline_roles(workers, console=with_console))
     stop_on_signals(sup.stop, hurry=sup.hurry)  # SIGTERM/Ctrl-C: stop; a second one: no more grace
+    # Refused here, in one line, rather than by every role in a restart loop; a dependency away at
+    # start is waited for, as each role would.
+    with kinds_file_errors():
+        if when_reachable("run", sup.stop, lambda: _checked(settings)) is None:
+            return  # stopped before the dependencies came back
     sup.start()
     try:
         sup.watch()
@@ -155,3 +125,19 @@ def run(settings: Settings, workers: int, with_console: bool) -> None:
         hurried = " (a second signal ended the grace)" if sup.hurry.is_set() else ""
         raise CommandFailed(ExitCode.INTERRUPTED, f"run: killed {', '.join(killed)}: not stopped within "
                             f"{sup.grace_s:g} s of SIGTERM{hurried}")
+
+
+def _checked(settings: Settings) -> bool:
+    """The start-up checks and the kinds compiled against the database, as every role makes them."""
+    # function-local: keeps `lapse --help` fast
+    from lapse.kernel.database import engine_from_settings
+    from lapse.kernel.kinds import load_kinds
+    from lapse.shell.startup_checks import check_startup
+
+    check_startup(settings)
+    engine = engine_from_settings(settings)
+    try:
+        load_kinds(settings, engine)
+    finally:
+        engine.dispose()
+    return True

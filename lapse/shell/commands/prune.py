@@ -1,13 +1,10 @@
-"""`lapse prune`: remove finished ledger rows, their transitions and sent outbox rows older than their
-horizons, in bounded batches (on PostgreSQL: create the time partitions ahead, drop old ones whole);
-`--dry-run` counts them, lists the partitions it would create and drop, and says why each horizon is
-what it is."""
+"""`lapse prune`: remove finished work older than its horizons in bounded batches (on PostgreSQL,
+rotating time partitions); `--dry-run` counts and says why, `--watch` runs the prune role."""
 
 from __future__ import annotations
 
 import sys
 import time
-from datetime import UTC, datetime
 from typing import Any
 
 import click
@@ -96,28 +93,15 @@ class _Progress:
 def prune(settings: Settings, dry_run: bool, watch: bool, as_json: bool) -> None:
     """Remove finished work older than its retention horizon (one pass, or a pass every interval)."""
     # function-local: keeps `lapse --help` fast
-    from lapse.kernel.database import engine_from_settings
-    from lapse.retention import HorizonRefused, horizons_from_settings, prune_dry_run, prune_once
+    from lapse.retention import HorizonRefused
+    from lapse.shell.roles import PruneRole, run_role
 
     try:
-        horizons = horizons_from_settings(settings)
+        role = PruneRole(settings, once=not watch, dry_run=dry_run, progress=None if watch else _Progress())
     except HorizonRefused as exc:
         raise CommandFailed(ExitCode.CONFIG, str(exc)) from None
-    if watch:
-        if dry_run:
-            raise click.UsageError("--watch removes rows; a dry run is one pass")
-        # function-local: keeps `lapse --help` fast
-        from lapse.shell.roles import run_prune_role
-
-        run_prune_role(settings, {})
-        return
-    now = datetime.now(UTC)
-    engine = engine_from_settings(settings)
-    try:
-        if dry_run:
-            report = prune_dry_run(engine, horizons, now)
-        else:
-            report = prune_once(engine, horizons, now, settings.retention.batch_size, progress=_Progress())
-    finally:
-        engine.dispose()
-    emit(report.to_dict(), as_json, _text)
+    if watch and dry_run:
+        raise click.UsageError("--watch removes rows; a dry run is one pass")
+    report = run_role(role)
+    if report is not None:
+        emit(report.to_dict(), as_json, _text)

@@ -9,6 +9,7 @@ import click
 from lapse.kernel.settings import Settings
 from lapse.shell.cli import main
 from lapse.shell.cli_options import connection_options, emit, pass_settings, setting_option
+from lapse.shell.commands.kinds import kinds_file_errors
 from lapse.shell.time_args import Duration
 
 
@@ -34,31 +35,12 @@ def _summary(r: dict[str, Any]) -> str:
 def reconcile(settings: Settings, once: bool, as_json: bool) -> None:
     """Re-emit eligible work with no ledger row or stuck past the grace period; report anomalies."""
     # function-local: keeps `lapse --help` fast
-    from lapse.kernel.codec import Codec
-    from lapse.kernel.database import engine_from_settings
-    from lapse.kernel.kafka_clients import make_producer
-    from lapse.kernel.kinds import load_kinds
-    from lapse.reconciler import reconcile_once
-    from lapse.shell.commands.kinds import kinds_file_errors
-    from lapse.shell.roles import run_reconcile_role
+    from lapse.shell.metrics import serve
+    from lapse.shell.roles import ReconcileRole, run_role
 
     if not once:
-        # function-local: keeps `lapse --help` fast
-        from lapse.shell.metrics import serve
-
         serve(settings)
-        with kinds_file_errors():
-            run_reconcile_role(settings, {})
-        return
-    engine = engine_from_settings(settings)
-    try:
-        with kinds_file_errors():
-            kinds = load_kinds(settings, engine)
-        producer = make_producer(settings)
-        try:
-            report = reconcile_once(engine, producer, Codec.from_settings(settings), settings, kinds)
-        finally:
-            producer.flush(10)
-    finally:
-        engine.dispose()
-    emit(report.to_dict(), as_json, _summary)
+    with kinds_file_errors():
+        report = run_role(ReconcileRole(settings, once=once))
+    if report is not None:
+        emit(report.to_dict(), as_json, _summary)

@@ -3,7 +3,7 @@ with `--serve`, run as the report role (a pass every `report.interval_s`) until 
 
 from __future__ import annotations
 
-from datetime import UTC, datetime, timedelta
+from datetime import datetime
 from typing import Any
 
 import click
@@ -45,32 +45,21 @@ def report(settings: Settings, day: datetime | None, as_json: bool, serve: bool)
     """Store the daily report `daily-report:YYYY-MM-DD` (partial while the day is open, final once it
     has closed) and send undelivered final reports, each once."""
     # function-local: keeps `lapse --help` fast
-    from lapse.kernel.database import engine_from_settings
-    from lapse.reports import deliver_pending, enqueue_report, notifier_from_settings
+    from lapse.shell.metrics import serve as serve_metrics
+    from lapse.shell.roles import ReportRole, run_role
 
     if serve and day is not None:
         raise click.UsageError("give --date or --serve, not both: the report role picks its days itself")
     try:
-        notifier = notifier_from_settings(settings)
+        role = ReportRole(settings, once=not serve, day=day.date() if day else None)
     except ValueError as exc:  # a notifier without what it needs (smtp without a host)
         raise CommandFailed(ExitCode.CONFIG, str(exc)) from None
     if serve:
-        # function-local: keeps `lapse --help` fast
-        from lapse.shell.metrics import serve as serve_metrics
-        from lapse.shell.roles import run_report_role
-
         serve_metrics(settings)
-        run_report_role(settings, {})
+    done = run_role(role)
+    if done is None:  # the service, stopped
         return
-    now = datetime.now(UTC)
-    target = day.date() if day else (now - timedelta(days=1)).date()
-    engine = engine_from_settings(settings)
-    try:
-        stored = enqueue_report(engine, target, now, timedelta(seconds=settings.report.settle_s))
-        result = deliver_pending(engine, notifier, now)
-    finally:
-        engine.dispose()
-    emit({"report_key": stored.key, "enqueued": stored.changed, "partial": stored.partial,
-          "delivered": result.delivered, "failed": result.failed, "notifier": notifier.name}, as_json, _text)
-    if result.failed:
+    emit({"report_key": done.stored.key, "enqueued": done.stored.changed, "partial": done.stored.partial,
+          "delivered": done.delivered, "failed": done.failed, "notifier": role.notifier.name}, as_json, _text)
+    if done.failed:
         raise SystemExit(1)

@@ -1,0 +1,39 @@
+"""The delay role: forward delay-tier records to lapse.expiry when due, until stopped (`lapse delay`,
+`lapse run`). It never opens the database; its start waits for the broker to answer."""
+
+from __future__ import annotations
+
+import threading
+
+from lapse.kernel.settings import Settings
+from lapse.processors import DelayWorker
+from lapse.shell.roles.base import Role
+
+# How long the start-up look-up of the cluster's metadata waits for a broker before it counts as
+# an outage (then retried with backoff).
+METADATA_TIMEOUT_S = 2.0
+
+
+class DelayRole(Role[int]):
+    """The delay-tier forwarder; `run` returns the records forwarded."""
+
+    name = "delay"
+    uses_database = False
+
+    def __init__(self, settings: Settings, *, stop: threading.Event | None = None) -> None:
+        super().__init__(settings, stop=stop)
+        self.worker: DelayWorker | None = None
+        self.ran = False
+
+    def open(self) -> None:
+        self.worker = self.worker or DelayWorker(self.settings, stop=self.stop)
+        self.worker.consumer.list_topics(timeout=METADATA_TIMEOUT_S)  # the broker answers
+
+    def run(self) -> int:
+        assert self.worker is not None, "run after open"
+        self.ran = True  # the worker closes itself when its run ends
+        return self.worker.run()
+
+    def close(self) -> None:
+        if self.worker is not None and not self.ran:
+            self.worker.close()

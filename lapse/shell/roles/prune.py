@@ -1,0 +1,41 @@
+"""The prune role: retention, a prune pass every `retention.interval_s` until stopped (`lapse prune
+--watch`, `lapse run`), or one pass (`lapse prune`, `--dry-run` to count only)."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from datetime import UTC, datetime
+
+from lapse.kernel.settings import Settings
+from lapse.retention import PruneReport, horizons_from_settings, prune_dry_run, prune_once
+from lapse.shell.roles.base import Role, every_interval
+
+
+class PruneRole(Role[PruneReport | None]):
+    """Retention in bounded batches that stop between batches on SIGTERM. A horizon shorter than
+    topics.yaml allows is refused when built (HorizonRefused), before any work."""
+
+    name = "prune"
+
+    def __init__(self, settings: Settings, *, once: bool = False, dry_run: bool = False,
+                 progress: Callable[[str, int], None] | None = None, stop: threading.Event | None = None) -> None:
+        super().__init__(settings, stop=stop)
+        self.once = once
+        self.dry_run = dry_run
+        self.progress = progress
+        self.horizons = horizons_from_settings(settings)
+
+    @property
+    def bounded(self) -> bool:
+        return self.once
+
+    def run(self) -> None:
+        every_interval(self.name, self.stop, self.settings.retention.interval_s, self.run_once)
+
+    def run_once(self) -> PruneReport:
+        now = datetime.now(UTC)
+        if self.dry_run:
+            return prune_dry_run(self.engine, self.horizons, now)
+        return prune_once(self.engine, self.horizons, now, self.settings.retention.batch_size, stop=self.stop,
+                          progress=self.progress)

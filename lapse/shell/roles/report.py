@@ -1,0 +1,72 @@
+"""The report role: the daily report, a pass every `report.interval_s` until stopped (`lapse report
+--serve`, `lapse run`), or once for one day (`lapse report [--date]`)."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, date, datetime, timedelta
+
+from lapse.kernel.settings import Settings
+from lapse.reports import (
+    PassResult,
+    StoredReport,
+    deliver_pending,
+    enqueue_report,
+    notifier_from_settings,
+    run_daily_reports,
+)
+from lapse.shell.roles.base import Role, is_outage, log, when_reachable
+
+
+@dataclass(frozen=True)
+class ReportRun:
+    """One bounded run: the day's report as stored, and the final reports sent or failed (by key)."""
+
+    stored: StoredReport
+    delivered: list[str]
+    failed: dict[str, str]
+
+
+class ReportRole(Role[ReportRun | None]):
+    """The daily report; `once`: store `day`'s report (default: yesterday) and deliver the pending
+    ones. The notifier is built at once: one without what it needs is a ValueError."""
+
+    name = "report"
+
+    def __init__(self, settings: Settings, *, once: bool = False, day: date | None = None,
+                 stop: threading.Event | None = None) -> None:
+        super().__init__(settings, stop=stop)
+        self.once = once
+        self.day = day
+        self.notifier = notifier_from_settings(settings)
+        self.settle = timedelta(seconds=settings.report.settle_s)
+
+    @property
+    def bounded(self) -> bool:
+        return self.once
+
+    def run(self) -> None:
+        run_daily_reports(self.engine, self.notifier, settle=self.settle, interval_s=self.settings.report.interval_s,
+                          stop=self.stop, attempt=lambda run: when_reachable(self.name, self.stop, _guarded(run)))
+
+    def run_once(self) -> ReportRun:
+        now = datetime.now(UTC)
+        day = self.day or (now - timedelta(days=1)).date()
+        stored = enqueue_report(self.engine, day, now, self.settle)
+        result = deliver_pending(self.engine, self.notifier, now)
+        return ReportRun(stored, result.delivered, result.failed)
+
+
+def _guarded(run: Callable[[], PassResult]) -> Callable[[], PassResult]:
+    """`run`, with a failed pass logged and tried again next time; an outage is raised to be waited out."""
+    def one_pass() -> PassResult:
+        try:
+            return run()
+        except Exception as exc:
+            if is_outage(exc):
+                raise
+            log.exception("report pass failed")
+            return PassResult()
+    return one_pass
