@@ -2,7 +2,7 @@
 module each, one `Role` base (`base`) and one registry (`registry`), used alike by `lapse run`,
 each single-role command and its `--once`."""
 
-from lapse.shell.roles.base import Role, every_interval, is_outage, run_role, when_reachable
+from lapse.shell.roles.base import PassRole, Role, StreamRole, every_interval, is_outage, run_role, when_reachable
 from lapse.shell.roles.console import ConsoleRole
 from lapse.shell.roles.delay import DelayRole
 from lapse.shell.roles.process import ProcessRole
@@ -14,21 +14,23 @@ from lapse.shell.roles.report import ReportRole
 from lapse.shell.roles.sweep import SweepRole
 
 __all__ = [
-           "ROLES",
-           "ConsoleRole",
-           "DelayRole",
-           "ProcessRole",
-           "PruneRole",
-           "ReconcileRole",
-           "RelayRole",
-           "ReportRole",
-           "Role",
-           "SweepRole",
-           "child_of",
-           "every_interval",
-           "is_outage",
-           "pipeline_roles",
-           "run_role",
-           "serve_registered",
-           "when_reachable",
+    "ROLES",
+    "ConsoleRole",
+    "DelayRole",
+    "PassRole",
+    "ProcessRole",
+    "PruneRole",
+    "ReconcileRole",
+    "RelayRole",
+    "ReportRole",
+    "Role",
+    "StreamRole",
+    "SweepRole",
+    "child_of",
+    "every_interval",
+    "is_outage",
+    "pipeline_roles",
+    "run_role",
+    "serve_registered",
+    "when_reachable",
 ]

@@ -13,10 +13,13 @@ from collections.abc import Callable
 from functools import cached_property
 from typing import ClassVar, Generic, TypeVar
 
+from confluent_kafka import Producer
 from sqlalchemy import Engine
 
 from lapse.kernel.database import engine_from_settings
+from lapse.kernel.kafka_clients import make_producer
 from lapse.kernel.kafka_logs import leave_connection_failures_to_caller
+from lapse.kernel.kinds import CleanupKind, load_kinds
 from lapse.kernel.logs import get_logger
 from lapse.kernel.outages import Outage, is_transient
 from lapse.kernel.settings import Settings
@@ -80,15 +83,25 @@ class Role(ABC, Generic[R]):
 
     name: ClassVar[str]
     uses_database: ClassVar[bool] = True  # False: the start-up checks leave the database alone
+    uses_kinds: ClassVar[bool] = False  # True: `check` compiles the kinds file against the database
+    produces: ClassVar[bool] = False  # True: `open` makes a producer, `close` flushes it
 
     def __init__(self, settings: Settings, *, stop: threading.Event | None = None) -> None:
         self.settings = settings
         self.stop = stop or threading.Event()
+        self.kinds: dict[str, CleanupKind] = {}
+        self._producer: Producer | None = None
 
     @property
     def bounded(self) -> bool:
         """A bounded run (`--once`, `--exit-when-idle`) reports an outage at once; a service waits."""
         return False
+
+    @property
+    def producer(self) -> Producer:
+        """The role's producer (`produces`), made by `open`."""
+        assert self._producer is not None, "the producer is made by open"
+        return self._producer
 
     @property
     def stops_on_signals(self) -> bool:
@@ -102,11 +115,16 @@ class Role(ABC, Generic[R]):
         return engine_from_settings(self.settings)
 
     def check(self) -> None:
-        """The start-up checks (StartupRefused: exit 3); an unreachable dependency raises its outage."""
+        """The start-up checks (StartupRefused: exit 3), then the kinds where the role uses them; an
+        unreachable dependency raises its outage."""
         check_startup(self.settings, database=self.uses_database)
+        if self.uses_kinds:
+            self.kinds = load_kinds(self.settings, self.engine)
 
     def open(self) -> None:
         """Make the role's clients once the checks passed; retried while a dependency is away."""
+        if self.produces and self._producer is None:
+            self._producer = make_producer(self.settings)
 
     @abstractmethod
     def run(self) -> R:
@@ -117,9 +135,13 @@ class Role(ABC, Generic[R]):
         return self.run()
 
     def close(self) -> None:
-        """Release the role's clients (the engine here; subclasses add their own)."""
-        if "engine" in self.__dict__:
-            self.engine.dispose()
+        """Release the role's clients: flush the producer, dispose of the engine (subclasses add their own)."""
+        try:
+            if self._producer is not None:
+                self._producer.flush(10)
+        finally:
+            if "engine" in self.__dict__:
+                self.engine.dispose()
 
     def start(self) -> bool:
         """`check` then `open`: a bounded run raises an unreachable dependency at once, a service
@@ -133,6 +155,36 @@ class Role(ABC, Generic[R]):
             leave_connection_failures_to_caller()  # the command says it once, in its one line
             return begin()
         return when_reachable(self.name, self.stop, begin) is not None
+
+
+class PassRole(Role[R]):
+    """A role that works in passes; `once`: one pass, reported (`--once`)."""
+
+    def __init__(self, settings: Settings, *, once: bool = False, stop: threading.Event | None = None) -> None:
+        super().__init__(settings, stop=stop)
+        self.once = once
+
+    @property
+    def bounded(self) -> bool:
+        return self.once
+
+
+class StreamRole(Role[R]):
+    """A role that consumes or relays until stopped; `exit_when_idle`: stop after that many seconds
+    with nothing to do (`--exit-when-idle`). SIGTERM ends it after its step, idle or not."""
+
+    def __init__(self, settings: Settings, *, exit_when_idle: float | None = None,
+                 stop: threading.Event | None = None) -> None:
+        super().__init__(settings, stop=stop)
+        self.exit_when_idle = exit_when_idle
+
+    @property
+    def bounded(self) -> bool:
+        return self.exit_when_idle is not None
+
+    @property
+    def stops_on_signals(self) -> bool:
+        return True
 
 
 def run_role(role: Role[R]) -> R | None:

@@ -7,29 +7,20 @@ import threading
 
 from lapse.kernel.settings import Settings
 from lapse.processors import CleanupWorker, WorkerStats
-from lapse.shell.roles.base import Role
+from lapse.shell.roles.base import StreamRole
 
 
-class ProcessRole(Role[WorkerStats]):
+class ProcessRole(StreamRole[WorkerStats]):
     """One cleanup worker; `exit_when_idle`: stop after that many seconds with nothing to do."""
 
     name = "process"
 
     def __init__(self, settings: Settings, *, exit_when_idle: float | None = None,
                  stop: threading.Event | None = None) -> None:
-        super().__init__(settings, stop=stop)
-        self.exit_when_idle = exit_when_idle
+        super().__init__(settings, exit_when_idle=exit_when_idle, stop=stop)
         self.worker: CleanupWorker | None = None
         self.stats = WorkerStats()  # the worker's counts once it ran; zeros when stopped before it started
         self.ran = False
-
-    @property
-    def bounded(self) -> bool:
-        return self.exit_when_idle is not None
-
-    @property
-    def stops_on_signals(self) -> bool:
-        return True  # idle or not, a SIGTERM ends it after its step
 
     def open(self) -> None:
         self.worker = CleanupWorker(self.settings, stop=self.stop)  # kinds read from the database here

@@ -9,10 +9,10 @@ from datetime import UTC, datetime
 
 from lapse.kernel.settings import Settings
 from lapse.retention import PruneReport, horizons_from_settings, prune_dry_run, prune_once
-from lapse.shell.roles.base import Role, every_interval
+from lapse.shell.roles.base import PassRole, every_interval
 
 
-class PruneRole(Role[PruneReport | None]):
+class PruneRole(PassRole[PruneReport | None]):
     """Retention in bounded batches that stop between batches on SIGTERM. A horizon shorter than
     topics.yaml allows is refused when built (HorizonRefused), before any work."""
 
@@ -20,15 +20,10 @@ class PruneRole(Role[PruneReport | None]):
 
     def __init__(self, settings: Settings, *, once: bool = False, dry_run: bool = False,
                  progress: Callable[[str, int], None] | None = None, stop: threading.Event | None = None) -> None:
-        super().__init__(settings, stop=stop)
-        self.once = once
+        super().__init__(settings, once=once, stop=stop)
         self.dry_run = dry_run
         self.progress = progress
         self.horizons = horizons_from_settings(settings)
-
-    @property
-    def bounded(self) -> bool:
-        return self.once
 
     def run(self) -> None:
         every_interval(self.name, self.stop, self.settings.retention.interval_s, self.run_once)

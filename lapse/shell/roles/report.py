@@ -17,7 +17,7 @@ from lapse.reports import (
     notifier_from_settings,
     run_daily_reports,
 )
-from lapse.shell.roles.base import Role, is_outage, log, when_reachable
+from lapse.shell.roles.base import PassRole, is_outage, log, when_reachable
 
 
 @dataclass(frozen=True)
@@ -29,7 +29,7 @@ class ReportRun:
     failed: dict[str, str]
 
 
-class ReportRole(Role[ReportRun | None]):
+class ReportRole(PassRole[ReportRun | None]):
     """The daily report; `once`: store `day`'s report (default: yesterday) and deliver the pending
     ones. The notifier is built at once: one without what it needs is a ValueError."""
 
@@ -37,15 +37,10 @@ class ReportRole(Role[ReportRun | None]):
 
     def __init__(self, settings: Settings, *, once: bool = False, day: date | None = None,
                  stop: threading.Event | None = None) -> None:
-        super().__init__(settings, stop=stop)
-        self.once = once
+        super().__init__(settings, once=once, stop=stop)
         self.day = day
         self.notifier = notifier_from_settings(settings)
         self.settle = timedelta(seconds=settings.report.settle_s)
-
-    @property
-    def bounded(self) -> bool:
-        return self.once
 
     def run(self) -> None:
         run_daily_reports(self.engine, self.notifier, settle=self.settle, interval_s=self.settings.report.interval_s,
