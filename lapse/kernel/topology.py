@@ -4,8 +4,8 @@ and the consumer groups by role.
 
 Code finds topics and groups by role through `Topology`, never by name, so one optional prefix
 renames a whole environment (side-by-side deployments, a test's own topics). Provisioning the
-cluster from it is `lapse.kernel.provisioning`; the optional `principals:` section names the Kafka
-principal of each role, from which `lapse.kernel.acls` derives that role's ACLs.
+cluster from it is `lapse.shell.provisioning`; the optional `principals:` section names the Kafka
+principal of each role, from which `lapse.shell.acls` derives that role's ACLs.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ GROUP_ROLES = ("cleanup", "delay", "analytics")
 # no lag of a group that never reads.
 RETIRED_GROUP_ROLES = ("reports",)
 # Roles that may have a Kafka principal of their own (`principals:`); `lapse report` reads only the
-# database, so it has none. What each may do is derived in lapse.kernel.acls.
+# database, so it has none. What each may do is derived in lapse.shell.acls.
 PRINCIPAL_ROLES = ("sweep", "process", "relay", "delay", "reconcile", "audit", "status", "analytics", "console")
 _PRINCIPAL = re.compile(r"^[A-Za-z]+:[^\s;,]+$")  # Kafka's `Type:name`, e.g. User:lapse-sweep
 

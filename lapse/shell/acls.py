@@ -22,7 +22,7 @@ What each role does (and so may do):
 Manual readers use throwaway group ids under MANUAL_GROUP_PREFIX: READ on that group prefix.
 Producers are idempotent; WRITE on a topic covers that (Kafka 2.8+), no cluster right is needed.
 
-Provisioning the bindings is `lapse.kernel.provisioning.plan_acls`.
+Provisioning the bindings is `lapse.shell.provisioning.plan_acls`.
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ told `allow_destructive`; the rest of the plan is applied either way.
 Partition counts and replication factors are never changed here: adding partitions to a keyed
 topic moves keys to other partitions (breaking per-key order), so a mismatch is reported as drift.
 
-ACLs (`plan_acls`): the bindings the topology's principals need (`lapse.kernel.acls`) are created
+ACLs (`plan_acls`): the bindings the topology's principals need (`lapse.shell.acls`) are created
 when missing; an ACL on this environment's topics or groups that the topology does not declare is
 reported as drift. Removing it is destructive: `removals` turns that drift into removals, which
 `apply` carries out only when told `allow_destructive`. A broker without an authorizer has no ACLs
