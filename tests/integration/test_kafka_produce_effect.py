@@ -20,7 +20,7 @@ import pytest
 import yaml
 from click.testing import CliRunner
 from confluent_kafka.admin import AdminClient
-from sqlalchemy import BigInteger, Column, DateTime, Index, MetaData, Table, Text, select, text
+from sqlalchemy import Column, DateTime, select
 
 from lapse.kernel.database import make_engine
 from lapse.kernel.kinds import CleanupKind, compile_kinds, read_kinds_file
@@ -37,6 +37,7 @@ from lapse.processors.leased import EffectRunner, run_leased
 from lapse.processors.rules import apply_batch
 from lapse.processors.scope import BatchScope
 from lapse.shell.app import main
+from tests.fixtures.effects import due_rows_table
 from tests.fixtures.kafka import create_topics, read_topic
 from tests.fixtures.pipeline import make_pipeline_settings
 from tests.fixtures.readers import produce_events
@@ -48,16 +49,7 @@ EFFECT_TOPIC = "lapse.effects.erasures"
 LEASE = timedelta(seconds=30)
 PARTITIONS = 3
 
-erasures = Table(
-    "erasures", MetaData(),
-    Column("id", BigInteger, primary_key=True),
-    Column("tenant", Text, nullable=False),
-    Column("status", Text, nullable=False),
-    Column("due_at", DateTime(timezone=True), nullable=False),
-    Column("erased_at", DateTime(timezone=True)),
-    Index("ix_erasures_due", "due_at", "id", postgresql_where=text("status = 'requested'")),
-    schema="public",  # named: the engine maps unnamed schemas to Lapse's own
-)
+erasures = due_rows_table("erasures", "requested", Column("erased_at", DateTime(timezone=True)))
 
 
 def topics_file(folder: Path, **effect_config: str) -> Path:

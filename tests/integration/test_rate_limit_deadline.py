@@ -15,7 +15,7 @@ import pytest
 import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from sqlalchemy import BigInteger, Column, DateTime, Index, MetaData, Table, Text, insert, select, text
+from sqlalchemy import insert, select
 
 from lapse.devtools.demo_tables import artifacts
 from lapse.kernel.kinds import CleanupKind, compile_kinds, read_kinds_file
@@ -28,7 +28,7 @@ from lapse.processors.leased import EffectRunner, complete, run_leased
 from lapse.processors.object_store import FilesystemObjectStore
 from lapse.processors.rules import apply_batch
 from lapse.processors.scope import BatchScope
-from tests.fixtures.effects import Answer
+from tests.fixtures.effects import Answer, due_rows_table
 from tests.fixtures.kinds import demo_kinds
 from tests.fixtures.topology import repo_topology
 
@@ -313,15 +313,7 @@ def test_takeovers_end_when_the_lost_attempt_was_the_last(engine, store):
     assert (r["state"], r["attempt"], r["last_failure_class"]) == ("dead_letter", 2, "exhausted")
 
 
-hooks = Table(
-    "takeover_hooks", MetaData(),
-    Column("id", BigInteger, primary_key=True),
-    Column("tenant", Text, nullable=False),
-    Column("status", Text, nullable=False),
-    Column("due_at", DateTime(timezone=True), nullable=False),
-    Index("ix_takeover_hooks_due", "due_at", "id", postgresql_where=text("status = 'open'")),
-    schema="public",  # named: the engine maps unnamed schemas to Lapse's own
-)
+hooks = due_rows_table("takeover_hooks", "open")
 
 
 def test_an_http_takeover_sends_the_same_idempotency_key_with_a_higher_attempt(engine, http_server, tmp_path):
