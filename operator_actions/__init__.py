@@ -1,8 +1,11 @@
-"""The operator actions room: what an operator does to dead letters (list them; replay or discard a
-bounded selection) and the record of every operator action that changes something — one row in
-`lapse_operator_actions` and one log line. This module is the room's public face."""
+"""The operator actions room: what an operator does to dead letters (list them, poison included;
+preview, then replay or discard a bounded selection, as `lapse dlq` and the console both do) and
+the record of every operator action that changes something — one row in `lapse_operator_actions`
+and one log line. This module is the room's public face."""
 
+from lapse.operator_actions.confirmed import discard_selection, preview, run_discard, run_replay
 from lapse.operator_actions.dead_letters import discard, list_dead_letters, replay
+from lapse.operator_actions.poison import poison_records
 from lapse.operator_actions.record import (
     DISCARD,
     OFFSETS_RESET,
@@ -25,11 +28,16 @@ __all__ = [
     "OperatorAction",
     "RecordedAction",
     "discard",
+    "discard_selection",
     "list_dead_letters",
     "log_action",
     "os_user",
+    "poison_records",
+    "preview",
     "recent_actions",
     "record_action",
     "replay",
+    "run_discard",
+    "run_replay",
     "session_user",
 ]

@@ -141,7 +141,8 @@ def test_cli_replay_needs_a_selection_shows_the_count_and_asks(pg_url):
     assert [(a["action"], a["actor"], a["reason"], a["db_user"], a["target"]) for a in actions] == [
         ("dlq_replay", "bob", "ticket 7", user, "tenant=t1")]
     assert actions[0]["details"] == {"replay_id": data["replay_id"], "released": 2, "limit": 2,
-                                     "shown_before_confirming": 2}
+                                     "shown_before_confirming": 2,
+                                     "op_keys": [r["op_key"] for r in data["released"]]}
     listed = json.loads(runner.invoke(main, ["dlq", "list", "--database-url", pg_url, "--no-poison",
                                              "--json"]).stdout)
     assert [r["op_key"] for r in listed["dead_letters"]] == [

@@ -21,13 +21,6 @@ import click
 from lapse.kernel.settings import Settings
 from lapse.shell.cli import main
 from lapse.shell.cli_options import F, emit, pass_settings, setting_option
-from lapse.shell.dead_letters import (
-    describe_selection,
-    discard_preview,
-    discard_selection,
-    poison_records,
-    run_discard,
-)
 from lapse.shell.error_boundary import CommandFailed, ExitCode
 
 
@@ -100,7 +93,7 @@ def dlq_list(settings: Settings, kind: str | None, tenant: str | None, as_json: 
     # function-local: keeps `lapse --help` fast
     from lapse.kernel.database import engine_from_settings
     from lapse.kernel.ledger import Selection
-    from lapse.operator_actions import list_dead_letters
+    from lapse.operator_actions import list_dead_letters, poison_records
 
     engine = engine_from_settings(settings)
     try:
@@ -154,42 +147,29 @@ def dlq_replay(settings: Settings, kind: str | None, tenant: str | None, as_json
     (--yes) before anything is released, and the replay is recorded as an operator action."""
     # function-local: keeps `lapse --help` fast
     from lapse.kernel.database import engine_from_settings
-    from lapse.kernel.ledger import Selection, dead_letters
-    from lapse.operator_actions import REPLAY, OperatorAction, log_action, record_action, replay, session_user
+    from lapse.kernel.ledger import Selection
+    from lapse.operator_actions import preview, run_replay
 
     check_operator_input("replay", reason, actor, kind, tenant, op_keys, select_all)
     selection = Selection(kind, tenant, tuple(op_keys), include_replayed)
-    target = describe_selection(selection)
     engine = engine_from_settings(settings)
     try:
-        with engine.connect() as conn:
-            matching = [row.op_key for row in dead_letters(conn, selection, limit)]
+        found = preview(engine, selection, limit)
         if dry_run:
-            emit({"dry_run": True, "selection": target, "limit": limit, "would_release": len(matching),
-                  "op_keys": matching}, as_json, lambda d: (
+            emit({"dry_run": True, "selection": found["selection"], "limit": limit,
+                  "would_release": found["matching"], "op_keys": found["op_keys"]}, as_json, lambda d: (
                 f"dry run: would release {d['would_release']} dead letters ({d['selection']}, limit "
                 f"{d['limit']}); nothing changed"))
             return
-        recorded = None
-        released: list[dict[str, Any]] = []
-        replay_id = None
-        if matching:
-            confirm_or_refuse(f"Release {len(matching)} dead letters ({target}, limit {limit}) to be processed "
-                              "again?", yes)
-            now = datetime.now(UTC)
-            with engine.begin() as conn:
-                db_user = session_user(conn)
-                replay_id, released = replay(conn, selection, limit=limit, reason=reason, actor=actor, now=now,
-                                             expiry_topic=settings.topology.expiry)
-                if released:
-                    recorded = record_action(conn, OperatorAction(REPLAY, actor, reason, target, {
-                        "replay_id": replay_id, "released": len(released), "limit": limit,
-                        "shown_before_confirming": len(matching)}), now, db_user)
+        done: dict[str, Any] = {"replay_id": None, "released": []}
+        if found["op_keys"]:
+            confirm_or_refuse(f"Release {found['matching']} dead letters ({found['selection']}, limit {limit}) to be "
+                              "processed again?", yes)
+            done = run_replay(engine, selection, limit=limit, actor=actor, reason=reason, shown=found["matching"],
+                              now=datetime.now(UTC), expiry_topic=settings.topology.expiry)
     finally:
         engine.dispose()
-    if recorded is not None:
-        log_action(recorded)
-    data: dict[str, Any] = {"replay_id": replay_id if released else None, "released": released, "actor": actor}
+    data: dict[str, Any] = {"replay_id": done["replay_id"], "released": done["released"], "actor": actor}
     emit(data, as_json, lambda d: (
         f"replay {d['replay_id']}: released {len(d['released'])} dead letters\n"
         + "\n".join(f"  {r['op_key']}" for r in d["released"])) if d["released"]
@@ -209,24 +189,27 @@ def dlq_discard(settings: Settings, kind: str | None, tenant: str | None, as_jso
     included. The count is shown and confirmed (--yes) before anything changes; each row's
     transition and an operator action record who and why. A late redelivery of a discarded
     operation's event is absorbed as a duplicate."""
-    from lapse.kernel.database import engine_from_settings  # function-local: keeps `lapse --help` fast
+    # function-local: keeps `lapse --help` fast
+    from lapse.kernel.database import engine_from_settings
+    from lapse.operator_actions import discard_selection, preview, run_discard
 
     check_operator_input("discard", reason, actor, kind, tenant, op_keys, select_all)
     selection = discard_selection(kind, tenant, op_keys)
     engine = engine_from_settings(settings)
     try:
-        preview = discard_preview(engine, selection, limit)
+        found = preview(engine, selection, limit)
         if dry_run:
-            emit({"dry_run": True, **preview}, as_json, lambda d: (
+            emit({"dry_run": True, "selection": found["selection"], "would_discard": found["matching"],
+                  "op_keys": found["op_keys"], "limit": limit}, as_json, lambda d: (
                 f"dry run: would discard {d['would_discard']} dead letters ({d['selection']}, limit "
                 f"{d['limit']}); nothing changed"))
             return
         done: dict[str, Any] = {"discarded": [], "action_id": None}
-        if preview["op_keys"]:
-            confirm_or_refuse(f"Discard {preview['would_discard']} dead letters ({preview['selection']}, limit "
+        if found["op_keys"]:
+            confirm_or_refuse(f"Discard {found['matching']} dead letters ({found['selection']}, limit "
                               f"{limit}) for good? They will never be retried.", yes)
             done = run_discard(engine, selection, limit=limit, actor=actor, reason=reason,
-                               shown=preview["would_discard"], now=datetime.now(UTC))
+                               shown=found["matching"], now=datetime.now(UTC))
     finally:
         engine.dispose()
     emit({**done, "actor": actor}, as_json, lambda d: (

@@ -20,6 +20,7 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 from starlette.templating import Jinja2Templates
 
+from lapse import operator_actions
 from lapse.kernel.database import engine_from_settings
 from lapse.kernel.logs import get_logger
 from lapse.kernel.settings import Settings
@@ -33,7 +34,6 @@ from lapse.shell.console.access import (
     Identity,
     require_operator,
 )
-from lapse.shell.dead_letters import discard_preview, discard_selection, run_discard
 
 HERE = Path(__file__).parent
 log = get_logger("console")
@@ -172,8 +172,8 @@ class Console:
                                            form.get("include_replayed") == "1")
         if not selection.op_keys:
             return self.render(request, who, "error.html", 400, message="tick the dead letters to replay first")
-        preview = await run_in_threadpool(views.replay_preview, self.engine, selection)
-        count = preview["would_release"]
+        preview = await run_in_threadpool(operator_actions.preview, self.engine, selection, views.REPLAY_LIMIT)
+        count = preview["matching"]
         return self.render(request, who, "action_preview.html", preview=preview,
                            include_replayed=selection.include_replayed, action={
                                "title": "Replay", "noun": "replay", "verb": "release", "count": count,
@@ -193,8 +193,9 @@ class Console:
             return self.render(request, who, "error.html", 400,
                                message="a replay needs the dead letters and a reason (kept in the audit trail)")
         shown = int(str(form.get("shown") or 0)) if str(form.get("shown") or "0").isdigit() else 0
-        done = await run_in_threadpool(lambda: views.run_replay(
-            self.settings, self.engine, selection, actor=who.name, reason=reason, shown=shown, now=views.now_utc()))
+        done = await run_in_threadpool(lambda: operator_actions.run_replay(
+            self.engine, selection, limit=views.REPLAY_LIMIT, actor=who.name, reason=reason, shown=shown,
+            now=views.now_utc(), expiry_topic=self.settings.topology.expiry, via="console"))
         if done["action_id"] is None:
             return self.render(request, who, "error.html", 409,
                                message="nothing replayed: none of those dead letters is waiting any more")
@@ -206,11 +207,11 @@ class Console:
             who, form = await self.acting(request)
         except AccessRefused as exc:
             return self.refused(request, self.who(request), exc)
-        selection = discard_selection(op_keys=tuple(str(k) for k in form.getlist("op_key")))
+        selection = operator_actions.discard_selection(op_keys=tuple(str(k) for k in form.getlist("op_key")))
         if not selection.op_keys:
             return self.render(request, who, "error.html", 400, message="tick the dead letters to discard first")
-        preview = await run_in_threadpool(discard_preview, self.engine, selection, views.REPLAY_LIMIT)
-        count = preview["would_discard"]
+        preview = await run_in_threadpool(operator_actions.preview, self.engine, selection, views.REPLAY_LIMIT)
+        count = preview["matching"]
         return self.render(request, who, "action_preview.html", preview=preview, action={
             "title": "Discard", "noun": "discard", "verb": "discard", "count": count,
             "warning": "A discarded dead letter is never retried or replayed.",
@@ -224,12 +225,12 @@ class Console:
         except AccessRefused as exc:
             return self.refused(request, self.who(request), exc)
         reason = str(form.get("reason") or "").strip()
-        selection = discard_selection(op_keys=tuple(str(k) for k in form.getlist("op_key")))
+        selection = operator_actions.discard_selection(op_keys=tuple(str(k) for k in form.getlist("op_key")))
         if not reason or not selection.op_keys:
             return self.render(request, who, "error.html", 400,
                                message="a discard needs the dead letters and a reason (kept in the audit trail)")
         shown = str(form.get("shown") or "0")
-        done = await run_in_threadpool(lambda: run_discard(
+        done = await run_in_threadpool(lambda: operator_actions.run_discard(
             self.engine, selection, limit=views.REPLAY_LIMIT, actor=who.name, reason=reason,
             shown=int(shown) if shown.isdigit() else 0, now=views.now_utc(), via="console"))
         if done["action_id"] is None:

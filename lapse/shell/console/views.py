@@ -15,18 +15,10 @@ from typing import Any
 from sqlalchemy import Engine
 from sqlalchemy.exc import DBAPIError
 
-from lapse.kernel.ledger import InvalidOpKey, Selection, dead_letters, parse_op_key
+from lapse.kernel.ledger import InvalidOpKey, Selection, parse_op_key
 from lapse.kernel.outages import is_transient
 from lapse.kernel.settings import Settings
-from lapse.operator_actions import (
-    REPLAY,
-    OperatorAction,
-    log_action,
-    recent_actions,
-    record_action,
-    replay,
-    session_user,
-)
+from lapse.operator_actions import poison_records, recent_actions
 from lapse.readers import (
     correlated_op_keys,
     daily_reports,
@@ -40,7 +32,6 @@ from lapse.readers import (
     throughput,
 )
 from lapse.shell.console.verdict import judge
-from lapse.shell.dead_letters import describe_selection, poison_records
 from lapse.shell.error_boundary import diagnose
 from lapse.shell.time_args import parse_timestamp
 
@@ -188,35 +179,6 @@ def replay_selection(op_keys: list[str], include_replayed: bool) -> Selection:
     return Selection(op_keys=tuple(sorted(set(op_keys))), include_replayed=include_replayed)
 
 
-def replay_preview(engine: Engine, selection: Selection) -> dict[str, Any]:
-    """The dry run: which of the selected dead letters a replay would release now."""
-    with engine.connect() as conn:
-        matching = [row.op_key for row in dead_letters(conn, selection, REPLAY_LIMIT)]
-    return {"selection": describe_selection(selection), "would_release": len(matching), "op_keys": matching,
-            "limit": REPLAY_LIMIT}
-
-
-def run_replay(settings: Settings, engine: Engine, selection: Selection, *, actor: str, reason: str,
-               shown: int, now: datetime) -> dict[str, Any]:
-    """Release the selection under one replay id and record the operator action in the same
-    transaction, as `lapse dlq replay` does; returns the replay id, the op keys released and the
-    action's id (None: nothing matched any more)."""
-    with engine.begin() as conn:
-        db_user = session_user(conn)
-        replay_id, released = replay(conn, selection, limit=REPLAY_LIMIT, reason=reason, actor=actor, now=now,
-                                     expiry_topic=settings.topology.expiry)
-        recorded = None
-        if released:
-            recorded = record_action(conn, OperatorAction(REPLAY, actor, reason, describe_selection(selection), {
-                "replay_id": replay_id, "released": len(released), "limit": REPLAY_LIMIT,
-                "shown_before_confirming": shown, "op_keys": [r["op_key"] for r in released],
-                "via": "console"}), now, db_user)
-    if recorded is None:
-        return {"replay_id": None, "released": [], "action_id": None}
-    log_action(recorded)
-    return {"replay_id": replay_id, "released": [r["op_key"] for r in released], "action_id": recorded.id}
-
-
 def action_progress(engine: Engine, action_id: int) -> dict[str, Any] | None:
     """An operator action and, for a console replay, where each released op key is now."""
     with engine.connect() as conn:
@@ -244,4 +206,4 @@ def error_line(exc: BaseException, settings: Settings) -> str:
 
 
 __all__ = ["DeadLetterFilter", "action_progress", "activity", "dead_letter_list", "history", "now_utc", "overview",
-           "replay_preview", "replay_selection", "run_replay", "search"]
+           "replay_selection", "search"]
