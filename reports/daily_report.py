@@ -2,7 +2,7 @@
 stable key `daily-report:YYYY-MM-DD`, and delivered from that table (its outbox) to a notifier.
 
 The report counts what the cleanup transactions recorded that day, never the business tables at
-send time (a moving target). A day closes at its end (midnight UTC) plus a settle margin for late
+send time (a moving target). A day closes at its end (midnight UTC) plus a grace period for late
 commits. Until then its stored report says `partial: true`, is rebuilt by each run and is never
 sent; once the day has closed, the final report (`partial: false`) replaces the partial one, is
 never changed again and is sent once. A missed day is enqueued explicitly by date, never by
@@ -38,10 +38,10 @@ def day_bounds(day: date) -> tuple[datetime, datetime]:
     return start, start + timedelta(days=1)
 
 
-def closes_at(day: date, settle: timedelta) -> datetime:
-    """When `day` counts as closed: its end plus the settle margin (transactions that began before
+def closes_at(day: date, grace: timedelta) -> datetime:
+    """When `day` counts as closed: its end plus the grace period (transactions that began before
     midnight may commit their transitions a little after it)."""
-    return day_bounds(day)[1] + settle
+    return day_bounds(day)[1] + grace
 
 
 def is_partial() -> ColumnElement[bool]:
@@ -94,11 +94,11 @@ class StoredReport:
 
 
 def enqueue_report(engine: Engine, day: date, now: datetime,
-                   settle: timedelta = timedelta(0)) -> StoredReport:
+                   grace: timedelta = timedelta(0)) -> StoredReport:
     """Store the report of `day` as of `now`: partial while the day is open (`closes_at`), final
     once it has closed. A stored partial report is replaced; a final one never is, so two runs (or
     two report roles) store one final report whatever their order. One transaction."""
-    partial = now < closes_at(day, settle)
+    partial = now < closes_at(day, grace)
     key = report_key(day)
     with engine.begin() as conn:
         payload = build_report(conn, day, now, partial=partial)
@@ -118,14 +118,14 @@ def enqueue_report(engine: Engine, day: date, now: datetime,
     return StoredReport(key, UNCHANGED, False)
 
 
-def partial_days(engine: Engine, before: datetime, settle: timedelta) -> list[date]:
+def partial_days(engine: Engine, before: datetime, grace: timedelta) -> list[date]:
     """Days whose stored report is still partial although the day closed before `before` (a run
     stopped over midnight): the few rows to finalise, read through the undelivered-reports index."""
     with engine.connect() as conn:
         rows = conn.execute(select(daily_reports.c.report_date)
                             .where(daily_reports.c.delivered_at.is_(None), is_partial())
                             .order_by(daily_reports.c.report_key)).scalars().all()
-    return [day for day in rows if closes_at(day, settle) <= before]
+    return [day for day in rows if closes_at(day, grace) <= before]
 
 
 @dataclass

@@ -35,11 +35,11 @@ def utc_now() -> datetime:
     return datetime.now(UTC)
 
 
-def days_to_report(now: datetime, settle: timedelta) -> list[date]:
-    """Yesterday and today as the settle margin sees them, and today: the day that may just have
+def days_to_report(now: datetime, grace: timedelta) -> list[date]:
+    """Yesterday and today as the grace period sees them, and today: the day that may just have
     closed (its final report) and the day or two still open (their partial reports)."""
-    settled = (now - settle).date()
-    return sorted({settled - timedelta(days=1), settled, now.date()})
+    closing = (now - grace).date()
+    return sorted({closing - timedelta(days=1), closing, now.date()})
 
 
 @dataclass
@@ -50,11 +50,11 @@ class PassResult:
     delivery: DeliveryResult = field(default_factory=DeliveryResult)
 
 
-def report_pass(engine: Engine, notifier: Notifier, now: datetime, settle: timedelta) -> PassResult:
+def report_pass(engine: Engine, notifier: Notifier, now: datetime, grace: timedelta) -> PassResult:
     """Store (or rebuild) the reports of the days around `now` and of closed days still partial,
     then deliver the final reports not yet sent."""
-    days = sorted(set(days_to_report(now, settle)) | set(partial_days(engine, now, settle)))
-    result = PassResult(stored=[enqueue_report(engine, day, now, settle) for day in days])
+    days = sorted(set(days_to_report(now, grace)) | set(partial_days(engine, now, grace)))
+    result = PassResult(stored=[enqueue_report(engine, day, now, grace) for day in days])
     for stored in result.stored:
         if stored.changed and not stored.partial:
             log.info("daily report final", extra={"report_key": stored.key})
@@ -62,7 +62,7 @@ def report_pass(engine: Engine, notifier: Notifier, now: datetime, settle: timed
     return result
 
 
-def run_daily_reports(engine: Engine, notifier: Notifier, *, settle: timedelta, interval_s: float,
+def run_daily_reports(engine: Engine, notifier: Notifier, *, grace: timedelta, interval_s: float,
                       stop: threading.Event, clock: Clock = utc_now,
                       attempt: Callable[[Callable[[], PassResult]], PassResult | None] = lambda run: run(),
                       on_pass: Callable[[PassResult], None] | None = None) -> None:
@@ -70,7 +70,7 @@ def run_daily_reports(engine: Engine, notifier: Notifier, *, settle: timedelta, 
     time (tests move it); `attempt` runs each pass (the report role waits out an outage there; None
     means it was stopped meanwhile); `on_pass` sees each pass's result."""
     while not stop.is_set():
-        result = attempt(lambda: report_pass(engine, notifier, clock(), settle))
+        result = attempt(lambda: report_pass(engine, notifier, clock(), grace))
         if result is None:
             return
         if on_pass is not None:

@@ -283,7 +283,7 @@ class ReportSettings(_Section):
         None, description="CA that signed the SMTP server's certificate (default: the system's).")
     smtp_username: str | None = Field(None, description="SMTP login user name (needs smtp_password).")
     smtp_password: SecretStr | None = Field(None, description="SMTP login password.")
-    settle_s: float = Field(
+    grace_s: float = Field(
         300.0, ge=0, le=86_400, description="How long after midnight UTC a day counts as closed and its final "
                                             "report is built (transactions begun before midnight commit late).")
     interval_s: float = Field(

@@ -1,7 +1,7 @@
 """The daily report: built from one UTC day's ledger transitions, stored once per key, delivered once
 through its outbox to the file notifier — however often `lapse report` runs for that date. The
 report role's passes on a moved clock: a day still open is rebuilt as a partial report and never
-sent; once it has closed (plus the settle margin) its final report replaces the partial one and is
+sent; once it has closed (plus the grace period) its final report replaces the partial one and is
 sent exactly once, whatever the number of passes, restarts or concurrent report roles."""
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from lapse.shell.app import main
 
 DAY = date(2026, 11, 28)
 MIDNIGHT = datetime(2026, 11, 28, tzinfo=UTC)
-SETTLE = timedelta(minutes=5)
+GRACE = timedelta(minutes=5)
 
 
 def seed(engine) -> None:
@@ -139,7 +139,7 @@ def test_open_day_is_rebuilt_partial_then_sent_once_final_after_it_closes(pg_url
     def after(result: PassResult) -> None:
         seen.append(_stored(engine, DAY))
         stored_actions.append({s.key: s.action for s in result.stored})
-        if len(seen) == 3:  # a transaction begun before midnight commits inside the settle margin
+        if len(seen) == 3:  # a transaction begun before midnight commits inside the grace period
             with engine.begin() as conn:
                 key = "release-reservation:7"
                 conn.execute(insert(cleanup_ledger).values(
@@ -151,11 +151,11 @@ def test_open_day_is_rebuilt_partial_then_sent_once_final_after_it_closes(pg_url
         if len(seen) == 5:
             stop.set()
 
-    run_daily_reports(engine, notifier, settle=SETTLE, interval_s=0, stop=stop, clock=lambda: next(times),
+    run_daily_reports(engine, notifier, grace=GRACE, interval_s=0, stop=stop, clock=lambda: next(times),
                       on_pass=after)
 
     # (partial, op keys, delivered) of 2026-11-28 after each pass: rebuilt while open, final after
-    # midnight + the settle margin (with the late commit), then never changed.
+    # midnight + the grace period (with the late commit), then never changed.
     assert seen == [(True, 2, False), (True, 3, False), (True, 3, False), (False, 4, True), (False, 4, True)]
     assert stored_actions[1]["daily-report:2026-11-28"] == "rebuilt"
     assert stored_actions[3]["daily-report:2026-11-28"] == "finalised"
@@ -172,7 +172,7 @@ def test_two_report_roles_and_a_restart_send_a_closed_day_once(pg_url):
     engine = make_engine(pg_url)
     seed(engine)
     notifier = RecordingNotifier()
-    report_pass(engine, notifier, MIDNIGHT + timedelta(hours=12), SETTLE)  # a partial report stored
+    report_pass(engine, notifier, MIDNIGHT + timedelta(hours=12), GRACE)  # a partial report stored
     assert [key for key, _ in notifier.sent] == ["daily-report:2026-11-27"]
     closed = MIDNIGHT + timedelta(days=1, minutes=10)
     engines = [make_engine(pg_url), make_engine(pg_url)]
@@ -181,14 +181,14 @@ def test_two_report_roles_and_a_restart_send_a_closed_day_once(pg_url):
     def role(role_engine) -> None:
         for _ in range(3):
             start.wait(10)
-            report_pass(role_engine, notifier, closed, SETTLE)
+            report_pass(role_engine, notifier, closed, GRACE)
 
     roles = [threading.Thread(target=role, args=(e,)) for e in engines]
     for t in roles:
         t.start()
     for t in roles:
         t.join(60)
-    report_pass(engine, notifier, closed + timedelta(minutes=5), SETTLE)  # a restarted role
+    report_pass(engine, notifier, closed + timedelta(minutes=5), GRACE)  # a restarted role
 
     assert [key for key, _ in notifier.sent] == ["daily-report:2026-11-27", "daily-report:2026-11-28"]
     assert _stored(engine, DAY) == (False, 3, True)

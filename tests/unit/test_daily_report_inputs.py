@@ -31,13 +31,13 @@ def test_bad_date_is_a_one_line_error(tmp_path):
     assert "Traceback" not in result.output
 
 
-def test_a_day_closes_after_midnight_plus_the_settle_margin():
-    settle = timedelta(minutes=5)
-    assert closes_at(date(2026, 11, 28), settle) == datetime(2026, 11, 29, 0, 5, tzinfo=UTC)
+def test_a_day_closes_after_midnight_plus_the_grace_period():
+    grace = timedelta(minutes=5)
+    assert closes_at(date(2026, 11, 28), grace) == datetime(2026, 11, 29, 0, 5, tzinfo=UTC)
     # Inside the margin, the day before is still open (rebuilt), and so is the new day.
-    assert days_to_report(datetime(2026, 11, 29, 0, 2, tzinfo=UTC), settle) == [
+    assert days_to_report(datetime(2026, 11, 29, 0, 2, tzinfo=UTC), grace) == [
         date(2026, 11, 27), date(2026, 11, 28), date(2026, 11, 29)]
-    assert days_to_report(datetime(2026, 11, 29, 12, tzinfo=UTC), settle) == [date(2026, 11, 28), date(2026, 11, 29)]
+    assert days_to_report(datetime(2026, 11, 29, 12, tzinfo=UTC), grace) == [date(2026, 11, 28), date(2026, 11, 29)]
 
 
 def test_serve_with_a_date_is_a_usage_error(tmp_path):

@@ -38,7 +38,7 @@ def _text(r: dict[str, Any]) -> str:
               help="Run as the report role until stopped: rebuild the open day's partial report every "
                    "report.interval_s and send each day's final report once it has closed.")
 @setting_option("report.interval_s", "--interval", type=Duration(as_seconds=True), metavar="DURATION")
-@setting_option("report.settle_s", "--settle", type=Duration(as_seconds=True), metavar="DURATION")
+@setting_option("report.grace_s", "--grace", type=Duration(as_seconds=True), metavar="DURATION")
 @setting_option("runtime.metrics_port")
 @pass_settings
 def report(settings: Settings, day: datetime | None, as_json: bool, serve: bool) -> None:

@@ -40,16 +40,16 @@ class ReportRole(PassRole[ReportRun | None]):
         super().__init__(settings, once=once, stop=stop)
         self.day = day
         self.notifier = notifier_from_settings(settings)
-        self.settle = timedelta(seconds=settings.report.settle_s)
+        self.grace = timedelta(seconds=settings.report.grace_s)
 
     def run(self) -> None:
-        run_daily_reports(self.engine, self.notifier, settle=self.settle, interval_s=self.settings.report.interval_s,
+        run_daily_reports(self.engine, self.notifier, grace=self.grace, interval_s=self.settings.report.interval_s,
                           stop=self.stop, attempt=lambda run: when_reachable(self.name, self.stop, _guarded(run)))
 
     def run_once(self) -> ReportRun:
         now = datetime.now(UTC)
         day = self.day or (now - timedelta(days=1)).date()
-        stored = enqueue_report(self.engine, day, now, self.settle)
+        stored = enqueue_report(self.engine, day, now, self.grace)
         result = deliver_pending(self.engine, self.notifier, now)
         return ReportRun(stored, result.delivered, result.failed)
 
