@@ -7,8 +7,8 @@ the classes RATE_LIMITED, TEMPORARY, INVALID, AMBIGUOUS.
 
 from lapse.processors.commit import WorkerContext, commit_batch
 from lapse.processors.delay_worker import DelayWorker
+from lapse.processors.effects.object_stores import FilesystemObjectStore
 from lapse.processors.failures import AMBIGUOUS, INVALID, RATE_LIMITED, TEMPORARY, EffectFailure
-from lapse.processors.object_store import FilesystemObjectStore
 from lapse.processors.rules import apply_batch
 from lapse.processors.scope import BatchResult, BatchScope
 from lapse.processors.worker import CleanupWorker, WorkerStats

@@ -1,4 +1,5 @@
-"""The callers of external effects, one module per effect type, registered by the type's tag.
+"""The callers of external effects, one module per effect type (object-store's stores beside it in
+`object_stores` and `s3_store`), registered by the type's tag.
 
 A builder gets the kind's compiled declaration (`ExternalEffect.declared`) and the worker's
 `CallerSetup` and returns the caller of the kind's `EffectCall`s: it raises `EffectFailure` (or

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from lapse.kernel.kinds.effects import EffectCall, ObjectStoreEffect
 from lapse.processors.effects.base import CallerSetup
-from lapse.processors.object_store import FaultyObjectStore, FilesystemObjectStore, ObjectStore, object_key
+from lapse.processors.effects.object_stores import FaultyObjectStore, FilesystemObjectStore, ObjectStore, object_key
 
 
 class ObjectDeleter:
@@ -32,7 +32,7 @@ def open_store(effect: ObjectStoreEffect, *, max_connections: int = 10) -> Objec
             return FilesystemObjectStore(folder)
     if effect.url.startswith("s3://"):
         try:  # boto3 is the optional `s3` extra: imported only when a kind declares an S3 store
-            from lapse.processors.s3_store import S3ObjectStore
+            from lapse.processors.effects.s3_store import S3ObjectStore
         except ImportError as exc:
             raise ValueError(f"an s3:// object store needs boto3 ({exc}): install lapse[s3]") from None
 

@@ -17,9 +17,9 @@ from lapse.kernel.database import make_engine
 from lapse.kernel.kinds import CleanupKind
 from lapse.kernel.ledger import ExpiryEvent, expiry_event
 from lapse.kernel.models import cleanup_ledger, ledger_transitions, outbox
+from lapse.processors.effects.object_stores import FaultyObjectStore, FilesystemObjectStore
 from lapse.processors.failures import RATE_LIMITED, TEMPORARY, EffectFailure
 from lapse.processors.leased import EffectRunner, run_leased
-from lapse.processors.object_store import FaultyObjectStore, FilesystemObjectStore
 from lapse.processors.rules import apply_batch
 from lapse.processors.scope import BatchScope
 from tests.fixtures.kinds import demo_kinds

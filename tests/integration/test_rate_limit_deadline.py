@@ -23,9 +23,9 @@ from lapse.kernel.kinds.effects import EffectCall
 from lapse.kernel.ledger import ExpiryEvent, Selection, expiry_event, release_dead_letters
 from lapse.kernel.models import cleanup_ledger, ledger_transitions, outbox
 from lapse.processors.effect_calls import CallerFactory, build_caller
+from lapse.processors.effects.object_stores import FilesystemObjectStore
 from lapse.processors.failures import AMBIGUOUS, RATE_LIMITED, TEMPORARY, EffectFailure
 from lapse.processors.leased import EffectRunner, complete, run_leased
-from lapse.processors.object_store import FilesystemObjectStore
 from lapse.processors.rules import apply_batch
 from lapse.processors.scope import BatchScope
 from tests.fixtures.effects import Answer, due_rows_table

@@ -18,9 +18,9 @@ from lapse.kernel.ledger import ExpiryEvent, Selection, expiry_event
 from lapse.kernel.models import outbox
 from lapse.operator_actions import replay
 from lapse.processors import BatchScope, apply_batch
+from lapse.processors.effects.object_stores import FilesystemObjectStore
 from lapse.processors.failures import TEMPORARY, EffectFailure
 from lapse.processors.leased import EffectRunner, run_leased
-from lapse.processors.object_store import FilesystemObjectStore
 from lapse.readers.history_queries import (
     correlation_statement,
     created_with_statement,

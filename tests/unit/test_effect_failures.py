@@ -19,6 +19,10 @@ from hypothesis import strategies as st
 
 from lapse.kernel.kinds.effects import EffectCall
 from lapse.kernel.text import one_line
+from lapse.processors.effects.http import render_url, transport_failure
+from lapse.processors.effects.object_stores import MAX_KEY_BYTES, FilesystemObjectStore, object_key
+from lapse.processors.effects.s3_store import s3_failure
+from lapse.processors.effects.s3_store import transport_failure as s3_transport_failure
 from lapse.processors.failures import (
     AMBIGUOUS,
     INVALID,
@@ -30,10 +34,6 @@ from lapse.processors.failures import (
     for_status,
     retry_after_seconds,
 )
-from lapse.processors.http_effect import render_url, transport_failure
-from lapse.processors.object_store import MAX_KEY_BYTES, FilesystemObjectStore, object_key
-from lapse.processors.s3_store import s3_failure
-from lapse.processors.s3_store import transport_failure as s3_transport_failure
 
 NOW = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
 

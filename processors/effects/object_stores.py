@@ -1,4 +1,4 @@
-"""Object stores for `object-store` effects: the interface, key checks, a filesystem store, and a
+"""The stores of `object-store` effects: the interface, key checks, a filesystem store, and a
 faulty one for the demo (an S3-compatible store is in `s3_store`).
 
 Every store's delete must be idempotent (delete-if-present): a lease that expired after the
@@ -112,4 +112,3 @@ class FaultyObjectStore:
 
     def close(self) -> None:
         self.inner.close()
-

@@ -23,6 +23,7 @@ from botocore.exceptions import (
 from botocore.exceptions import ConnectionError as NotConnected
 
 from lapse.kernel.text import one_line
+from lapse.processors.effects.object_stores import object_key
 from lapse.processors.failures import (
     AMBIGUOUS,
     INVALID,
@@ -32,7 +33,6 @@ from lapse.processors.failures import (
     for_status,
     retry_after_seconds,
 )
-from lapse.processors.object_store import object_key
 
 if TYPE_CHECKING:
     from mypy_boto3_s3 import S3Client
