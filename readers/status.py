@@ -13,7 +13,7 @@ from typing import Any
 
 from sqlalchemy import Connection, Engine, func, or_, select
 
-from lapse.kernel.findings import AUDIT, CIRCUIT, LAST_PASS, LAST_VERDICT, RECONCILE, latest_findings
+from lapse.kernel.findings import AUDIT, CIRCUIT, CLOCK, LAST_PASS, LAST_VERDICT, RECONCILE, latest_findings
 from lapse.kernel.kinds import CleanupKind, load_kinds
 from lapse.kernel.ledger import (
     DEAD_LETTER,
@@ -111,11 +111,12 @@ DEFAULT_ROWS_CAP = 10_000
 
 def findings_status(conn: Connection, now: datetime) -> dict[str, Any]:
     """What the roles last found: the dead-letter circuits open at `now`, the reconciler's last
-    pass and the audit's last verdict (None: never recorded)."""
+    pass and the audit's last verdict (None: never recorded), each role process's clock skew."""
     kept = latest_findings(conn)
     one = {(f.role, f.subject): f.to_dict() for f in kept if f.role in (RECONCILE, AUDIT)}
     return {"open_circuits": [f.to_dict() for f in kept if f.role == CIRCUIT and f.until and f.until > now],
-            "reconciler": one.get((RECONCILE, LAST_PASS)), "audit": one.get((AUDIT, LAST_VERDICT))}
+            "reconciler": one.get((RECONCILE, LAST_PASS)), "audit": one.get((AUDIT, LAST_VERDICT)),
+            "clocks": [f.to_dict() for f in kept if f.role == CLOCK]}
 
 
 def outside_partitions(conn: Connection) -> dict[str, int] | None:
