@@ -81,7 +81,10 @@ class ClockWatch:
         """Measure now and then every interval on a daemon thread, until `stop` is set."""
         def loop() -> None:
             while not stop.is_set():
-                self.measure()
+                try:
+                    self.measure()
+                except Exception:  # a watch never stops the role it watches
+                    log.exception("clock skew not measured", extra={"role": self.role})
                 stop.wait(self.interval_s)
 
         thread = threading.Thread(target=loop, name=f"clock-{self.role}", daemon=True)
