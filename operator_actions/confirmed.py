@@ -8,6 +8,7 @@ from typing import Any
 
 from sqlalchemy import Engine
 
+from lapse.kernel.clock import database_now
 from lapse.kernel.ledger import Selection, dead_letters
 from lapse.operator_actions.dead_letters import discard, replay
 from lapse.operator_actions.record import DISCARD, REPLAY, OperatorAction, log_action, record_action, session_user
@@ -44,12 +45,13 @@ def _details(counts: dict[str, Any], rows: list[dict[str, Any]], limit: int, sho
 
 
 def run_replay(engine: Engine, selection: Selection, *, limit: int, actor: str, reason: str, shown: int,
-               now: datetime, expiry_topic: str, via: str | None = None) -> dict[str, Any]:
+               expiry_topic: str, now: datetime | None = None, via: str | None = None) -> dict[str, Any]:
     """Release up to `limit` dead letters of `selection` under one replay id and record the operator
     action in the same transaction, then log it; returns the replay id (None: nothing matched any
-    more, nothing recorded), the rows released and the action's id."""
+    more, nothing recorded), the rows released and the action's id. `now`: the database's unless given."""
     recorded = None
     with engine.begin() as conn:
+        now = now or database_now(conn)
         db_user = session_user(conn)
         replay_id, released = replay(conn, selection, limit=limit, reason=reason, actor=actor, now=now,
                                      expiry_topic=expiry_topic)
@@ -64,12 +66,13 @@ def run_replay(engine: Engine, selection: Selection, *, limit: int, actor: str, 
 
 
 def run_discard(engine: Engine, selection: Selection, *, limit: int, actor: str, reason: str, shown: int,
-                now: datetime, via: str | None = None) -> dict[str, Any]:
+                now: datetime | None = None, via: str | None = None) -> dict[str, Any]:
     """Discard up to `limit` dead letters of `selection` and record the operator action in the same
     transaction, then log it; returns the rows discarded and the action's id (None: nothing matched
-    any more, nothing recorded)."""
+    any more, nothing recorded). `now`: the database's unless given."""
     recorded = None
     with engine.begin() as conn:
+        now = now or database_now(conn)
         db_user = session_user(conn)
         discarded = discard(conn, selection, limit=limit, reason=reason, actor=actor, now=now)
         if discarded:

@@ -16,6 +16,7 @@ from confluent_kafka import Consumer, Message, Producer, TopicPartition
 from sqlalchemy import Connection, Engine
 from sqlalchemy.exc import DataError, DBAPIError, IntegrityError, InterfaceError, OperationalError
 
+from lapse.kernel.clock import Clock
 from lapse.kernel.codec import Codec
 from lapse.kernel.delays import delay_record
 from lapse.kernel.kafka_clients import DeliveryFailed, DeliveryTracker, message_max_bytes, produce_or_refusal
@@ -46,7 +47,7 @@ class WorkerContext:
     kinds: dict[str, CleanupKind]
     producer: Producer
     delivery: DeliveryTracker
-    clock: Callable[[], datetime] = lambda: datetime.now(UTC)
+    clock: Clock | None = None  # a settable now (tests); None: the database's, per transaction
     effects: EffectRunner | None = None  # built from settings on first use
     rng: random.Random = field(default_factory=random.Random)  # retry jitter
     commit_asynchronously: bool = False  # step 3 of commit_batch; the worker's loop sets it
@@ -62,7 +63,7 @@ class WorkerContext:
         """The scope of one batch on `conn`: the worker's settings are read here, once."""
         return BatchScope(conn, kinds=self.kinds, topics=self.topics, worker=self.settings.runtime.worker_id,
                           now=now, lease=timedelta(seconds=self.settings.processor.lease_seconds),
-                          positions=positions, rng=self.rng)
+                          positions=positions, rng=self.rng, clock=self.clock)
 
     @property
     def budget(self) -> OriginalBudget:
@@ -93,14 +94,15 @@ def commit_batch(
        delay tier) and flush; raise if any record was not acknowledged.
     3. Commit the next offset of every partition still owned, on the consumer's thread.
     """
-    now = ctx.clock()
+    # The poison's dead-letter time when the batch has no transaction; else the transaction's now.
+    now = ctx.clock() if ctx.clock is not None else datetime.now(UTC)
     result = BatchResult()
     unrecorded: list[Invalid] = []
     # Step 1: the database commit (and the external effects' second transaction).
     if events:
         with ctx.engine.connect() as conn:
             scope = ctx.scope(conn, now, positions)
-            result = _apply_with_retry(scope, events, unrecorded)
+            result, now = _apply_with_retry(scope, events, unrecorded)
             if result.leased:
                 result.absorb(run_leased(ctx.effect_runner(), scope, result, ctx.clock))
     _crash_if("after_db_commit", ctx.settings)
@@ -120,20 +122,25 @@ def commit_batch(
     return result
 
 
-def _apply_with_retry(scope: BatchScope, events: list[ExpiryEvent], unrecorded: list[Invalid]) -> BatchResult:
-    """The batch transaction, retried on deadlock; any other failure not about the connection is
-    taken as one event's fault, and the batch is redone event by event (`isolate_failures`)."""
+def _apply_with_retry(scope: BatchScope, events: list[ExpiryEvent], unrecorded: list[Invalid]
+                      ) -> tuple[BatchResult, datetime]:
+    """The batch transaction at its own now (returned with the result: the delay records' tiers
+    are chosen with it), retried on deadlock; any other failure not about the connection is taken
+    as one event's fault, and the batch is redone event by event (`isolate_failures`)."""
     for attempt in range(DEADLOCK_RETRIES):
         try:
             with scope.conn.begin():
-                return apply_batch(scope.fresh(), events)
+                begun = scope.begun()
+                return apply_batch(begun, events), begun.now
         except (OperationalError, InterfaceError) as exc:
             if "deadlock" not in str(exc).lower() or attempt == DEADLOCK_RETRIES - 1:
                 raise
         except Exception as exc:
             log.warning("batch transaction failed, isolating the event at fault",
                         extra={"records": len(events), "error": _one_line(exc)})
-            return isolate_failures(scope, events, unrecorded)
+            result = isolate_failures(scope, events, unrecorded)
+            with scope.conn.begin():  # rare: the isolated transactions' now is the next one's
+                return result, scope.begun().now
     raise AssertionError("unreachable")
 
 
@@ -147,7 +154,7 @@ def isolate_failures(scope: BatchScope, events: list[ExpiryEvent],
     for event in events:
         try:
             with scope.conn.begin():
-                result.absorb(apply_batch(scope.fresh(), [event]))
+                result.absorb(apply_batch(scope.begun(), [event]))
         except (OperationalError, InterfaceError):
             raise
         except Exception as exc:
@@ -156,7 +163,7 @@ def isolate_failures(scope: BatchScope, events: list[ExpiryEvent],
         ids = {"op_key": event.op_key, "correlation_id": event.correlation_id}
         try:
             with scope.conn.begin():
-                lettered = dead_letter_events(scope.fresh(), [(event, reason)])
+                lettered = dead_letter_events(scope.begun(), [(event, reason)])
         except (OperationalError, InterfaceError):
             raise
         except Exception as exc:

@@ -62,7 +62,7 @@ def decode_batch(messages: list[Message], codec: Codec, kinds: Mapping[str, Clea
                  now: datetime | None = None) -> tuple[list[ExpiryEvent], dict[str, Position], list[Poison]]:
     """Split consumed messages into (events, positions by op key, poison); `now` (default: the
     clock) places the due-time window."""
-    now = now or datetime.now(UTC)
+    now = now or datetime.now(UTC)  # the window is years wide: minutes of skew do not move it
     events: list[ExpiryEvent] = []
     positions: dict[str, Position] = {}
     poison: list[Poison] = []

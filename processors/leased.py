@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor, wait
-from datetime import datetime
 
+from lapse.kernel.clock import Clock, now_in
 from lapse.kernel.kinds import CleanupKind
 from lapse.kernel.kinds.effects import EffectCall
 from lapse.kernel.ledger import APPLIED, CLAIMED, ExpiryEvent, lock_claims, renew_leases
@@ -126,9 +126,10 @@ def complete(scope: BatchScope, events: Sequence[ExpiryEvent],
 
 
 def run_leased(runner: EffectRunner, scope: BatchScope, claimed: BatchResult,
-               clock: Callable[[], datetime]) -> BatchResult:
+               clock: Clock | None = None) -> BatchResult:
     """Run the effects of the events `claimed` leased (renewing their leases in short
-    transactions meanwhile), then complete them in one transaction, on the scope's connection."""
+    transactions meanwhile), then complete them in one transaction, on the scope's connection;
+    each transaction at its own now (`clock()` when set, else the database's)."""
     if not claimed.leased:
         return BatchResult()
     jobs = [(scope.kinds[e.kind], EffectCall(e.kind, e.op_key, claimed.attempts[e.op_key], e.subject_id,
@@ -137,11 +138,11 @@ def run_leased(runner: EffectRunner, scope: BatchScope, claimed: BatchResult,
 
     def renew(op_keys: list[str]) -> None:
         with scope.conn.begin():
-            renew_leases(scope.conn, op_keys, scope.worker, clock() + scope.lease)
+            renew_leases(scope.conn, op_keys, scope.worker, now_in(scope.conn, clock) + scope.lease)
 
     outcomes = runner.run(jobs, scope.lease.total_seconds(), renew)
     with scope.conn.begin():
-        return complete(scope.fresh(clock()), claimed.leased, outcomes)
+        return complete(scope.fresh(now_in(scope.conn, clock)), claimed.leased, outcomes)
 
 
 def effect_runner(settings: Settings) -> EffectRunner:

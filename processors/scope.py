@@ -12,6 +12,7 @@ from typing import Any
 
 from sqlalchemy import Connection
 
+from lapse.kernel.clock import Clock, now_in
 from lapse.kernel.kinds import CleanupKind
 from lapse.kernel.ledger import ExpiryEvent, LedgerWrites, Position
 from lapse.kernel.topology import Topology
@@ -60,6 +61,7 @@ class BatchScope:
     lease: timedelta
     positions: Mapping[str, Position] = field(default_factory=dict)
     rng: random.Random = field(default_factory=random.Random)
+    clock: Clock | None = None  # a test's settable now; None: the database's, read per transaction
     writes: LedgerWrites = field(init=False)
     result: BatchResult = field(init=False, default_factory=BatchResult)
 
@@ -69,3 +71,8 @@ class BatchScope:
     def fresh(self, now: datetime | None = None) -> BatchScope:
         """The same batch for another transaction (at `now`, if given): fresh writes and result."""
         return replace(self, now=self.now if now is None else now)
+
+    def begun(self) -> BatchScope:
+        """The same batch for the transaction just begun on `conn`, at its now (the database's,
+        one small read, unless a clock is set): due, lease and deadline decisions use it."""
+        return self.fresh(now_in(self.conn, self.clock))

@@ -318,6 +318,7 @@ class CleanupWorker:
     def _record_circuit(self, tp: tuple[str, int], *, opened: bool, failed: int = 0, seen: int = 0) -> None:
         """Keep the circuit's state as this worker's finding on the partition (status and the
         console show the open ones); a database that cannot take it is a logged warning."""
+        # For status and the console only: the circuit itself runs on the monotonic clock.
         now, cooldown = datetime.now(UTC), self.settings.processor.circuit_cooldown_s
         if opened:
             summary = (f"open: {failed} of the last batch's {seen} outcomes failed; paused for {cooldown:g}s "

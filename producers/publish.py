@@ -7,11 +7,12 @@ Work that is not due yet goes to the delay tier that covers the wait, with its `
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import datetime
 
 from sqlalchemy import Connection
 from sqlalchemy.orm import Session
 
+from lapse.kernel.clock import database_now
 from lapse.kernel.delays import delay_record
 from lapse.kernel.kinds import CleanupKind, declared_names
 from lapse.kernel.ledger import LedgerWrites, expiry_event, insert_pending
@@ -58,9 +59,9 @@ def schedule_cleanup(
         kind.parse_subject(str(subject_id))
     if due_at.tzinfo is None:
         raise ValueError("due_at must be timezone-aware")
-    now = now or datetime.now(UTC)
     event = expiry_event(name, subject_id, tenant, due_at, source=SOURCE, correlation_id=correlation_id)
     conn = _connection(conn_or_session, settings)
+    now = now or database_now(conn)  # due now or through a delay tier: the database's clock decides
     if not insert_pending(conn, [event], now):
         return False
     topic, headers = settings.topology.expiry, {}

@@ -13,13 +13,12 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
-from datetime import UTC, datetime
 from typing import Any
 
 from confluent_kafka import Producer
 from sqlalchemy import Connection, Engine
 
+from lapse.kernel.clock import Clock, now_in
 from lapse.kernel.codec import Codec
 from lapse.kernel.kafka_clients import DeliveryTracker
 from lapse.kernel.logs import get_logger
@@ -33,14 +32,14 @@ log = get_logger("relay")
 
 
 def relay_batch(engine: Engine, producer: Producer, codec: Codec, delivery: DeliveryTracker,
-                limit: int, clock: Callable[[], datetime] = lambda: datetime.now(UTC)) -> int:
+                limit: int, clock: Clock | None = None) -> int:
     """Publish up to `limit` unsent outbox rows; returns how many were published."""
     with engine.begin() as conn:
         return _publish(conn, relay_queries.lock_unsent(conn, limit), producer, codec, delivery, clock)
 
 
 def relay_slot_batch(lease: SlotLease, producer: Producer, codec: Codec, delivery: DeliveryTracker,
-                     limit: int, clock: Callable[[], datetime] = lambda: datetime.now(UTC)) -> int:
+                     limit: int, clock: Clock | None = None) -> int:
     """Publish up to `limit` unsent rows of the slots `lease` holds (after its periodic rebalance),
     on the lease's own connection; returns how many were published."""
     slots = lease.rebalance()
@@ -54,7 +53,7 @@ def relay_slot_batch(lease: SlotLease, producer: Producer, codec: Codec, deliver
 
 
 def _publish(conn: Connection, rows: list[Any], producer: Producer, codec: Codec, delivery: DeliveryTracker,
-             clock: Callable[[], datetime]) -> int:
+             clock: Clock | None) -> int:
     """Produce `rows` in order, wait for every acknowledgement, then mark them sent (in the
     caller's transaction, which holds their locks)."""
     if not rows:
@@ -70,7 +69,7 @@ def _publish(conn: Connection, rows: list[Any], producer: Producer, codec: Codec
                          headers=headers, on_delivery=delivery)
         producer.poll(0)
     delivery.flush(producer)
-    relay_queries.mark_sent(conn, [r.id for r in rows], clock(),
+    relay_queries.mark_sent(conn, [r.id for r in rows], now_in(conn, clock),
                             (min(r.created_at for r in rows), max(r.created_at for r in rows)))
     return len(rows)
 

@@ -12,13 +12,13 @@ leaves `pending` rows the reconciler will find, never a silent gap.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import datetime
 
 from confluent_kafka import Producer
 from sqlalchemy import Engine
 
+from lapse.kernel.clock import Clock, engine_now
 from lapse.kernel.codec import Codec
 from lapse.kernel.kafka_clients import DeliveryTracker
 from lapse.kernel.kinds import CleanupKind
@@ -81,11 +81,12 @@ def sweep_kind(engine: Engine, producer: Producer, codec: Codec, settings: Setti
 
 def sweep_once(engine: Engine, producer: Producer, codec: Codec, settings: Settings,
                kinds: dict[str, CleanupKind],
-               clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+               clock: Clock | None = None,
                stop: threading.Event | None = None) -> SweepReport:
-    """One full pass over every kind's due rows; a set `stop` ends it between pages."""
+    """One full pass over every kind's due rows at the pass's now (the database's, unless a
+    `clock` is set); a set `stop` ends it between pages."""
     report = SweepReport()
-    now = clock()
+    now = engine_now(engine, clock)
     for kind in kinds.values():
         sweep_kind(engine, producer, codec, settings, kind, now, report, stop=stop)
     return report

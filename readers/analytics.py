@@ -174,7 +174,7 @@ def build_app(settings: Settings, options: AnalyticsOptions, partitions: int) ->
 
     @app.timer(interval=60.0)
     async def prune() -> None:
-        _prune(tables, datetime.now(UTC), options.window_retention)
+        _prune(tables, datetime.now(UTC), options.window_retention)  # a display's windows: the local clock
 
     @app.page(VIEW_PATH)
     async def view(page: View, request: Request) -> Response:

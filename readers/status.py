@@ -8,12 +8,13 @@ business rows that have no ledger row yet (with no sweep running, nothing else s
 from __future__ import annotations
 
 from dataclasses import asdict
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy import Connection, Engine, func, or_, select
 
-from lapse.kernel.findings import AUDIT, CIRCUIT, LAST_PASS, LAST_VERDICT, RECONCILE, latest_findings
+from lapse.kernel.clock import database_now
+from lapse.kernel.findings import AUDIT, CIRCUIT, CLOCK, LAST_PASS, LAST_VERDICT, RECONCILE, latest_findings
 from lapse.kernel.kinds import CleanupKind, load_kinds
 from lapse.kernel.ledger import (
     DEAD_LETTER,
@@ -105,17 +106,22 @@ def lag_status(settings: Settings, now: datetime) -> list[dict[str, Any]]:
     return [{**row, "group_state": states.get(row["group"])} for row in rows]
 
 
+# How recent a role's clock measurement must be to be shown (roles measure every minute by default).
+CLOCK_FRESH = timedelta(minutes=15)
 # How many rows of a DEFAULT partition status counts at most (a bounded read).
 DEFAULT_ROWS_CAP = 10_000
 
 
 def findings_status(conn: Connection, now: datetime) -> dict[str, Any]:
     """What the roles last found: the dead-letter circuits open at `now`, the reconciler's last
-    pass and the audit's last verdict (None: never recorded)."""
+    pass and the audit's last verdict (None: never recorded), the clock skew of each role process
+    that measured it in the last CLOCK_FRESH by the database's clock (a process gone is left out)."""
     kept = latest_findings(conn)
+    shown_after = database_now(conn) - CLOCK_FRESH
     one = {(f.role, f.subject): f.to_dict() for f in kept if f.role in (RECONCILE, AUDIT)}
     return {"open_circuits": [f.to_dict() for f in kept if f.role == CIRCUIT and f.until and f.until > now],
-            "reconciler": one.get((RECONCILE, LAST_PASS)), "audit": one.get((AUDIT, LAST_VERDICT))}
+            "reconciler": one.get((RECONCILE, LAST_PASS)), "audit": one.get((AUDIT, LAST_VERDICT)),
+            "clocks": [f.to_dict() for f in kept if f.role == CLOCK and f.at >= shown_after]}
 
 
 def outside_partitions(conn: Connection) -> dict[str, int] | None:

@@ -13,13 +13,13 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 
 from confluent_kafka import Producer
 from sqlalchemy import Engine
 
+from lapse.kernel.clock import Clock, engine_now
 from lapse.kernel.codec import Codec
 from lapse.kernel.findings import LAST_PASS, RECONCILE, Finding, record_quietly
 from lapse.kernel.kafka_clients import DeliveryTracker
@@ -91,7 +91,7 @@ class Reconciler:
 
     def __init__(self, engine: Engine, producer: Producer, codec: Codec, settings: Settings,
                  kinds: dict[str, CleanupKind], *,
-                 clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+                 clock: Clock | None = None,
                  bucket: TokenBucket | None = None, stop: threading.Event | None = None) -> None:
         self.engine = engine
         self.stop = stop or threading.Event()  # set: the pass ends between pages
@@ -111,7 +111,7 @@ class Reconciler:
     def run_once(self) -> ReconcileReport:
         """One full pass: every kind's business table, then the stuck ledger states."""
         report = ReconcileReport()
-        now = self.clock()
+        now = engine_now(self.engine, self.clock)  # the pass's now: the database's unless a clock is set
         cutoff = now - timedelta(seconds=self.settings.reconciler.grace_s)
         for kind in self.kinds.values():
             self._scan_kind(kind, cutoff, now, report)
@@ -219,7 +219,7 @@ class Reconciler:
 
 def reconcile_once(engine: Engine, producer: Producer, codec: Codec, settings: Settings,
                    kinds: dict[str, CleanupKind], *,
-                   clock: Callable[[], datetime] = lambda: datetime.now(UTC)) -> ReconcileReport:
+                   clock: Clock | None = None) -> ReconcileReport:
     """The reconcile entry point: one pass with the settings' grace, page size and rate."""
     return Reconciler(engine, producer, codec, settings, kinds, clock=clock).run_once()
 

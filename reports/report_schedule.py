@@ -12,10 +12,11 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import UTC, date, datetime, timedelta
+from datetime import date, datetime, timedelta
 
 from sqlalchemy import Engine
 
+from lapse.kernel.clock import Clock, engine_now
 from lapse.kernel.logs import get_logger
 from lapse.reports.daily_report import (
     DeliveryResult,
@@ -27,13 +28,6 @@ from lapse.reports.daily_report import (
 from lapse.reports.notifiers import Notifier
 
 log = get_logger("report")
-
-Clock = Callable[[], datetime]
-
-
-def utc_now() -> datetime:
-    return datetime.now(UTC)
-
 
 def days_to_report(now: datetime, grace: timedelta) -> list[date]:
     """Yesterday and today as the grace period sees them, and today: the day that may just have
@@ -63,14 +57,14 @@ def report_pass(engine: Engine, notifier: Notifier, now: datetime, grace: timede
 
 
 def run_daily_reports(engine: Engine, notifier: Notifier, *, grace: timedelta, interval_s: float,
-                      stop: threading.Event, clock: Clock = utc_now,
+                      stop: threading.Event, clock: Clock | None = None,
                       attempt: Callable[[Callable[[], PassResult]], PassResult | None] = lambda run: run(),
                       on_pass: Callable[[PassResult], None] | None = None) -> None:
     """A report pass every `interval_s` seconds until `stop` is set. `clock` gives each pass its
-    time (tests move it); `attempt` runs each pass (the report role waits out an outage there; None
-    means it was stopped meanwhile); `on_pass` sees each pass's result."""
+    time (tests move it; default: the database's); `attempt` runs each pass (the report role waits
+    out an outage there; None means it was stopped meanwhile); `on_pass` sees each pass's result."""
     while not stop.is_set():
-        result = attempt(lambda: report_pass(engine, notifier, clock(), grace))
+        result = attempt(lambda: report_pass(engine, notifier, engine_now(engine, clock), grace))
         if result is None:
             return
         if on_pass is not None:

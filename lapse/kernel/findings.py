@@ -1,6 +1,6 @@
 """Findings: the latest word of each role on each subject, kept in `lapse_findings` so that status
 and the console can show what the roles found without having run them — the reconciler's last pass,
-the audit's last verdict, each dead-letter circuit a worker opened.
+the audit's last verdict, each dead-letter circuit a worker opened, each process's clock skew.
 
 One row per (role, subject), overwritten in place: a handful of rows, read whole by primary key.
 Every statement on the table is named here. Recording a finding never stops the role that found
@@ -13,14 +13,14 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Connection, Engine, select
+from sqlalchemy import Connection, Engine, delete, select
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import SQLAlchemyError
 
 from lapse.kernel.logs import get_logger
 from lapse.kernel.models import findings as F
 
-RECONCILE, AUDIT, CIRCUIT = "reconcile", "audit", "circuit"
+RECONCILE, AUDIT, CIRCUIT, CLOCK = "reconcile", "audit", "circuit", "clock"
 LAST_PASS, LAST_VERDICT = "last pass", "last verdict"  # the subjects of the reconciler's and the audit's rows
 log = get_logger("findings")
 
@@ -62,6 +62,11 @@ def record_quietly(engine: Engine, finding: Finding) -> None:
     except SQLAlchemyError as exc:
         log.warning("finding not recorded", extra={"role": finding.role, "subject": finding.subject,
                                                    "error": type(exc).__name__})
+
+
+def forget_findings(conn: Connection, role: str, before: datetime) -> None:
+    """Remove `role`'s findings last recorded before `before` (a clock of a process long gone)."""
+    conn.execute(delete(F).where(F.c.role == role, F.c.at < before))
 
 
 def latest_findings(conn: Connection) -> list[Finding]:

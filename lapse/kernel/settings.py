@@ -300,6 +300,13 @@ class RuntimeSettings(_Section):
     log_level: str = Field("INFO", description="Log level.")
     log_format: Literal["json", "text"] = Field("json", description="Log line format.")
     metrics_port: int | None = Field(None, description="Serve Prometheus metrics on this port.")
+    clock_skew_bound_s: float = Field(
+        5.0, gt=0, description="How far this machine's wall clock may be from the database's before each "
+                               "role warns (every few minutes) and `lapse status` flags it. Decisions about "
+                               "time are the database's whatever the skew; logs and displays are not.")
+    clock_check_interval_s: float = Field(
+        60.0, gt=0, description="How often each long-running role measures its wall clock against the "
+                                "database's (the `lapse_clock_skew_seconds` gauge, `lapse status`).")
     metrics_bind: str = Field(
         LOOPBACK, description="Address the metrics endpoint listens on (0.0.0.0: every interface, for a "
                               "scraper in another host or container).")

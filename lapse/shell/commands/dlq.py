@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable
-from datetime import UTC, datetime
 from typing import Any
 
 import click
@@ -166,7 +165,7 @@ def dlq_replay(settings: Settings, kind: str | None, tenant: str | None, as_json
             confirm_or_refuse(f"Release {found['matching']} dead letters ({found['selection']}, limit {limit}) to be "
                               "processed again?", yes)
             done = run_replay(engine, selection, limit=limit, actor=actor, reason=reason, shown=found["matching"],
-                              now=datetime.now(UTC), expiry_topic=settings.topology.expiry)
+                              expiry_topic=settings.topology.expiry)
     finally:
         engine.dispose()
     data: dict[str, Any] = {"replay_id": done["replay_id"], "released": done["released"], "actor": actor}
@@ -209,7 +208,7 @@ def dlq_discard(settings: Settings, kind: str | None, tenant: str | None, as_jso
             confirm_or_refuse(f"Discard {found['matching']} dead letters ({found['selection']}, limit "
                               f"{limit}) for good? They will never be retried.", yes)
             done = run_discard(engine, selection, limit=limit, actor=actor, reason=reason,
-                               shown=found["matching"], now=datetime.now(UTC))
+                               shown=found["matching"])
     finally:
         engine.dispose()
     emit({**done, "actor": actor}, as_json, lambda d: (

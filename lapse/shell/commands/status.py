@@ -56,6 +56,10 @@ def _text(r: dict[str, Any]) -> str:
     for role, what in (("reconciler", "reconciler's last pass"), ("audit", "last audit")):
         if found.get(role):
             lines.append(f"{what} at {found[role]['at']}: {found[role]['summary']}")
+    for clock in found.get("clocks", []):
+        skew, bound = clock["details"]["skew_s"], clock["details"]["bound_s"]
+        far = f", beyond the bound of {bound:g}s: fix its time synchronisation" if abs(skew) > bound else ""
+        lines.append(f"clock {clock['subject']}: {skew:+.1f}s against the database (measured {clock['at']}){far}")
     return "\n".join(lines)
 
 

@@ -130,8 +130,7 @@ def _apply_recorded(settings: Settings, admin: Any, actions: list[Any], reason: 
     written first, in the transaction that commits after the apply: a database that cannot take it
     (unreachable, not migrated) stops the apply before any change."""
     # function-local: keeps `lapse --help` fast
-    from datetime import UTC, datetime
-
+    from lapse.kernel.clock import database_now
     from lapse.kernel.database import engine_from_settings
     from lapse.operator_actions import (
         TOPICS_APPLY_DESTRUCTIVE,
@@ -158,7 +157,7 @@ def _apply_recorded(settings: Settings, admin: Any, actions: list[Any], reason: 
                 entry["destructive"] += list(action.destructive)
             recorded = record_action(conn, OperatorAction(
                 TOPICS_APPLY_DESTRUCTIVE, actor, reason, ", ".join(sorted({a.topic for a in destructive})),
-                {"changes": changes}), datetime.now(UTC), session_user(conn))
+                {"changes": changes}), database_now(conn), session_user(conn))
             done: list[Any] = apply(admin, actions, allow_destructive=True)
     finally:
         engine.dispose()

@@ -195,7 +195,7 @@ class Console:
         shown = int(str(form.get("shown") or 0)) if str(form.get("shown") or "0").isdigit() else 0
         done = await run_in_threadpool(lambda: operator_actions.run_replay(
             self.engine, selection, limit=views.REPLAY_LIMIT, actor=who.name, reason=reason, shown=shown,
-            now=views.now_utc(), expiry_topic=self.settings.topology.expiry, via="console"))
+            expiry_topic=self.settings.topology.expiry, via="console"))
         if done["action_id"] is None:
             return self.render(request, who, "error.html", 409,
                                message="nothing replayed: none of those dead letters is waiting any more")
@@ -232,7 +232,7 @@ class Console:
         shown = str(form.get("shown") or "0")
         done = await run_in_threadpool(lambda: operator_actions.run_discard(
             self.engine, selection, limit=views.REPLAY_LIMIT, actor=who.name, reason=reason,
-            shown=int(shown) if shown.isdigit() else 0, now=views.now_utc(), via="console"))
+            shown=int(shown) if shown.isdigit() else 0, via="console"))
         if done["action_id"] is None:
             return self.render(request, who, "error.html", 409,
                                message="nothing discarded: none of those dead letters is waiting any more")

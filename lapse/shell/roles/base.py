@@ -16,6 +16,7 @@ from typing import ClassVar, Generic, TypeVar
 from confluent_kafka import Producer
 from sqlalchemy import Engine
 
+from lapse.kernel.clock_watch import ClockWatch
 from lapse.kernel.database import engine_from_settings
 from lapse.kernel.kafka_clients import make_producer
 from lapse.kernel.kafka_logs import leave_connection_failures_to_caller
@@ -91,6 +92,8 @@ class Role(ABC, Generic[R]):
         self.stop = stop or threading.Event()
         self.kinds: dict[str, CleanupKind] = {}
         self._producer: Producer | None = None
+        # This process's wall clock against the database's, measured while a service runs.
+        self.clock_watch = ClockWatch(settings, self.name, lambda: self.engine)
 
     @property
     def bounded(self) -> bool:
@@ -193,9 +196,14 @@ def run_role(role: Role[R]) -> R | None:
     stopped before it started."""
     if role.stops_on_signals:
         stop_on_signals(role.stop)
+    watched = threading.Event()  # set: the clock watch of a service ends
     try:
         if not role.start():
             return None
-        return role.run_once() if role.bounded else role.run()
+        if role.bounded:
+            return role.run_once()
+        role.clock_watch.start(watched)
+        return role.run()
     finally:
+        watched.set()
         role.close()

@@ -1,5 +1,6 @@
 """The delay role: forward delay-tier records to lapse.expiry when due, until stopped (`lapse delay`,
-`lapse run`). It never opens the database; its start waits for the broker to answer."""
+`lapse run`). Its start waits for the broker to answer; the database is asked only for its clock
+(`Role.clock_watch`), and its absence delays nothing."""
 
 from __future__ import annotations
 
@@ -26,7 +27,8 @@ class DelayRole(Role[int]):
         self.ran = False
 
     def open(self) -> None:
-        self.worker = self.worker or DelayWorker(self.settings, stop=self.stop)
+        # Release times on the wall clock corrected by the skew last measured (`Role.clock_watch`).
+        self.worker = self.worker or DelayWorker(self.settings, stop=self.stop, clock=self.clock_watch.now)
         self.worker.consumer.list_topics(timeout=METADATA_TIMEOUT_S)  # the broker answers
 
     def run(self) -> int:

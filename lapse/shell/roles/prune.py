@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from datetime import UTC, datetime
 
+from lapse.kernel.clock import engine_now
 from lapse.kernel.settings import Settings
 from lapse.retention import PruneReport, horizons_from_settings, prune_dry_run, prune_once
 from lapse.shell.roles.base import PassRole, every_interval
@@ -29,7 +29,7 @@ class PruneRole(PassRole[PruneReport | None]):
         every_interval(self.name, self.stop, self.settings.retention.interval_s, self.run_once)
 
     def run_once(self) -> PruneReport:
-        now = datetime.now(UTC)
+        now = engine_now(self.engine)  # the prune horizon and the partitions ahead: the database's clock
         if self.dry_run:
             return prune_dry_run(self.engine, self.horizons, now)
         return prune_once(self.engine, self.horizons, now, self.settings.retention.batch_size, stop=self.stop,

@@ -6,8 +6,9 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import UTC, date, datetime, timedelta
+from datetime import date, timedelta
 
+from lapse.kernel.clock import engine_now
 from lapse.kernel.settings import Settings
 from lapse.reports import (
     PassResult,
@@ -47,7 +48,7 @@ class ReportRole(PassRole[ReportRun | None]):
                           stop=self.stop, attempt=lambda run: when_reachable(self.name, self.stop, _guarded(run)))
 
     def run_once(self) -> ReportRun:
-        now = datetime.now(UTC)
+        now = engine_now(self.engine)  # the report schedule: the database's clock
         day = self.day or (now - timedelta(days=1)).date()
         stored = enqueue_report(self.engine, day, now, self.grace)
         result = deliver_pending(self.engine, self.notifier, now)
