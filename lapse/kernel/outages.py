@@ -5,8 +5,9 @@ report, console): `is_transient(exc)` is True for a dependency that is away or s
 database (connection lost or refused, statement timeout, read-only or failing over: by SQLSTATE,
 `database_outage`), the broker (any non-fatal client error, an unacknowledged produce that is not
 refused for good), the schema registry (network error, timeout, 5xx, 429) — and False for what
-no retry cures (bad SQL, a fatal or permanent Kafka error, an unknown schema id, a bug). A role rewinds and waits out the first kind with `Outage`, a capped and jittered
-backoff that logs one warning when an outage starts and one info line when it ends, not one per try.
+no retry cures (bad SQL, a fatal or permanent Kafka error, an unknown schema id, a bug). A role
+rewinds and waits out the first kind with `Outage`, a capped and jittered backoff that logs one
+warning when an outage starts and one info line when it ends, not one per try.
 """
 
 from __future__ import annotations
@@ -18,8 +19,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from confluent_kafka import KafkaError, KafkaException
 import psycopg
+from confluent_kafka import KafkaError, KafkaException
 from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 
@@ -29,7 +30,7 @@ from lapse.kernel.schema_registry import SchemaRegistryError
 
 # The first wait of an outage and the longest one (seconds); each failure doubles the wait.
 BACKOFF_BASE_S = 0.5
-BACKOFF_CAP_S = 30.0
+BACKOFF_CAP_S = 10.0
 # The error text an outage's warning carries, at most.
 ERROR_CHARS = 300
 

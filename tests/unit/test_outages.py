@@ -35,10 +35,10 @@ from lapse.kernel.outages import (
     is_transient,
     sqlstate,
 )
-from lapse.processors.commit import values_at_fault
-from lapse.shell.error_boundary import ExitCode, diagnose
 from lapse.kernel.package_files import schemas_dir
 from lapse.kernel.schema_registry import SchemaRegistryClient, SchemaRegistryError
+from lapse.processors.commit import values_at_fault
+from lapse.shell.error_boundary import ExitCode, diagnose
 from tests.fixtures.faults import schema_registry, silent_listener
 
 
