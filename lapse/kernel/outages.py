@@ -37,7 +37,7 @@ ERROR_CHARS = 300
 
 # The SQLSTATEs of a database that is away, failing over or read-only for a while: whatever the
 # DB-API class psycopg gives them (25006 is an InternalError), retrying the same work later may
-# succeed, and no event is at fault. Why each: docs/design/failures.md, "The database fails over".
+# succeed, and no event is at fault. When each comes: docs/design/failures.md, "The database fails over".
 OUTAGE_SQLSTATES = {
     "25006": "read-only",  # read_only_sql_transaction: a replica, a demoted primary, a read-only database
     "57P01": "shutting down",  # admin_shutdown: the session was terminated (failover, pg_terminate_backend)
