@@ -2,7 +2,8 @@
 terminated session, a deadlock, a statement timeout, DDL on a read-only database) is an outage by
 its SQLSTATE; cleanup workers meeting a read-only database for 15 s dead-letter nothing, rewind
 and apply every event once when it is writable again; the console goes on showing its pages and
-answers an operator action with a one-line 503. (Every role as processes: test_outages.py.)"""
+answers an operator action with a one-line 503, and the same action as a command exits 4 with one
+line. (Every role as processes: test_outages.py.)"""
 
 from __future__ import annotations
 
@@ -24,11 +25,13 @@ from lapse.kernel.models import cleanup_ledger, ledger_transitions
 from lapse.kernel.outages import database_outage, is_transient, sqlstate
 from lapse.kernel.settings import load_settings
 from lapse.retention import horizons_from_settings, prune_once
+from lapse.shell.error_boundary import ExitCode
 from tests.fixtures.console import running_console
 from tests.fixtures.faults import read_only_failover, terminate_sessions
 from tests.fixtures.kafka import read_topic
-from tests.fixtures.pipeline import all_committed, applied, expiry_event, produce, seed
+from tests.fixtures.pipeline import all_committed, applied, connection_env, expiry_event, produce, seed
 from tests.fixtures.polling import eventually
+from tests.fixtures.processes import run_lapse
 from tests.fixtures.workers import process_until_done, running_workers
 
 FAILOVER_S = 15.0
@@ -160,7 +163,8 @@ def csrf_of(page: str) -> str:
     return match.group(1)
 
 
-def test_the_console_serves_its_pages_from_a_read_only_database_and_refuses_actions_with_a_503(pipeline):
+def test_the_console_serves_its_pages_from_a_read_only_database_and_refuses_actions_with_a_503(
+        pipeline, tmp_path):
     (wrong_tenant,) = seed(pipeline, 1, tenant="t2")  # expiry_event's tenant is t1: a dead letter
     produce(pipeline, [expiry_event(wrong_tenant)])
     process_until_done(pipeline.settings, terminal=1)
@@ -178,6 +182,11 @@ def test_the_console_serves_its_pages_from_a_read_only_database_and_refuses_acti
         assert refused.status_code == 503, refused.text[-500:]
         message = re.search(r'id="message">([^<]*)<', refused.text)
         assert message and "read-only" in message.group(1) and "try again" in message.group(1), refused.text
+        # The same action as a one-shot command: exit 4 and one line, as for a database away.
+        (cli,) = run_lapse(["dlq", "replay", "--op-key", bad, "--limit", "1", "--reason", "failover",
+                            "--actor", "alice", "--yes"], env=connection_env(settings), cwd=tmp_path)
+        assert (cli.code, len(cli.stderr)) == (ExitCode.UNREACHABLE, 1), cli
+        assert "unavailable (read-only)" in cli.stderr[0] and "read-only transaction" in cli.stderr[0], cli
         failover.end()
         assert _replay_when_writable(client, token, bad).status_code == 303
     with pipeline.engine.connect() as conn:
