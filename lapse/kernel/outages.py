@@ -138,8 +138,11 @@ class Outage:
         if self.failures == 1:
             self.outages += 1
             self.since = time.monotonic()
+            fields = {**extra, "error_type": type(exc).__name__, "error": error}
+            if (database := database_outage(exc)) is not None:  # "read-only", "connection lost", …
+                fields.update(database=database, sqlstate=sqlstate(exc))
             self.log.warning(f"{self.role}: dependency unavailable, retrying with backoff until it is back",
-                             extra={**extra, "error_type": type(exc).__name__, "error": error})
+                             extra=fields)
         else:
             self.log.debug(f"{self.role}: still unavailable", extra={
                 **extra, "failures": self.failures, "retry_in_s": round(delay, 2), "error": error})

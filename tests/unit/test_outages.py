@@ -178,6 +178,16 @@ def test_an_outage_logs_one_warning_however_many_tries_fail(caplog):
     assert outage.outages == 2 and outage.failures == 0
 
 
+def test_an_outage_of_the_database_says_why_in_its_one_warning(caplog):
+    outage = Outage("processor", logging.getLogger("lapse.test"), base_s=0.001, cap_s=0.002)
+    read_only = _wrapped(psycopg.errors.ReadOnlySqlTransaction("cannot execute INSERT in a read-only transaction"))
+    with caplog.at_level(logging.DEBUG, logger="lapse.test"):
+        for _ in range(5):
+            outage.wait(read_only, threading.Event())
+    (warning,) = [r for r in caplog.records if r.levelno >= logging.WARNING]
+    assert (warning.database, warning.sqlstate, warning.error_type) == ("read-only", "25006", "InternalError")
+
+
 def _confluent(schema_id: int) -> bytes:
     return b"\x00" + schema_id.to_bytes(4, "big") + b"\x02"
 
