@@ -11,6 +11,7 @@ import re
 import threading
 import time
 from collections import Counter
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
 import httpx
@@ -19,19 +20,25 @@ import pytest
 from sqlalchemy import func, select, text, update
 from sqlalchemy.exc import DBAPIError
 
+from lapse.devtools.demo_data import add_reservations
 from lapse.devtools.demo_tables import reservations
+from lapse.kernel import ledger
 from lapse.kernel.database import make_engine
 from lapse.kernel.models import cleanup_ledger, ledger_transitions
 from lapse.kernel.outages import database_outage, is_transient, sqlstate
 from lapse.kernel.settings import load_settings
+from lapse.processors.commit import _apply_with_retry, isolate_failures
+from lapse.processors.scope import BatchScope
 from lapse.retention import horizons_from_settings, prune_once
 from lapse.shell.error_boundary import ExitCode
 from tests.fixtures.console import running_console
 from tests.fixtures.faults import read_only_failover, terminate_sessions
 from tests.fixtures.kafka import read_topic
+from tests.fixtures.kinds import demo_kinds
 from tests.fixtures.pipeline import all_committed, applied, connection_env, expiry_event, produce, seed
 from tests.fixtures.polling import eventually
 from tests.fixtures.processes import run_lapse
+from tests.fixtures.topology import repo_topology
 from tests.fixtures.workers import process_until_done, running_workers
 
 FAILOVER_S = 15.0
@@ -117,6 +124,39 @@ def _deadlock(engine) -> BaseException:
         t.join(30)
     assert len(errors) == 1, errors
     return errors[0]
+
+
+def test_a_read_only_error_in_one_events_transaction_is_no_events_fault(pg_url):
+    """The batch transaction fails on a database turned read-only, and while the batch is redone
+    event by event the database is writable again: the event that met it must not be dead-lettered
+    (its dead letter would have succeeded). The batch raises the outage instead, to be rewound."""
+    engine = make_engine(pg_url)
+    now = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
+    with engine.begin() as conn:
+        ids = add_reservations(conn, 5, tenant="t1", expires_at=now - timedelta(minutes=10))
+    release = demo_kinds(engine)["release-reservation"]
+
+    def read_only_for_the_third(conn, subjects, at):
+        """The declared release, on a transaction turned read-only when it holds the third subject."""
+        if ids[2] in subjects:
+            conn.execute(text("SET TRANSACTION READ ONLY"))
+        return release.apply_in_db(conn, subjects, at)
+
+    kinds = {"release-reservation": replace(release, apply_in_db=read_only_for_the_third)}
+    events = [ledger.expiry_event("release-reservation", i, "t1", now - timedelta(minutes=5), source="sweep",
+                                  correlation_id=f"c-{i}") for i in ids]
+    for attempt in (lambda scope: _apply_with_retry(scope, events, []), lambda scope: isolate_failures(scope, events)):
+        with engine.connect() as conn:
+            scope = BatchScope(conn, kinds=kinds, topics=repo_topology(), worker="w1", now=now,
+                               lease=timedelta(seconds=30))
+            raised = caught(lambda: attempt(scope))  # noqa: B023 (called at once)
+        assert sqlstate(raised) == "25006" and is_transient(raised), raised
+    with engine.connect() as conn:
+        states = Counter(conn.execute(select(cleanup_ledger.c.state)).scalars())
+        held = conn.execute(select(func.count()).where(reservations.c.status == "held")).scalar()
+    assert "dead_letter" not in states, states
+    assert held >= 1  # the third is not released
+    engine.dispose()
 
 
 def test_workers_meeting_a_read_only_database_dead_letter_nothing_and_apply_each_event_once(pipeline):
