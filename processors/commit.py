@@ -14,7 +14,7 @@ from typing import Any
 
 from confluent_kafka import Consumer, Message, Producer, TopicPartition
 from sqlalchemy import Connection, Engine
-from sqlalchemy.exc import DataError, DBAPIError, IntegrityError, InterfaceError, OperationalError
+from sqlalchemy.exc import DataError, DBAPIError, IntegrityError
 
 from lapse.kernel.clock import Clock
 from lapse.kernel.codec import Codec
@@ -23,6 +23,7 @@ from lapse.kernel.kafka_clients import DeliveryFailed, DeliveryTracker, message_
 from lapse.kernel.kinds import CleanupKind
 from lapse.kernel.ledger import ExpiryEvent, OriginalBudget, Position, expiry_record
 from lapse.kernel.logs import get_logger
+from lapse.kernel.outages import is_conflict, is_transient
 from lapse.kernel.schema_names import EXPIRY_EVENT
 from lapse.kernel.settings import Settings
 from lapse.kernel.text import one_line
@@ -125,17 +126,20 @@ def commit_batch(
 def _apply_with_retry(scope: BatchScope, events: list[ExpiryEvent], unrecorded: list[Invalid]
                       ) -> tuple[BatchResult, datetime]:
     """The batch transaction at its own now (returned with the result: the delay records' tiers
-    are chosen with it), retried on deadlock; any other failure not about the connection is taken
-    as one event's fault, and the batch is redone event by event (`isolate_failures`)."""
+    are chosen with it), retried on deadlock or serialization failure; an outage (the database
+    away, failing over or read-only: `is_transient`) is raised, for the batch to be rewound; any
+    other failure is taken as one event's fault, and the batch is redone event by event
+    (`isolate_failures`)."""
     for attempt in range(DEADLOCK_RETRIES):
         try:
             with scope.conn.begin():
                 begun = scope.begun()
                 return apply_batch(begun, events), begun.now
-        except (OperationalError, InterfaceError) as exc:
-            if "deadlock" not in str(exc).lower() or attempt == DEADLOCK_RETRIES - 1:
-                raise
         except Exception as exc:
+            if is_conflict(exc) and attempt < DEADLOCK_RETRIES - 1:
+                continue
+            if is_transient(exc):
+                raise
             log.warning("batch transaction failed, isolating the event at fault",
                         extra={"records": len(events), "error": _one_line(exc)})
             result = isolate_failures(scope, events, unrecorded)
@@ -148,26 +152,25 @@ def isolate_failures(scope: BatchScope, events: list[ExpiryEvent],
                      unrecorded: list[Invalid] | None = None) -> BatchResult:
     """Apply each event in its own transaction; one whose transaction fails is dead-lettered as
     invalid in a transaction of its own, or, if the ledger refuses even that (`values_at_fault`),
-    appended to `unrecorded` for its raw record to go to the DLQ (without `unrecorded`, raised)."""
+    appended to `unrecorded` for its raw record to go to the DLQ (without `unrecorded`, raised). An
+    outage met on the way is raised: no event is at fault for a read-only or lost database."""
     result = BatchResult()
     failed: list[Invalid] = []
     for event in events:
         try:
             with scope.conn.begin():
                 result.absorb(apply_batch(scope.begun(), [event]))
-        except (OperationalError, InterfaceError):
-            raise
         except Exception as exc:
+            if is_transient(exc):
+                raise
             failed.append((event, _one_line(exc)))
     for event, reason in failed:
         ids = {"op_key": event.op_key, "correlation_id": event.correlation_id}
         try:
             with scope.conn.begin():
                 lettered = dead_letter_events(scope.begun(), [(event, reason)])
-        except (OperationalError, InterfaceError):
-            raise
         except Exception as exc:
-            if unrecorded is None or not values_at_fault(exc):
+            if is_transient(exc) or unrecorded is None or not values_at_fault(exc):
                 raise
             unrecorded.append((event, f"{reason}; its dead letter failed too: {_one_line(exc)}"))
             log.error("the ledger refused the dead letter of an event: its record goes to the DLQ as "

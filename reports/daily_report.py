@@ -21,6 +21,7 @@ from lapse.kernel.batch_sql import bulk_insert
 from lapse.kernel.ledger import op_keys_moved_between, transitions_between
 from lapse.kernel.logs import get_logger
 from lapse.kernel.models import daily_reports
+from lapse.kernel.outages import is_transient
 from lapse.reports.notifiers import Notifier
 
 log = get_logger("report")
@@ -138,8 +139,9 @@ def deliver_pending(engine: Engine, notifier: Notifier, now: datetime,
                     limit: int = DELIVERY_BATCH) -> DeliveryResult:
     """Send undelivered final reports (oldest key first; a partial report is never sent), each
     locked while it is sent and marked in the same transaction, so two runs cannot both send it; a
-    failure is recorded and retried by the next run. The notifier is idempotent by key, so a crash
-    between send and commit cannot make a second notification."""
+    failure is recorded and retried by the next run, an outage raised for the role to wait out. The
+    notifier is idempotent by key, so a crash between send and commit cannot make a second
+    notification."""
     result = DeliveryResult()
     with engine.connect() as conn:
         keys = conn.execute(select(daily_reports.c.report_key)
@@ -161,6 +163,8 @@ def deliver_pending(engine: Engine, notifier: Notifier, now: datetime,
             result.delivered.append(key)
             log.info("daily report delivered", extra={"report_key": key, "notifier": notifier.name})
         except Exception as exc:
+            if is_transient(exc):  # the database away or read-only: no delivery attempt to count
+                raise
             reason = f"{type(exc).__name__}: {exc}".splitlines()[0][:500]
             with engine.begin() as conn:
                 conn.execute(update(daily_reports).where(daily_reports.c.report_key == key)

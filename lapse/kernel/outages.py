@@ -1,12 +1,13 @@
 """Outages: which failures a long-running role waits out, and how it waits.
 
-One classification for every role (processor, delay worker, relay, sweep, reconciler):
-`is_transient(exc)` is True for a dependency that is away or slow — the database (connection
-lost or refused, statement timeout), the broker (any non-fatal client error, an unacknowledged
-produce that is not refused for good), the schema registry (network error, timeout, 5xx, 429) —
-and False for what no retry cures (bad SQL, a fatal or permanent Kafka error, an unknown schema
-id, a bug). A role rewinds and waits out the first kind with `Outage`, a capped and jittered
-backoff that logs one warning when an outage starts and one info line when it ends, not one per try.
+One classification for every role (processor, delay worker, relay, sweep, reconciler, prune,
+report, console): `is_transient(exc)` is True for a dependency that is away or slow — the
+database (connection lost or refused, statement timeout, read-only or failing over: by SQLSTATE,
+`database_outage`), the broker (any non-fatal client error, an unacknowledged produce that is not
+refused for good), the schema registry (network error, timeout, 5xx, 429) — and False for what
+no retry cures (bad SQL, a fatal or permanent Kafka error, an unknown schema id, a bug). A role
+rewinds and waits out the first kind with `Outage`, a capped and jittered backoff that logs one
+warning when an outage starts and one info line when it ends, not one per try.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import psycopg
 from confluent_kafka import KafkaError, KafkaException
 from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
@@ -28,17 +30,66 @@ from lapse.kernel.schema_registry import SchemaRegistryError
 
 # The first wait of an outage and the longest one (seconds); each failure doubles the wait.
 BACKOFF_BASE_S = 0.5
-BACKOFF_CAP_S = 30.0
+BACKOFF_CAP_S = 10.0
 # The error text an outage's warning carries, at most.
 ERROR_CHARS = 300
 
 
+# The SQLSTATEs of a database that is away, failing over or read-only for a while: whatever the
+# DB-API class psycopg gives them (25006 is an InternalError), retrying the same work later may
+# succeed, and no event is at fault. When each comes: docs/design/failures.md, "The database fails over".
+OUTAGE_SQLSTATES = {
+    "25006": "read-only",  # read_only_sql_transaction: a replica, a demoted primary, a read-only database
+    "57P01": "shutting down",  # admin_shutdown: the session was terminated (failover, pg_terminate_backend)
+    "57P02": "shutting down",  # crash_shutdown: another backend crashed, the server restarts
+    "57P03": "starting up",  # cannot_connect_now: starting up, shutting down or in recovery
+    "57P05": "shutting down",  # idle_session_timeout
+    "57014": "timed out",  # query_canceled: statement_timeout, or a replica's recovery conflict
+    "40001": "conflict",  # serialization_failure (also a replica's recovery conflict)
+    "40P01": "conflict",  # deadlock_detected
+    "55P03": "busy",  # lock_not_available: lock_timeout
+    "53300": "busy",  # too_many_connections
+}
+# A transaction that lost to another one (or to a replica's recovery): worth redoing at once.
+CONFLICT_SQLSTATES = frozenset({"40001", "40P01"})
+# SQLSTATE classes that are outages as a whole: 08, connection exceptions.
+OUTAGE_SQLSTATE_CLASSES = {"08": "connection lost"}
+
+
+def sqlstate(exc: BaseException) -> str | None:
+    """The SQLSTATE PostgreSQL sent with `exc` (a psycopg error, or SQLAlchemy's wrapper of one)."""
+    orig = exc.orig if isinstance(exc, DBAPIError) else exc
+    state = getattr(orig, "sqlstate", None)
+    return state if isinstance(state, str) else None
+
+
+def database_outage(exc: BaseException) -> str | None:
+    """Why `exc` is the database being away or unable to write for now ("read-only", "connection
+    lost", …), or None when it is not: bad SQL, a missing table, a permission, a value refused."""
+    state = sqlstate(exc)
+    if state is not None and (reason := OUTAGE_SQLSTATES.get(state) or OUTAGE_SQLSTATE_CLASSES.get(state[:2])):
+        return reason
+    if isinstance(exc, DBAPIError) and exc.connection_invalidated:
+        return "connection lost"  # the pool saw a disconnect, whatever the error said
+    orig = exc.orig if isinstance(exc, DBAPIError) else exc
+    if isinstance(exc, (OperationalError, InterfaceError)) or isinstance(
+            orig, (psycopg.OperationalError, psycopg.InterfaceError)):
+        # No SQLSTATE: refused, reset or closed by the server mid-transaction. With one: the
+        # server short of a resource (classes 53, 55, 57, 58); SQLite's file locked.
+        return "connection lost" if state is None else "unavailable"
+    return None
+
+
+def is_conflict(exc: BaseException) -> bool:
+    """Whether a transaction failed on a deadlock or a serialization failure: redone at once, a
+    few times, before it counts as an outage."""
+    return sqlstate(exc) in CONFLICT_SQLSTATES
+
+
 def is_transient(exc: BaseException) -> bool:
     """True when retrying the same work later may succeed (a dependency away or slow)."""
-    if isinstance(exc, DBAPIError):
-        # Lost or refused connections, statement timeouts (psycopg's QueryCanceled is an
-        # OperationalError) and any error on a connection the pool has invalidated.
-        return isinstance(exc, (OperationalError, InterfaceError)) or bool(exc.connection_invalidated)
+    if isinstance(exc, (DBAPIError, psycopg.Error)):
+        return database_outage(exc) is not None
     if isinstance(exc, PoolTimeout):  # every pooled connection busy for pool_timeout
         return True
     if isinstance(exc, DeliveryFailed):
@@ -87,8 +138,11 @@ class Outage:
         if self.failures == 1:
             self.outages += 1
             self.since = time.monotonic()
+            fields = {**extra, "error_type": type(exc).__name__, "error": error}
+            if (database := database_outage(exc)) is not None:  # "read-only", "connection lost", …
+                fields.update(database=database, sqlstate=sqlstate(exc))
             self.log.warning(f"{self.role}: dependency unavailable, retrying with backoff until it is back",
-                             extra={**extra, "error_type": type(exc).__name__, "error": error})
+                             extra=fields)
         else:
             self.log.debug(f"{self.role}: still unavailable", extra={
                 **extra, "failures": self.failures, "retry_in_s": round(delay, 2), "error": error})

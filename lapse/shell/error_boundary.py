@@ -168,6 +168,7 @@ def _database(exc: BaseException, settings: Settings | None) -> tuple[ExitCode, 
     from sqlalchemy import exc as sa
 
     from lapse.kernel.database import DatabaseNotConfigured
+    from lapse.kernel.outages import database_outage
 
     where = "database"
     if settings is not None and "url" in settings.database.model_fields_set:
@@ -195,6 +196,8 @@ def _database(exc: BaseException, settings: Settings | None) -> tuple[ExitCode, 
             sqlite3.OperationalError)
     if isinstance(exc, away) or isinstance(orig, away):
         return ExitCode.UNREACHABLE, f"{where} unreachable", why
+    if (outage := database_outage(exc)) is not None:  # read-only: a failover, or a replica
+        return ExitCode.UNREACHABLE, f"{where} unavailable ({outage})", why
     return ExitCode.INTERNAL, where, why
 
 

@@ -1,7 +1,8 @@
 """Outages with every role running (`lapse run`, a subprocess): the schema registry down for 10 s,
-every database connection terminated in a loop for 10 s, a database that accepts connections and
+every database connection terminated in a loop for 10 s, the database read-only for 15 s as in a
+managed failover (also under single-role processes), a database that accepts connections and
 never answers. No role exits (the supervisor restarts none), nothing is lost, nothing is applied
-twice, and each role logs one warning per outage, not one per retry."""
+twice, nothing is dead-lettered, and each role logs one warning per outage, not one per retry."""
 
 from __future__ import annotations
 
@@ -28,18 +29,22 @@ from lapse.kernel.models import cleanup_ledger, ledger_transitions, outbox
 from lapse.kernel.settings import Settings, env_var
 from lapse.producers.emit import emit_events
 from lapse.shell.error_boundary import ExitCode
-from tests.fixtures.faults import ConnectionKiller, schema_registry, silent_listener
+from tests.fixtures.faults import ConnectionKiller, read_only_failover, schema_registry, silent_listener
+from tests.fixtures.kafka import read_topic
 from tests.fixtures.pipeline import (
     Pipeline,
     all_committed,
     applied,
     connection_env,
     expiry_event,
+    produce,
     seed,
 )
 from tests.fixtures.polling import eventually
+from tests.fixtures.processes import ASSIGNED, RoleProcesses
 
 OUTAGE_S = 10.0
+FAILOVER_S = 15.0
 WORKERS = 2
 ROLES = WORKERS + 5  # sweep, relay, delay, reconcile, monitor
 # A command facing a hung database ends within its connect timeout plus this after its first
@@ -81,6 +86,7 @@ def lapse_run(settings: Settings, tmp_path: Path, **extra: str) -> Iterator[Runn
     env = {**base, **connection_env(settings),
            env_var("processor.session_timeout_ms"): "6000", env_var("processor.poll_timeout_s"): "0.1",
            env_var("producer.sweep_interval_s"): "1", env_var("reconciler.interval_s"): "2",
+           env_var("retention.interval_s"): "2", env_var("report.interval_s"): "2",
            env_var("runtime.log_format"): "json", **extra}
     log_path = tmp_path / "run.log"
     with log_path.open("w") as log_file:
@@ -191,6 +197,90 @@ def test_every_role_rides_out_database_connections_terminated_in_a_loop(pipeline
         running.assert_alive()
     assert len(second) == 150
     assert_applied_once_each(pipeline, 200)
+
+
+def test_every_role_rides_out_a_read_only_failover(pipeline, tmp_path):
+    """`ALTER DATABASE … SET default_transaction_read_only` and every session terminated, for 15 s,
+    then writable again and every session terminated once more: the sessions of every role land
+    on "the replica" and back, as in a managed failover."""
+    first = seed(pipeline, 50, tenant="t1")
+    with read_only_failover(pipeline.settings.database.url_plain()) as failover, \
+            lapse_run(pipeline.settings, tmp_path) as running:
+        eventually(lambda: caught_up(pipeline, running, 50), timeout_s=120, what="the first 50 applied")
+        second = seed(pipeline, 150, tenant="t1", expires_at=datetime.now(UTC) + timedelta(seconds=2))
+        failover.begin()
+        began = time.monotonic()
+        # Duplicates straight onto the topic (an outside producer): each needs a ledger write.
+        emit_events(make_producer(pipeline.settings), pipeline.codec, DeliveryTracker(),
+                    pipeline.settings.topology.expiry, [expiry_event(i) for i in first[:25]], datetime.now(UTC))
+        eventually(lambda: met_outage(running), timeout_s=60,
+                   what="the processors, and the sweep or the reconciler, meet the read-only database")
+        time.sleep(max(0.0, FAILOVER_S - (time.monotonic() - began)))
+        running.assert_alive()
+        assert applied(pipeline) == 50  # nothing written while read-only
+        failover.end()
+        eventually(lambda: caught_up(pipeline, running, 200), timeout_s=90,
+                   what="all 200 applied, outcomes relayed, offsets committed once writable again")
+        running.assert_alive()
+        warned = warnings_by_role(running)
+        read_only = sum("read-only transaction" in str(line.get("error")) for line in running.lines())
+    assert len(second) == 150 and read_only > 0
+    # One warning per role and outage: the switch to read-only, and maybe the sessions ended by the
+    # switch back (a pass role whose next pass only reads ends its outage early, and may meet it again).
+    assert warned["processor"] <= 2 * WORKERS and warned["relay"] <= 2, warned
+    assert all(n <= 4 for role, n in warned.items() if role != "processor"), warned
+    assert_applied_once_each(pipeline, 200)
+    assert read_topic(pipeline.settings.kafka.bootstrap_servers, pipeline.settings.topology.dlq) == []
+
+
+def test_single_role_processes_ride_out_a_read_only_failover(pipeline, tmp_path):
+    """The same failover under one process per role, as compose or Kubernetes runs them: no
+    process exits (there is no supervisor to restart it), and each stops cleanly afterwards."""
+    procs = RoleProcesses(pipeline.settings, tmp_path, producer__sweep_interval_s=1, reconciler__interval_s=2,
+                          retention__interval_s=2, report__interval_s=2, report__dir=tmp_path / "reports")
+    try:
+        workers = [procs.start("process") for _ in range(WORKERS)]
+        relay = procs.start("relay")
+        for command, *args in (["sweep"], ["reconcile"], ["prune", "--watch"], ["report", "--serve"], ["delay"]):
+            procs.start(command, *args)
+        eventually(lambda: any(w.said(ASSIGNED) for w in workers), timeout_s=90, what="a worker assigned")
+        # Due once the database is read-only: the sweep meets it; and events straight onto the
+        # topic (an outside producer), so the workers meet it too.
+        ids = seed(pipeline, 200, tenant="t1", expires_at=datetime.now(UTC) + timedelta(seconds=2))
+        with read_only_failover(pipeline.settings.database.url_plain()) as failover:
+            failover.begin()
+            began = time.monotonic()
+            produce(pipeline, [expiry_event(i) for i in ids[:100]])
+            late = procs.start("process")  # a worker (re)started during the failover, as a pod would be
+            eventually(lambda: all(p.said("dependency unavailable") for p in [*workers, procs.started[3]]),
+                       timeout_s=60, what="the workers and the sweep meet the failover")
+            time.sleep(max(0.0, FAILOVER_S - (time.monotonic() - began)))
+            assert not _exited(procs)
+            assert applied(pipeline) == 0
+            failover.end()
+        assert any(p.said("read-only transaction") for p in procs.started)
+        eventually(lambda: not _exited(procs) and applied(pipeline) == len(ids)
+                   and outbox_drained(pipeline, len(ids)) and all_committed(pipeline), timeout_s=90,
+                   what="every event applied, relayed and committed once writable again")
+        warnings = {f"{p.command}-{i}": p.log.read_text().count("dependency unavailable")
+                    for i, p in enumerate(procs.started)}
+        for role in procs.started:
+            role.terminate()
+        ended = {f"{p.command}-{i}": (p.wait_exit(30), p.tail(5)) for i, p in enumerate(procs.started)}
+        assert {code for code, _ in ended.values()} == {0}, ended
+    finally:
+        procs.close()
+    # One warning per outage: the switch to read-only, and maybe the sessions ended by the switch back.
+    assert all(n <= 2 for name, n in warnings.items() if name.startswith("process-")), warnings
+    assert late.proc.returncode == 0
+    assert warnings[f"relay-{WORKERS}"] <= 2 and relay.proc.returncode == 0, warnings
+    assert_applied_once_each(pipeline, len(ids))
+    assert read_topic(pipeline.settings.kafka.bootstrap_servers, pipeline.settings.topology.dlq) == []
+
+
+def _exited(procs: RoleProcesses) -> list[tuple[str, int | None, str]]:
+    """The role processes that ended, with their exit code and last lines."""
+    return [(p.command, p.proc.returncode, p.tail()) for p in procs.started if p.proc.poll() is not None]
 
 
 @pytest.mark.alone  # its bound is seconds after the connection: no second worker's load beside it

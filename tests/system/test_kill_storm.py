@@ -5,7 +5,11 @@ the pipeline has drained: nothing lost (every op key applied, every business row
 offset committed, the outbox sent), nothing done twice (one applied transition per op key), and
 one outcome per op key, counting distinct outcome ids (the relay publishes at least once). The
 processors' wall clocks take turns at normal, 300 s fast and 300 s slow (only Python's, with
-time-machine): the database's clock decides leases and due times, so the skew changes nothing."""
+time-machine): the database's clock decides leases and due times, so the skew changes nothing.
+
+The failover storm: the same processes while the database fails over twice (read-only for 15 s
+with every session terminated, then writable with every session terminated again): no process
+exits, and the same checks hold, with no dead letter."""
 
 from __future__ import annotations
 
@@ -20,6 +24,7 @@ from sqlalchemy import func, select
 
 from lapse.devtools.demo_tables import reservations
 from lapse.kernel.models import cleanup_ledger, ledger_transitions, outbox
+from tests.fixtures.faults import read_only_failover
 from tests.fixtures.kafka import read_topic
 from tests.fixtures.pipeline import all_committed, assert_each_applied_once, expiry_event, produce, seed
 from tests.fixtures.polling import eventually
@@ -33,6 +38,8 @@ KILL_EVERY_S = (1.0, 3.0)
 CHUNKS = 40  # the events arrive in this many parts, one a second, during the storm
 EXIT_BOUND_S = 30.0
 SKEWS_S = (None, 300.0, -300.0)  # each processor started takes the next (docs/design/clock.md)
+FAILOVER_EVENTS = 5_000
+FAILOVERS, FAILOVER_S = 2, 15.0
 
 
 def outbox_sent(engine) -> bool:
@@ -126,3 +133,54 @@ def test_kill_storm_loses_nothing_and_does_nothing_twice(pipeline, tmp_path):
           f"{absorbed} duplicate deliveries absorbed by the ledger; {len(records)} outcome records, "
           f"{sum(len(v) for v in outcome_ids.values())} distinct outcome ids "
           f"({len(records) - sum(len(v) for v in outcome_ids.values())} republished)")
+
+
+@pytest.mark.storm
+@pytest.mark.slow
+def test_failover_storm_exits_nothing_loses_nothing_and_does_nothing_twice(pipeline, tmp_path):
+    ids = seed(pipeline, FAILOVER_EVENTS, tenant="t1")
+    procs = RoleProcesses(pipeline.settings, tmp_path)
+    try:
+        for _ in range(PROCESSORS):
+            procs.start("process")
+        for _ in range(RELAYS):
+            procs.start("relay")
+        eventually(lambda: any(w.said(ASSIGNED) for w in procs.running("process")), timeout_s=60,
+                   what="a cleanup worker with partitions")
+        producer = produce_over(pipeline, ids)
+        with read_only_failover(pipeline.settings.database.url_plain()) as failover:
+            for _ in range(FAILOVERS):
+                time.sleep(5.0)  # writable: some of the backlog gets through
+                failover.begin()
+                time.sleep(FAILOVER_S)
+                failover.end()
+        producer.join(120)
+        exited = [(p.command, p.proc.returncode, p.tail()) for p in procs.started if p.proc.poll() is not None]
+        assert not exited, exited
+        eventually(lambda: ledger_all_terminal(pipeline.engine, terminal=FAILOVER_EVENTS) and all_committed(pipeline)
+                   and outbox_sent(pipeline.engine), timeout_s=300, interval_s=2.0,
+                   what=f"{FAILOVER_EVENTS} terminal ledger rows, every offset committed, the outbox sent")
+        assert len(procs.running()) == PROCESSORS + RELAYS  # none exited, none restarted
+        read_only = sum(p.said("read-only transaction") for p in procs.started)
+        for role in procs.started:
+            role.terminate()
+        for role in procs.started:
+            code = role.wait_exit(EXIT_BOUND_S)
+            assert code == 0, f"{role.command}: not exit 0 within {EXIT_BOUND_S:g} s of SIGTERM: {code}\n{role.tail()}"
+    finally:
+        procs.close()
+    assert read_only > 0  # the roles did meet the read-only database
+    assert_each_applied_once(pipeline, FAILOVER_EVENTS)
+    with pipeline.engine.connect() as conn:
+        states = dict(conn.execute(select(cleanup_ledger.c.state, func.count()).group_by(cleanup_ledger.c.state)).all())
+        released = conn.execute(select(func.count()).where(
+            reservations.c.id.in_(ids), reservations.c.status == "released")).scalar()
+    assert states == {"applied": FAILOVER_EVENTS} and released == FAILOVER_EVENTS
+    bootstrap, topics = pipeline.settings.kafka.bootstrap_servers, pipeline.settings.topology
+    outcome_ids: dict[str, set[int]] = defaultdict(set)
+    for msg in read_topic(bootstrap, topics.outcomes, timeout=120):
+        outcome = pipeline.codec.decode_expected("cleanup_outcome", msg.value())
+        outcome_ids[outcome["op_key"]].add(outcome["outcome_id"])
+    assert set(outcome_ids) == {expiry_event(i).op_key for i in ids}
+    assert {len(v) for v in outcome_ids.values()} == {1}
+    assert read_topic(bootstrap, topics.dlq) == []

@@ -7,19 +7,38 @@ import logging
 import threading
 import time
 
+import psycopg
 import pytest
 from confluent_kafka import KafkaError, KafkaException
 from hypothesis import given
 from hypothesis import strategies as st
 from sqlalchemy import text
-from sqlalchemy.exc import IntegrityError, InterfaceError, OperationalError, ProgrammingError
+from sqlalchemy.exc import (
+    DataError,
+    DBAPIError,
+    IntegrityError,
+    InterfaceError,
+    OperationalError,
+    ProgrammingError,
+)
+from sqlalchemy.exc import InternalError as SAInternalError
 
 from lapse.kernel.codec import Codec, DecodeError, SchemaStore
 from lapse.kernel.database import make_engine
 from lapse.kernel.kafka_clients import PERMANENT_ERRORS, DeliveryFailed
-from lapse.kernel.outages import Outage, backoff_s, is_transient
+from lapse.kernel.outages import (
+    OUTAGE_SQLSTATES,
+    Outage,
+    backoff_s,
+    database_outage,
+    is_conflict,
+    is_transient,
+    sqlstate,
+)
 from lapse.kernel.package_files import schemas_dir
 from lapse.kernel.schema_registry import SchemaRegistryClient, SchemaRegistryError
+from lapse.processors.commit import values_at_fault
+from lapse.shell.error_boundary import ExitCode, diagnose
 from tests.fixtures.faults import schema_registry, silent_listener
 
 
@@ -33,6 +52,85 @@ def test_database_errors_of_an_away_database_are_transient():
     assert is_transient(_db_error(ProgrammingError, invalidated=True))  # the pool saw a disconnect
     assert not is_transient(_db_error(ProgrammingError))
     assert not is_transient(_db_error(IntegrityError))
+
+
+def _wrapped(orig: psycopg.Error) -> DBAPIError:
+    """A psycopg error as SQLAlchemy raises it (the wrapper class follows the DB-API class)."""
+    return DBAPIError.instance("INSERT INTO lapse_ledger VALUES (…)", {}, orig, psycopg.Error)
+
+
+# What a failover says, by SQLSTATE: psycopg's class for each code, raised as SQLAlchemy wraps it.
+FAILOVER = {
+    "25006": "cannot execute INSERT in a read-only transaction",
+    "57P01": "terminating connection due to administrator command",
+    "57P02": "terminating connection because of crash of another server process",
+    "57P03": "the database system is starting up",
+    "08000": "connection exception",
+    "08003": "connection does not exist",
+    "08006": "connection failure",
+    "08001": "could not connect to server",
+    "08004": "server rejected the connection",
+    "40001": "could not serialize access due to concurrent update",
+    "40P01": "deadlock detected",
+    "57014": "canceling statement due to statement timeout",
+}
+
+
+@pytest.mark.parametrize("code", sorted(FAILOVER))
+def test_each_failover_sqlstate_is_an_outage_whatever_its_db_api_class(code):
+    orig = psycopg.errors.lookup(code)(FAILOVER[code])
+    assert orig.sqlstate == code
+    for exc in (orig, _wrapped(orig)):
+        assert sqlstate(exc) == code
+        assert database_outage(exc) is not None, (code, type(exc))
+        assert is_transient(exc), (code, type(exc))
+    assert not values_at_fault(_wrapped(orig))  # never one event's fault: never dead-lettered for it
+
+
+def test_read_only_is_an_outage_though_psycopg_calls_it_an_internal_error():
+    orig = psycopg.errors.ReadOnlySqlTransaction("cannot execute CREATE TABLE in a read-only transaction")
+    wrapped = _wrapped(orig)
+    assert isinstance(wrapped, SAInternalError) and not isinstance(wrapped, OperationalError)
+    assert database_outage(wrapped) == "read-only"
+    assert OUTAGE_SQLSTATES["25006"] == "read-only"
+
+
+def test_a_connection_closed_mid_transaction_without_a_sqlstate_is_an_outage():
+    for orig in (psycopg.OperationalError("server closed the connection unexpectedly"),
+                 psycopg.OperationalError("consuming input failed: SSL SYSCALL error: EOF detected"),
+                 psycopg.InterfaceError("the connection is closed")):
+        assert sqlstate(orig) is None
+        assert database_outage(_wrapped(orig)) == "connection lost"
+        assert is_transient(orig) and is_transient(_wrapped(orig))
+
+
+def test_only_deadlocks_and_serialization_failures_are_conflicts():
+    assert is_conflict(_wrapped(psycopg.errors.DeadlockDetected("deadlock detected")))
+    assert is_conflict(_wrapped(psycopg.errors.SerializationFailure("could not serialize")))
+    assert not is_conflict(_wrapped(psycopg.errors.ReadOnlySqlTransaction("read-only")))
+    assert not is_conflict(_wrapped(psycopg.OperationalError("server closed the connection")))
+
+
+@pytest.mark.parametrize("code", ["42601", "42P01", "42703", "42501", "22P02", "23505", "23502", "XX000",
+                                  "25P02", "0A000", "P0001"])
+def test_what_no_retry_cures_is_not_an_outage(code):
+    exc = _wrapped(psycopg.errors.lookup(code)("refused"))
+    assert database_outage(exc) is None and not is_transient(exc), code
+
+
+def test_a_value_refused_is_an_events_fault_and_a_read_only_database_is_not():
+    assert values_at_fault(_wrapped(psycopg.errors.InvalidTextRepresentation("invalid input syntax")))
+    assert values_at_fault(_wrapped(psycopg.errors.UniqueViolation("duplicate key")))
+    assert not values_at_fault(_wrapped(psycopg.errors.ReadOnlySqlTransaction("read-only")))
+    assert not values_at_fault(_wrapped(psycopg.errors.UndefinedColumn("no such column")))
+    assert isinstance(_wrapped(psycopg.errors.InvalidTextRepresentation("x")), DataError)
+
+
+def test_a_one_shot_command_on_a_read_only_database_exits_unreachable_with_one_line():
+    found = diagnose(_wrapped(psycopg.errors.ReadOnlySqlTransaction(
+        "cannot execute UPDATE in a read-only transaction")))
+    assert found.code == ExitCode.UNREACHABLE
+    assert found.line == "lapse: database unavailable (read-only): cannot execute UPDATE in a read-only transaction"
 
 
 def test_broker_errors_are_transient_unless_fatal_or_permanent():
@@ -78,6 +176,16 @@ def test_an_outage_logs_one_warning_however_many_tries_fail(caplog):
     warnings = [r for r in caplog.records if r.levelno >= logging.WARNING]
     assert len(warnings) == 2 and all("unavailable" in r.getMessage() for r in warnings)
     assert outage.outages == 2 and outage.failures == 0
+
+
+def test_an_outage_of_the_database_says_why_in_its_one_warning(caplog):
+    outage = Outage("processor", logging.getLogger("lapse.test"), base_s=0.001, cap_s=0.002)
+    read_only = _wrapped(psycopg.errors.ReadOnlySqlTransaction("cannot execute INSERT in a read-only transaction"))
+    with caplog.at_level(logging.DEBUG, logger="lapse.test"):
+        for _ in range(5):
+            outage.wait(read_only, threading.Event())
+    (warning,) = [r for r in caplog.records if r.levelno >= logging.WARNING]
+    assert (warning.database, warning.sqlstate, warning.error_type) == ("read-only", "25006", "InternalError")
 
 
 def _confluent(schema_id: int) -> bytes:

@@ -23,6 +23,7 @@ from starlette.templating import Jinja2Templates
 from lapse import operator_actions
 from lapse.kernel.database import engine_from_settings
 from lapse.kernel.logs import get_logger
+from lapse.kernel.outages import is_transient
 from lapse.kernel.settings import Settings
 from lapse.shell.console import views
 from lapse.shell.console.access import (
@@ -271,10 +272,18 @@ def create_app(settings: Settings) -> Starlette:
             console.engine.dispose()
 
     async def failed(request: Request, exc: Exception) -> Response:
-        """Whatever a page meets (the database away, a bug): one line on the error page and the
-        traceback in the log, never on the page."""
+        """Whatever a page meets: one line on the error page, never a traceback. An outage (the
+        database away or read-only while it fails over, the broker away) is a 503 and a warning:
+        reading pages go on serving from a read-only database, an operator action waits for it;
+        anything else (a bug) is a 500 with the traceback in the log."""
+        line = views.error_line(exc, settings)
+        if is_transient(exc):
+            log.warning("console page unavailable: a dependency is away", extra={"path": request.url.path,
+                                                                                 "error": line})
+            return console.render(request, console.who(request), "error.html", 503,
+                                  message=f"{line}; try again in a moment")
         log.error("console page failed", exc_info=exc, extra={"path": request.url.path})
-        return console.render(request, console.who(request), "error.html", 500, message=views.error_line(exc, settings))
+        return console.render(request, console.who(request), "error.html", 500, message=line)
 
     return Starlette(routes=console.routes(), lifespan=lifespan, exception_handlers={Exception: failed})
 
