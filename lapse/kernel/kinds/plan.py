@@ -107,13 +107,14 @@ class KindPlan:
             return {"top": [{"tenant": name, "rows": n} for name, n in t.top], "tenants": t.tenants,
                     "capped": t.capped}
 
-        return _jsonable({
+        data: dict[str, Any] = _jsonable({
             "kind": self.kind, "table": self.table, "effect": self.effect, "due_index": self.due_index,
             "now": self.now, "cap": self.cap, "eligible": asdict(self.eligible), "due_now": asdict(self.due_now),
             "next_24h": self.next_total,
             "hours": [{"start": h.start, "end": h.end, **asdict(h.count)} for h in self.hours],
             "tenants": {"now": tenants(self.tenants_now), "next_24h": tenants(self.tenants_next)},
             "sample": [asdict(r) for r in self.sample]})
+        return data
 
 
 @dataclass(frozen=True)
@@ -195,53 +196,101 @@ def _nodes(node: dict[str, Any]) -> Iterator[dict[str, Any]]:
         yield from _nodes(child)
 
 
-def reads_off_index(conn: Connection, stmt: Select[Any], table: str, indexes: set[str]) -> list[str]:
-    """How `stmt` would read `table` other than along one of `indexes` (PostgreSQL's EXPLAIN: a
-    `Seq Scan`, or an index scan of another index); empty when it reads only along them, or on a
-    database without EXPLAIN's plans."""
+def explain_reads(conn: Connection, stmt: Select[Any], table: str) -> list[tuple[str, str | None]] | None:
+    """How `stmt` would read `table`, by PostgreSQL's EXPLAIN: (node type, index name) of each read
+    (`Seq Scan`, None for a sequential scan); None on a database without EXPLAIN's plans."""
     if conn.dialect.name != "postgresql":
-        return []
+        return None
     compiled = stmt.compile(dialect=conn.dialect)
     (plan,) = conn.exec_driver_sql(f"EXPLAIN (FORMAT JSON) {compiled}", compiled.params).scalar_one()
-    return [f"{node} {index}" if index else node for node, index in _reads(plan["Plan"], table)
-            if index not in indexes]
+    return list(_reads(plan["Plan"], table))
+
+
+def _walk(kind: CleanupKind, where: ColumnElement[bool], cap: int, *columns: Any) -> Any:
+    """The first `cap` rows of `where` in (due, id) order: a bounded walk of the due index."""
+    return (select(*columns or (kind.id_column,)).where(where)
+            .order_by(kind.due_column, kind.id_column).limit(cap).subquery())
+
+
+def _count(kind: CleanupKind, where: ColumnElement[bool], cap: int) -> Select[Any]:
+    return select(func.count()).select_from(_walk(kind, where, cap))
+
+
+def _tenants(kind: CleanupKind, where: ColumnElement[bool], cap: int, top: int) -> Select[Any]:
+    walked = _walk(kind, where, cap, kind.tenant_column.label("tenant"))
+    n = func.count().label("n")
+    return (select(walked.c.tenant, n, func.count().over().label("tenants"))
+            .group_by(walked.c.tenant).order_by(n.desc(), walked.c.tenant).limit(top))
+
+
+@dataclass(frozen=True)
+class PlanStatements:
+    """Every statement a kind's preview runs, each a bounded walk of the due index with the
+    kind's own clause (`CleanupKind.due_clause`): what an EXPLAIN of them shows is what it reads."""
+
+    eligible: Select[Any]
+    due_now: Select[Any]
+    hours: list[tuple[datetime, datetime, Select[Any]]]
+    tenants_now: Select[Any]
+    tenants_next: Select[Any]
+    sample: Select[Any]
+
+    def all(self) -> list[Select[Any]]:
+        return [self.eligible, self.due_now, *(h[2] for h in self.hours), self.tenants_now, self.tenants_next,
+                self.sample]
+
+
+SAMPLE_TENANT = "lapse_plan_tenant"
+
+
+def plan_statements(kind: CleanupKind, now: datetime, options: PlanOptions) -> PlanStatements:
+    """The statements of `kind`'s preview at `now`: hour h counts the rows the effect's clause
+    admits at now + h + 1 h whose due time is past now + h (so the walk starts there)."""
+    cap = options.cap
+    end = now + timedelta(hours=HORIZON_HOURS)
+    hours = []
+    for h in range(HORIZON_HOURS):
+        start, stop = now + timedelta(hours=h), now + timedelta(hours=h + 1)
+        hours.append((start, stop, _count(kind, and_(kind.due_clause(stop), kind.due_column > start), cap)))
+    upcoming = and_(kind.due_clause(end), kind.due_column > now)
+    sample = select(_walk(kind, kind.due_clause(end), max(options.sample, 1), *kind.table.columns,
+                          kind.tenant_column.label(SAMPLE_TENANT)))
+    return PlanStatements(
+        eligible=_count(kind, kind.still_eligible, cap), due_now=_count(kind, kind.due_clause(now), cap),
+        hours=hours, tenants_now=_tenants(kind, kind.due_clause(now), cap, options.top_tenants),
+        tenants_next=_tenants(kind, upcoming, cap, options.top_tenants), sample=sample)
 
 
 class _Reader:
     """Runs a kind's preview statements, each one's plan checked first."""
 
-    def __init__(self, conn: Connection, kind: CleanupKind) -> None:
+    def __init__(self, conn: Connection, kind: CleanupKind, cap: int) -> None:
         self.conn = conn
         self.kind = kind
+        self.cap = cap
         self.indexes = due_indexes(conn, kind)
+        self.used: set[str] = set()  # the indexes the reads went along, by EXPLAIN
 
     def rows(self, stmt: Select[Any]) -> Sequence[Any]:
-        off = reads_off_index(self.conn, stmt, self.kind.table.name, self.indexes)
+        reads = explain_reads(self.conn, stmt, self.kind.table.name)
+        off = [f"{node} {index}" if index else node for node, index in reads or () if index not in self.indexes]
         if off:
-            raise PlanRefused(self.kind.name, "due", f"the preview would read {qualified(self.kind.table)} by {off[0]}, not along "
-                                     f"an index on ({self.kind.due_column.name}, {self.kind.id_column.name}) that "
-                                     f"covers the kind's condition; add one: {create_index_sql(self.conn, self.kind)}")
+            k = self.kind
+            raise PlanRefused(k.name, "due", f"the preview would read {qualified(k.table)} by {off[0]}, not along "
+                                             f"an index on ({k.due_column.name}, {k.id_column.name}) that covers "
+                                             f"the kind's condition; add one: {create_index_sql(self.conn, k)}")
+        self.used.update(str(index) for _, index in reads or ())
         return self.conn.execute(stmt).all()
 
-    def walk(self, where: ColumnElement[bool], cap: int, *columns: Any) -> Any:
-        """The first `cap` rows of `where` in (due, id) order: a bounded walk of the due index."""
-        k = self.kind
-        return (select(*columns or (k.id_column,)).where(where)
-                .order_by(k.due_column, k.id_column).limit(cap).subquery())
+    def count(self, stmt: Select[Any]) -> Count:
+        (rows,), = self.rows(stmt)
+        return Count(int(rows), capped=rows >= self.cap)
 
-    def count(self, where: ColumnElement[bool], cap: int) -> Count:
-        walked = self.walk(where, cap)
-        (rows,), = self.rows(select(func.count()).select_from(walked))
-        return Count(int(rows), capped=rows >= cap)
-
-    def tenants(self, where: ColumnElement[bool], cap: int, top: int) -> TenantCounts:
-        walked = self.walk(where, cap, self.kind.tenant_column.label("tenant"))
-        n = func.count().label("n")
-        found = self.rows(select(walked.c.tenant, n, func.count().over().label("tenants"))
-                          .group_by(walked.c.tenant).order_by(n.desc(), walked.c.tenant).limit(top))
-        total = sum(r.n for r in found)
-        return TenantCounts([(str(r.tenant), int(r.n)) for r in found], int(found[0].tenants) if found else 0,
-                            capped=total >= cap or (bool(found) and int(found[0].tenants) > top))
+    def tenants(self, stmt: Select[Any], top: int) -> TenantCounts:
+        found = self.rows(stmt)
+        seen = int(found[0].tenants) if found else 0
+        return TenantCounts([(str(r.tenant), int(r.n)) for r in found], seen,
+                            capped=sum(r.n for r in found) >= self.cap or seen > top)
 
 
 def plan_kind(conn: Connection, kind: CleanupKind, options: PlanOptions, now: datetime) -> KindPlan:
@@ -250,25 +299,19 @@ def plan_kind(conn: Connection, kind: CleanupKind, options: PlanOptions, now: da
     index = due_index(conn, kind)
     if index is None:
         raise PlanRefused(kind.name, "due", f"no index on ({kind.due_column.name}, {kind.id_column.name}) of "
-                                 f"{qualified(kind.table)}: the preview does not scan a table; add it: "
-                                 f"{create_index_sql(conn, kind)}")
-    read = _Reader(conn, kind)
-    cap = options.cap
-    end = now + timedelta(hours=HORIZON_HOURS)
-    upcoming = and_(kind.due_clause(end), kind.due_column > now)
-    hours = []
-    for h in range(HORIZON_HOURS):
-        start, stop = now + timedelta(hours=h), now + timedelta(hours=h + 1)
-        hours.append(HourCount(start, stop, read.count(and_(kind.due_clause(stop), kind.due_column > start), cap)))
+                                            f"{qualified(kind.table)}: the preview does not scan a table; add it: "
+                                            f"{create_index_sql(conn, kind)}")
+    read = _Reader(conn, kind, options.cap)
+    stmts = plan_statements(kind, now, options)
+    eligible, due_now = read.count(stmts.eligible), read.count(stmts.due_now)
+    hours = [HourCount(start, stop, read.count(stmt)) for start, stop, stmt in stmts.hours]
+    tenants_now = read.tenants(stmts.tenants_now, options.top_tenants)
+    tenants_next = read.tenants(stmts.tenants_next, options.top_tenants)
+    sample = sample_rows(read, kind, now, stmts.sample) if options.sample else []
     return KindPlan(
-        kind=kind.name, table=qualified(kind.table), effect=effect_tag(kind), due_index=index, now=now, cap=cap,
-        eligible=read.count(kind.still_eligible, cap),
-        due_now=read.count(kind.due_clause(now), cap),
-        hours=hours,
-        tenants_now=read.tenants(kind.due_clause(now), cap, options.top_tenants),
-        tenants_next=read.tenants(upcoming, cap, options.top_tenants),
-        sample=sample_rows(read, kind, now, end, options.sample),
-    )
+        kind=kind.name, table=qualified(kind.table), effect=effect_tag(kind),
+        due_index=", ".join(sorted(read.used)) or index, now=now, cap=options.cap, eligible=eligible,
+        due_now=due_now, hours=hours, tenants_now=tenants_now, tenants_next=tenants_next, sample=sample)
 
 
 def plan_kinds(engine: Engine, kinds: Sequence[CleanupKind], options: PlanOptions,
@@ -287,21 +330,16 @@ def effect_tag(kind: CleanupKind) -> str:
     return declared.tag if isinstance(declared, ExternalEffectType) else "python"
 
 
-def sample_rows(read: _Reader, kind: CleanupKind, now: datetime, end: datetime, limit: int) -> list[SampleRow]:
-    """The first `limit` rows due by `end`, each with what the effect would do to it at its due
-    time (or at `now`, for a row due already)."""
-    if limit == 0:
-        return []
-    walked = read.walk(kind.due_clause(end), limit, *kind.table.columns, kind.tenant_column.label("lapse_plan_tenant"))
-    rows = read.rows(select(walked))
+def sample_rows(read: _Reader, kind: CleanupKind, now: datetime, stmt: Select[Any]) -> list[SampleRow]:
+    """The sample's rows, each with what the effect would do to it at its due time (or at `now`,
+    for a row due already)."""
     out = []
-    for row in rows:
+    for row in read.rows(stmt):
         values = row._mapping
-        subject = values[kind.id_column.name]
-        due = values[kind.due_column.name]
+        subject, tenant, due = values[kind.id_column.name], str(values[SAMPLE_TENANT]), values[kind.due_column.name]
         current = {c.name: values[c.name] for c in kind.table.columns}
-        out.append(SampleRow(str(subject), kind.op_key(subject), str(values["lapse_plan_tenant"]), due,
-                             would(kind, current, str(subject), str(values["lapse_plan_tenant"]), max(now, due))))
+        out.append(SampleRow(str(subject), kind.op_key(subject), tenant, due,
+                             would(kind, current, str(subject), tenant, max(now, due))))
     return out
 
 
@@ -354,5 +392,5 @@ def _jsonable(value: Any) -> Any:
     return text_value if len(text_value) <= SHOWN_VALUE_CHARS else show(text_value)
 
 
-__all__ = ["Count", "HourCount", "KindPlan", "PlanOptions", "PlanRefused", "SampleRow", "TenantCounts",
-           "plan_kind", "plan_kinds", "read_only"]
+__all__ = ["Count", "HourCount", "KindPlan", "PlanOptions", "PlanRefused", "PlanStatements", "SampleRow",
+           "TenantCounts", "plan_kind", "plan_kinds", "plan_statements", "read_only"]
