@@ -156,12 +156,14 @@ def read_only(engine: Engine, timeout_s: float) -> Iterator[Connection]:
             finally:
                 conn.rollback()
             return
-        conn.exec_driver_sql("PRAGMA query_only = ON")
+        conn.begin()  # first: Lapse's SQLite engine begins with BEGIN IMMEDIATE, which query_only refuses
+        raw: Any = conn.connection.driver_connection
+        raw.execute("PRAGMA query_only = ON")
         try:
             yield conn
         finally:
             conn.rollback()
-            conn.exec_driver_sql("PRAGMA query_only = OFF")
+            raw.execute("PRAGMA query_only = OFF")
 
 
 def database_now(conn: Connection) -> datetime:
