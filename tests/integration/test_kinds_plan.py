@@ -282,3 +282,15 @@ def test_the_plan_of_a_file_not_yet_live_shows_the_changed_declaration(pg_url, t
     assert (new["due_now"]["rows"], new["due_index"]) == (3, "ix_paid_due")
     assert [s["would"]["set"]["status"] for s in new["sample"]] == [["paid", "released"]] * 3
     engine.dispose()
+
+
+def test_a_preview_past_its_timeout_is_one_line_and_exit_5(pg_url, tmp_path):
+    engine = make_engine(pg_url)
+    with engine.begin() as conn:
+        conn.execute(text("INSERT INTO reservations (tenant, status, expires_at) SELECT 't', 'held', "
+                          "now() - g * interval '1 second' FROM generate_series(1, 300000) g"))
+    engine.dispose()
+    env = {env_var("database.url"): pg_url, env_var("kinds.file"): str(packaged_kinds_file())}
+    (done,) = run_lapse(["kinds", "plan", RELEASE, "--timeout", "0.001"], env=env, cwd=tmp_path)
+    assert (done.code, len(done.stderr), done.stdout) == (ExitCode.INTERRUPTED, 1, ""), done
+    assert "timed out: canceling statement due to statement timeout" in done.stderr[0]

@@ -393,6 +393,3 @@ def _jsonable(value: Any) -> Any:
     text_value = value if isinstance(value, str) else str(value)
     return text_value if len(text_value) <= SHOWN_VALUE_CHARS else show(text_value)
 
-
-__all__ = ["Count", "HourCount", "KindPlan", "PlanOptions", "PlanRefused", "PlanStatements", "SampleRow",
-           "TenantCounts", "plan_kind", "plan_kinds", "plan_statements", "read_only"]
