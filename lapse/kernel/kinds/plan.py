@@ -60,7 +60,7 @@ class HourCount:
 @dataclass(frozen=True)
 class TenantCounts:
     """The tenants with the most rows of a window (at most TOP_TENANTS), how many tenants the walk
-    saw, and whether it reached the cap."""
+    saw, and whether the walk reached the cap (the counts are then of the rows walked)."""
 
     top: list[tuple[str, int]]
     tenants: int
@@ -221,7 +221,7 @@ def _count(kind: CleanupKind, where: ColumnElement[bool], cap: int) -> Select[An
 def _tenants(kind: CleanupKind, where: ColumnElement[bool], cap: int, top: int) -> Select[Any]:
     walked = _walk(kind, where, cap, kind.tenant_column.label("tenant"))
     n = func.count().label("n")
-    return (select(walked.c.tenant, n, func.count().over().label("tenants"))
+    return (select(walked.c.tenant, n, func.count().over().label("tenants"), func.sum(n).over().label("walked"))
             .group_by(walked.c.tenant).order_by(n.desc(), walked.c.tenant).limit(top))
 
 
@@ -288,11 +288,10 @@ class _Reader:
         (rows,), = self.rows(stmt)
         return Count(int(rows), capped=rows >= self.cap)
 
-    def tenants(self, stmt: Select[Any], top: int) -> TenantCounts:
+    def tenants(self, stmt: Select[Any]) -> TenantCounts:
         found = self.rows(stmt)
-        seen = int(found[0].tenants) if found else 0
-        return TenantCounts([(str(r.tenant), int(r.n)) for r in found], seen,
-                            capped=sum(r.n for r in found) >= self.cap or seen > top)
+        seen, walked = (int(found[0].tenants), int(found[0].walked)) if found else (0, 0)
+        return TenantCounts([(str(r.tenant), int(r.n)) for r in found], seen, capped=walked >= self.cap)
 
 
 def plan_kind(conn: Connection, kind: CleanupKind, options: PlanOptions, now: datetime) -> KindPlan:
@@ -307,8 +306,8 @@ def plan_kind(conn: Connection, kind: CleanupKind, options: PlanOptions, now: da
     stmts = plan_statements(kind, now, options)
     eligible, due_now = read.count(stmts.eligible), read.count(stmts.due_now)
     hours = [HourCount(start, stop, read.count(stmt)) for start, stop, stmt in stmts.hours]
-    tenants_now = read.tenants(stmts.tenants_now, options.top_tenants)
-    tenants_next = read.tenants(stmts.tenants_next, options.top_tenants)
+    tenants_now = read.tenants(stmts.tenants_now)
+    tenants_next = read.tenants(stmts.tenants_next)
     sample = sample_rows(read, kind, now, stmts.sample) if options.sample else []
     return KindPlan(
         kind=kind.name, table=qualified(kind.table), effect=effect_tag(kind),
