@@ -198,3 +198,17 @@ def test_on_sqlite_the_preview_transaction_refuses_writes_and_the_connection_wri
     with engine.begin() as conn:  # the pooled connection is writable again
         add_reservations(conn, 1, expires_at=NOW)
     engine.dispose()
+
+
+def test_the_text_output_names_the_counts_the_hours_the_tenants_and_the_sample(shop):
+    engine, path = shop
+    seed(engine)
+    result = run(path, engine, "release", "--at", NOW.isoformat(), "--limit", "1", "--cap", "5")
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    assert lines[0] == f"release: update on reservations (index ix_reservations_held_due) at {NOW.isoformat()}"
+    assert lines[1] == "  eligible 5+   due now 5+   due in the next 24 h 28+"
+    assert lines[2].startswith("  per hour  +0h 2  +1h 0  +2h 0  +3h 5+")
+    assert lines[5] == "  tenants now: a 4, b 1"
+    assert lines[7] == (f"  release:1  tenant a  due {(NOW - 3 * HOUR).isoformat()}: set status 'held' -> "
+                        f"'released', released_at None -> '{NOW.isoformat()}'")
