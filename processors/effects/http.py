@@ -9,14 +9,13 @@ failure class: whether the request was sent decides between temporary and ambigu
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from datetime import UTC, date, datetime
-from string import Formatter
+from datetime import UTC, datetime
 from typing import Any
-from urllib.parse import quote, urlsplit
+from urllib.parse import urlsplit
 
 import httpx
 
-from lapse.kernel.kinds.effects import EffectCall, HttpEffect
+from lapse.kernel.kinds.effects import EffectCall, HttpEffect, fill_url
 from lapse.kernel.text import one_line
 from lapse.processors.effects.base import CallerSetup
 from lapse.processors.failures import (
@@ -30,26 +29,15 @@ from lapse.processors.failures import (
 
 
 def render_url(template: str, call: EffectCall) -> str:
-    """The template with every `{name}` replaced by the URL-encoded value of op_key, subject_id,
-    tenant or the row's column of that name (`{{` and `}}` are literal braces, as the kinds
-    compiler reads the template). A name with no value makes the call invalid."""
+    """The template filled from op_key, subject_id, tenant and the row's columns
+    (`lapse.kernel.kinds.effects.http.fill_url`, which the preview shows too); a name with no
+    value makes the call invalid."""
     values: Mapping[str, Any] = {**call.target, "op_key": call.op_key, "subject_id": call.subject_id,
                                  "tenant": call.tenant}
     try:
-        parts = list(Formatter().parse(template))
+        return fill_url(template, values)
     except ValueError as exc:
-        raise EffectFailure(INVALID, f"URL template is malformed: {exc}") from None
-    out: list[str] = []
-    for literal, name, _, _ in parts:
-        out.append(literal)
-        if name is None:
-            continue
-        raw = values.get(name)
-        if raw is None:
-            raise EffectFailure(INVALID, f"URL placeholder {{{one_line(name, 63)}}} has no value in the row")
-        text = raw.isoformat() if isinstance(raw, (date, datetime)) else str(raw)
-        out.append(quote(text, safe=""))
-    return "".join(out)
+        raise EffectFailure(INVALID, str(exc)) from None
 
 
 class HttpCaller:

@@ -13,6 +13,7 @@ columns       the reflected table: column lookup, values checked against column 
 compiler      a declaration compiled into a CleanupKind; statements: its conditional SQL
 indexes       the (due, id) index every kind needs, or the CREATE INDEX to add
 loading       load_kinds: the file, compiled and checked; checks: `lapse kinds list/check`
+plan          `lapse kinds plan`: what a kind would change now and hour by hour, read-only, bounded
 errors        the one-line KindsFileError (file, kind, field, what is wrong)
 """
 

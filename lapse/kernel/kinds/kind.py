@@ -17,6 +17,7 @@ from sqlalchemy.sql.elements import NamedColumn
 from sqlalchemy.sql.util import find_tables
 
 from lapse.kernel.batch_sql import any_of
+from lapse.kernel.kinds.statements import due_rows
 from lapse.kernel.ledger import has_row_not_waiting_past, op_key
 
 
@@ -99,6 +100,11 @@ class CleanupKind:
     def op_key(self, subject_id: Any) -> str:
         return op_key(self.name, subject_id)
 
+    def due_clause(self, now: datetime) -> ColumnElement[bool]:
+        """A row the kind's effect may change at `now`: still eligible and due (the clause the
+        declared effects' statements apply, `statements.due_rows`)."""
+        return due_rows(self.still_eligible, self.due_column, now)
+
     def eligible_page(
         self, now: datetime, after: tuple[Any, ...] | None, limit: int, *, without_ledger: bool
     ) -> Select[Any, Any, Any]:
@@ -107,9 +113,7 @@ class CleanupKind:
         far-off due time, or a subject that did not exist when its event came), or all of them
         (the reconciler's anomaly checks)."""
         cols = (self.due_column, self.id_column)
-        stmt = select(self.id_column, self.tenant_column, self.due_column).where(
-            self.still_eligible, self.due_column <= now
-        )
+        stmt = select(self.id_column, self.tenant_column, self.due_column).where(self.due_clause(now))
         if after is not None:
             stmt = stmt.where(tuple_(*cols) > tuple_(*after))
         if without_ledger:

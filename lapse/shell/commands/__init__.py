@@ -11,6 +11,7 @@ from lapse.shell.commands import (  # noqa: F401
     dlq,
     init,
     kinds,
+    kinds_plan,
     offsets,
     pipeline,
     prune,

@@ -9,8 +9,8 @@ says which privileges its table needs; the processors build each external type's
 so the far side can de-duplicate a call repeated after a lease takeover.
 """
 
-from lapse.kernel.kinds.effects.http import HttpEffect
+from lapse.kernel.kinds.effects.http import HttpEffect, fill_url
 from lapse.kernel.kinds.effects.object_store import ObjectStoreEffect
 from lapse.kernel.kinds.kind import EffectCall
 
-__all__ = ["EffectCall", "HttpEffect", "ObjectStoreEffect"]
+__all__ = ["EffectCall", "HttpEffect", "ObjectStoreEffect", "fill_url"]

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import string
+from collections.abc import Mapping
+from datetime import date, datetime
 from typing import Any, ClassVar, Literal
+from urllib.parse import quote
 
 from pydantic import Field
 from sqlalchemy import Table
@@ -11,6 +14,7 @@ from sqlalchemy import Table
 from lapse.kernel.kinds.columns import column_of
 from lapse.kernel.kinds.effects.base import CompileContext, ExternalEffectType
 from lapse.kernel.kinds.errors import KindError, show
+from lapse.kernel.text import one_line
 
 CALL_PLACEHOLDERS = {"op_key", "subject_id", "tenant"}  # filled from the call, not the row
 
@@ -48,3 +52,24 @@ def url_placeholders(url: str, table: Table, field: str) -> None:
             raise KindError(field, f"placeholder {show(name)} takes no format spec or conversion")
         if name not in CALL_PLACEHOLDERS:
             column_of(table, name, field)
+
+
+def fill_url(template: str, values: Mapping[str, Any]) -> str:
+    """The template with every `{name}` replaced by the URL-encoded value of that name (`{{` and
+    `}}` are literal braces, as the compiler reads the template): the URL the caller requests and
+    the preview shows. ValueError when the template is malformed or a name has no value."""
+    try:
+        parts = list(string.Formatter().parse(template))
+    except ValueError as exc:
+        raise ValueError(f"URL template is malformed: {exc}") from None
+    out: list[str] = []
+    for literal, name, _, _ in parts:
+        out.append(literal)
+        if name is None:
+            continue
+        raw = values.get(name)
+        if raw is None:
+            raise ValueError(f"URL placeholder {{{one_line(name, 63)}}} has no value in the row")
+        text = raw.isoformat() if isinstance(raw, (date, datetime)) else str(raw)
+        out.append(quote(text, safe=""))
+    return "".join(out)
