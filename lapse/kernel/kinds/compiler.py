@@ -105,7 +105,6 @@ def compile_declared(name: str, decl: DeclaredKind, bind: Bind, metadata: MetaDa
         "parse_subject": subject_parser(id_column, dialect),
         "max_attempts": decl.retry.max_attempts, "retry_base_s": decl.retry.base_s,
         "retry_cap_s": decl.retry.cap_s, "rate_limited_for_s": decl.retry.rate_limited_for_s,
-        "shadow": decl.mode == "shadow",
     }
     if decl.rate_per_s is not None:
         common["effect_rate_per_s"] = decl.rate_per_s

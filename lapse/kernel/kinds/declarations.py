@@ -106,9 +106,6 @@ class DeclaredKind(_Strict):
     effect: Effect
     retry: RetryDecl = Field(default_factory=RetryDecl)
     rate_per_s: float | None = Field(None, gt=0, le=100_000)
-    # live: the effect runs; shadow: the whole pipeline runs and records what the effect would have
-    # changed instead (outcomes with status `shadow`), until the kind is switched to live.
-    mode: Literal["live", "shadow"] = "live"
 
     @model_validator(mode="after")
     def _rate_only_outside(self) -> DeclaredKind:

@@ -95,7 +95,6 @@ class CleanupKind:
     # How long an operation may keep being rate-limited (429s burn no attempt), from its first
     # failed attempt: past it, the next rate-limited failure is a dead letter (`rate_limited`).
     rate_limited_for_s: float = 86_400.0
-    shadow: bool = False  # `mode: shadow`: the effect is recorded, not run
 
     def op_key(self, subject_id: Any) -> str:
         return op_key(self.name, subject_id)
