@@ -110,10 +110,6 @@ cleanup_ledger = Table(
           sqlite_where=text("state IN ('applied', 'skipped')")),
     # Operations by the correlation id they were created with: search by correlation id (0008).
     Index("ix_lapse_ledger_correlation", "correlation_id"),
-    # Parked work (held by a brake, or shadowed) by kind and tenant: how much waits, the release (0010).
-    Index("ix_lapse_ledger_parked", "kind", "tenant", "state", "due_at", "op_key",
-          postgresql_where=text("state IN ('held', 'shadowed')"),
-          sqlite_where=text("state IN ('held', 'shadowed')")),
     schema=SCHEMA,
 )
 
@@ -212,49 +208,6 @@ findings = Table(
     Column("until", UTCDateTime()),
     Column("summary", Text, nullable=False),
     Column("details", JSON, nullable=False),
-    schema=SCHEMA,
-)
-
-
-# The brakes in force: one row per paused kind (tenant '': every tenant) or paused tenant of a kind,
-# written by an operator's pause (or a spent budget, actor `lapse`), deleted by the resume.
-pauses = Table(
-    "lapse_pauses",
-    metadata,
-    Column("kind", String(64), primary_key=True),
-    Column("tenant", String(64), primary_key=True),
-    Column("reason", String(16), nullable=False),  # operator | budget
-    Column("note", Text, nullable=False),  # the operator's words, or what the budget saw
-    Column("actor", String(128), nullable=False),
-    Column("since", UTCDateTime(), nullable=False),
-    schema=SCHEMA,
-)
-
-# The effects each budgeted kind (and tenant) was granted, one row per grant: the count in a
-# window is the sum of the grants inside it (a grant's unused part is given back by a negative row).
-budget_grants = Table(
-    "lapse_budget_grants",
-    metadata,
-    Column("id", Id, primary_key=True, autoincrement=True),
-    Column("kind", String(64), nullable=False),
-    Column("tenant", String(64), nullable=False),
-    Column("at", UTCDateTime(), nullable=False),
-    Column("effects", Integer, nullable=False),
-    Index("ix_lapse_budget_grants_kind_at", "kind", "tenant", "at"),
-    schema=SCHEMA,
-)
-
-# What a shadow kind's effect would have changed, one row per operation (the latest run).
-shadow_effects = Table(
-    "lapse_shadow_effects",
-    metadata,
-    Column("op_key", String(200), primary_key=True),
-    Column("kind", String(64), nullable=False),
-    Column("tenant", String(64), nullable=False),
-    Column("subject_id", String(128), nullable=False),
-    Column("at", UTCDateTime(), nullable=False),
-    Column("would", JSON, nullable=False),  # the values it would set, or the target it would call
-    Index("ix_lapse_shadow_effects_kind_at", "kind", "at"),
     schema=SCHEMA,
 )
 

@@ -18,14 +18,8 @@ DEAD_LETTER = "dead_letter"
 # An operator's decision that a dead letter will never be retried: final, never replayed, and a
 # late redelivery of its event is absorbed as a duplicate.
 DISCARDED = "discarded"
-# Work a brake holds (a pause of its kind or tenant, its budget spent, its kind undeclared): not
-# claimed, not charged an attempt; released to `pending` (due time kept) when the brake lifts.
-HELD = "held"
-# Work a kind in `mode: shadow` ran with its effect replaced by a record of what it would have
-# changed: not done, so the live kind takes it up again as if it were `pending`.
-SHADOWED = "shadowed"
 
-STATES = (PENDING, CLAIMED, APPLIED, SKIPPED, RETRY_SCHEDULED, DEAD_LETTER, DISCARDED, HELD, SHADOWED)
+STATES = (PENDING, CLAIMED, APPLIED, SKIPPED, RETRY_SCHEDULED, DEAD_LETTER, DISCARDED)
 # Settled: the work is over and its outcome known, the cleanup applied or not needed (skipped).
 SETTLED = (APPLIED, SKIPPED)
 # Terminal: the pipeline moves the row no further (settled, or dead-lettered or discarded; only an
@@ -34,9 +28,6 @@ TERMINAL = frozenset({*SETTLED, DEAD_LETTER, DISCARDED})
 WAITING = (PENDING, RETRY_SCHEDULED)
 # Due work not yet finished: waiting, or claimed and not yet applied, skipped or dead-lettered.
 UNFINISHED = (PENDING, CLAIMED, RETRY_SCHEDULED)
-# Parked: work the pipeline keeps but does not run until something outside it changes (a brake
-# lifts, a shadow kind goes live); released back to `pending`.
-PARKED = (HELD, SHADOWED)
 
 # From each state (None: no row yet), the states a committed transaction may leave the row in.
 # An in-database effect claims and finishes in one transaction, so pending → applied is one move;
@@ -51,13 +42,10 @@ ALLOWED: Mapping[str | None, frozenset[str]] = {
         APPLIED,        # processor: in-database effect applied
         SKIPPED,        # processor: the business row no longer qualified
         DEAD_LETTER,    # processor: invalid work
-        HELD,           # processor: a brake holds its kind or tenant
-        SHADOWED,       # processor: a shadow kind recorded what its effect would have changed
     }),
     RETRY_SCHEDULED: frozenset({
         RETRY_SCHEDULED,  # reconciler: stuck retry, re-emitted
         CLAIMED, APPLIED, SKIPPED, DEAD_LETTER,  # the retry's wake-up, as from pending
-        HELD, SHADOWED,   # as from pending
     }),
     CLAIMED: frozenset({
         CLAIMED,          # lease taken over after it expired; reconciler: stuck claim, re-emitted
@@ -66,19 +54,6 @@ ALLOWED: Mapping[str | None, frozenset[str]] = {
         APPLIED, SKIPPED,  # effect done (or a claim whose lease expired, redone in the database)
         RETRY_SCHEDULED,  # processor: failed attempt, retried later
         DEAD_LETTER,      # processor: invalid, exhausted or ambiguous
-        HELD,             # processor: a brake came on before the leased call ran (attempt unchanged)
-        SHADOWED,         # processor: a shadow kind's lease recorded instead of called
-    }),
-    HELD: frozenset({
-        HELD,             # held again for another brake (a pause over a spent budget)
-        PENDING,          # released: the brake lifted (resume, a budget's new window, kind declared)
-        CLAIMED, APPLIED, SKIPPED, DEAD_LETTER, SHADOWED,  # an event came after the brake lifted
-    }),
-    SHADOWED: frozenset({
-        SHADOWED,         # shadow kind: the same work recorded again (a later event, a reconciler pass)
-        PENDING,          # released: the kind went live
-        HELD,             # a brake holds the live kind
-        CLAIMED, APPLIED, SKIPPED, DEAD_LETTER,  # the live kind's event, as from pending
     }),
     DEAD_LETTER: frozenset({
         PENDING,          # operator replay
