@@ -1,15 +1,19 @@
 """The operator actions room: what an operator does to dead letters (list them, poison included;
-preview, then replay or discard a bounded selection, as `lapse dlq` and the console both do) and
+preview, then replay or discard a bounded selection, as `lapse dlq` and the console both do), the
+pauses an operator makes and lifts (`lapse pause`/`resume`, the console), and
 the record of every operator action that changes something — one row in `lapse_operator_actions`
 and one log line. This module is the room's public face."""
 
 from lapse.operator_actions.confirmed import discard_selection, preview, run_discard, run_replay
 from lapse.operator_actions.dead_letters import discard, list_dead_letters, replay
+from lapse.operator_actions.pauses import run_pause, run_resume
 from lapse.operator_actions.poison import poison_records
 from lapse.operator_actions.record import (
     DISCARD,
     OFFSETS_RESET,
+    PAUSE,
     REPLAY,
+    RESUME,
     TOPICS_APPLY_DESTRUCTIVE,
     OperatorAction,
     RecordedAction,
@@ -23,7 +27,9 @@ from lapse.operator_actions.record import (
 __all__ = [
     "DISCARD",
     "OFFSETS_RESET",
+    "PAUSE",
     "REPLAY",
+    "RESUME",
     "TOPICS_APPLY_DESTRUCTIVE",
     "OperatorAction",
     "RecordedAction",
@@ -38,6 +44,8 @@ __all__ = [
     "record_action",
     "replay",
     "run_discard",
+    "run_pause",
     "run_replay",
+    "run_resume",
     "session_user",
 ]

@@ -1,5 +1,5 @@
 """Operator actions: every action an operator takes that changes something (a dead-letter replay or
-discard, an offsets reset, a destructive topics apply) is one row in `lapse_operator_actions` and
+discard, a pause or resume, an offsets reset, a destructive topics apply) is one row in `lapse_operator_actions` and
 one log line, so that nobody has to guess later who did what, as which database user, and why.
 
 Every statement on the table is named here. Only actions really taken are recorded (a dry run or a
@@ -21,6 +21,7 @@ from lapse.kernel.models import operator_actions as A
 
 REPLAY, OFFSETS_RESET, TOPICS_APPLY_DESTRUCTIVE = "dlq_replay", "offsets_reset", "topics_apply_destructive"
 DISCARD = "dlq_discard"
+PAUSE, RESUME = "pause", "resume"
 log = get_logger("operator_actions")
 
 

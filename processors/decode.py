@@ -3,8 +3,10 @@
 Decoding is where outside input enters the processor, so every field is checked here
 (`ExpiryEvent.from_record`, and the attempt count against the kind's `max_attempts`). Poison is
 anything no ledger row can be made for: undecodable bytes, an unknown schema, missing or invalid
-fields, a malformed op key, an unknown kind. It is dead-lettered with its reason, which names the
-field at fault; it never stops the partition, and nothing a record holds raises past this point.
+fields, a malformed op key. It is dead-lettered with its reason, which names the field at fault;
+it never stops the partition, and nothing a record holds raises past this point. An event of a
+kind the kinds file does not declare is not poison: its work waits, held, until the kind is
+declared again (docs/design/brakes.md).
 """
 
 from __future__ import annotations
@@ -24,10 +26,6 @@ from lapse.kernel.schema_names import EXPIRY_EVENT
 from lapse.kernel.text import one_line
 
 log = get_logger("processor")
-
-
-class UnknownKind(InvalidEvent):
-    code = "unknown_kind"
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,9 +94,7 @@ def decode_event(value: bytes | None, codec: Codec, kinds: Mapping[str, CleanupK
         raise DecodeError("empty", "record has no value (tombstone)")
     event = ExpiryEvent.from_record(codec.decode_expected(EXPIRY_EVENT, value), now)
     kind = kinds.get(event.kind)
-    if kind is None:
-        raise UnknownKind(f"unknown cleanup kind {event.kind!r}")
-    if event.attempt > kind.max_attempts:
+    if kind is not None and event.attempt > kind.max_attempts:
         raise InvalidField({"attempt": f"{event.attempt} is more than the {kind.max_attempts} attempts "
                                        f"of kind {kind.name!r}"})
     return event

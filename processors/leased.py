@@ -17,6 +17,7 @@ from lapse.kernel.logs import get_logger
 from lapse.kernel.rate_limit import TokenBucket
 from lapse.kernel.settings import Settings
 from lapse.kernel.text import one_line
+from lapse.processors.brakes import Held, PauseWatch
 from lapse.processors.effect_calls import CallerFactory, EffectCaller, callers_from_settings
 from lapse.processors.failures import AMBIGUOUS, TEMPORARY, EffectFailure, classify
 from lapse.processors.retries import FailedAttempt, record_failures
@@ -36,6 +37,7 @@ class EffectRunner:
         self.max_renewals = max_renewals
         self.buckets: dict[str, TokenBucket] = {}
         self.callers: dict[str, EffectCaller] = {}
+        self.watch: PauseWatch | None = None  # the pauses the calls check, set on first use
 
     def caller(self, kind: CleanupKind) -> EffectCaller:
         """The kind's caller, built on first use (on the batch's thread, not in the pool)."""
@@ -46,14 +48,17 @@ class EffectRunner:
 
     def _call(self, kind: CleanupKind, caller: EffectCaller, call: EffectCall) -> None:
         self.buckets[kind.name].acquire()
+        if self.watch is not None:
+            self.watch.stop_if_paused(call)  # a pause made since the claim: the call does not start
         caller(call)
 
     def run(self, jobs: list[tuple[CleanupKind, EffectCall]], lease_s: float,
-            renew: Callable[[list[str]], None]) -> dict[str, EffectFailure | None]:
+            renew: Callable[[list[str]], None]) -> dict[str, EffectFailure | Held | None]:
         """Run the calls, renewing their leases every lease/3 at most `max_renewals` times; op key →
-        None on success or the classified failure (AMBIGUOUS for a call still running after that,
-        TEMPORARY for a kind whose caller cannot be built)."""
-        out: dict[str, EffectFailure | None] = {}
+        None on success, Held for a call a pause stopped before it started, or the classified
+        failure (AMBIGUOUS for a call still running after that, TEMPORARY for a kind whose caller
+        cannot be built)."""
+        out: dict[str, EffectFailure | Held | None] = {}
         futures = {}
         unusable: dict[str, str] = {}  # kind → why its caller could not be built, in this run
         for kind, call in jobs:
@@ -81,7 +86,7 @@ class EffectRunner:
                 out[key] = EffectFailure(AMBIGUOUS, "effect still running when the lease ran out")
                 continue
             error = future.exception()
-            out[key] = None if error is None else classify(error)
+            out[key] = None if error is None else error if isinstance(error, Held) else classify(error)
         return out
 
     def close(self) -> None:
@@ -95,9 +100,10 @@ class EffectRunner:
 
 
 def complete(scope: BatchScope, events: Sequence[ExpiryEvent],
-             outcomes: Mapping[str, EffectFailure | None]) -> BatchResult:
+             outcomes: Mapping[str, EffectFailure | Held | None]) -> BatchResult:
     """The second transaction: record each effect's outcome on the rows this worker still holds
-    (locked first); a row whose lease another worker took over meanwhile is reported `lost`."""
+    (locked first): applied, failed, or held (a pause stopped the call before it started); a row
+    whose lease another worker took over meanwhile is reported `lost`."""
     result = scope.result
     held = lock_claims(scope.conn, [e.op_key for e in events], scope.worker)
     done: dict[str, list[ExpiryEvent]] = {}
@@ -110,6 +116,9 @@ def complete(scope: BatchScope, events: Sequence[ExpiryEvent],
         failure = outcomes.get(event.op_key)
         if failure is None:
             done.setdefault(event.kind, []).append(event)
+        elif isinstance(failure, Held):
+            scope.writes.hold_claim(event, row.attempt, row.due_at, str(failure))
+            result.held.append(event.op_key)
         else:
             failed.append(FailedAttempt(event, failure, row.state, row.attempt))
     for kind_name, batch in done.items():
@@ -135,6 +144,9 @@ def run_leased(runner: EffectRunner, scope: BatchScope, claimed: BatchResult,
     jobs = [(scope.kinds[e.kind], EffectCall(e.kind, e.op_key, claimed.attempts[e.op_key], e.subject_id,
                                              e.tenant, claimed.targets[e.op_key]))
             for e in claimed.leased]
+
+    if runner.watch is None:
+        runner.watch = PauseWatch(scope.conn.engine)
 
     def renew(op_keys: list[str]) -> None:
         with scope.conn.begin():

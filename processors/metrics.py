@@ -23,6 +23,8 @@ DEAD_LETTERS = Counter("lapse_dead_letters", "Dead letters, by class (poison: un
                        "ledger: invalid or exhausted operations).", ["failure_class"])
 CIRCUITS_OPENED = Counter("lapse_circuits_opened", "Dead-letter circuits opened: a partition paused for its "
                           "cooldown because most of its recent outcomes failed.")
+PARKED = Counter("lapse_operations_parked", "Operations a brake parked before their effect ran, by state "
+                 "(held: paused, undeclared or over budget; shadowed: a shadow-mode kind).", ["state"])
 CLAIM_CONFLICTS = Counter("lapse_claim_conflicts", "Events whose op key another worker held under a live lease.")
 BATCH_SIZE = Histogram("lapse_batch_size", "Records per processed batch.",
                        buckets=(1, 5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000))
@@ -43,6 +45,10 @@ def observe_batch(records: int, result: BatchResult, events: list[ExpiryEvent], 
     EFFECTS_SKIPPED.inc(len(result.skipped))
     DUPLICATES.inc(result.duplicates)
     CLAIM_CONFLICTS.inc(len(result.conflicts))
+    if result.held:
+        PARKED.labels(state="held").inc(len(result.held))
+    if result.shadowed:
+        PARKED.labels(state="shadowed").inc(len(result.shadowed))
     if result.retried:  # rare: look up attempts only for the batches that have retries
         retried = set(result.retried)
         attempts = Tally(str(e.attempt + 1) for e in events if e.op_key in retried)

@@ -16,6 +16,7 @@ from lapse.kernel.kinds import CleanupKind, ExternalEffect, SubjectRow
 from lapse.kernel.ledger import (
     APPLIED,
     CLAIMED,
+    PARKED,
     PENDING,
     RETRY_SCHEDULED,
     SKIPPED,
@@ -29,10 +30,12 @@ from lapse.kernel.ledger import (
     read_rows,
 )
 from lapse.kernel.text import one_line
+from lapse.processors.brakes import count_usage, hold, pause_spent, sort_out
 from lapse.processors.failures import AMBIGUOUS, INVALID, EffectFailure
 from lapse.processors.fast_path import apply_fast_path
 from lapse.processors.retries import FailedAttempt, record_failures, wake_up
 from lapse.processors.scope import BatchResult, BatchScope
+from lapse.processors.shadow import shadow
 
 Invalid = tuple[ExpiryEvent, str]  # an event whose work can never run, and why
 REASON_LIMIT = 500  # characters of a dead-letter reason written to the ledger
@@ -57,37 +60,39 @@ class KindRun:
 def apply_batch(scope: BatchScope, events: Sequence[ExpiryEvent], *, fast_path: bool = True) -> BatchResult:
     """Claim, apply and record one batch of decoded events in the scope's transaction.
 
-    Events must name known kinds (the decoder dead-letters the others). Without `fast_path` every
-    event takes the careful path (the tests compare the two).
+    Without `fast_path` every event that goes on takes the careful path (the tests compare the two).
 
-    1. Collapse to one event per op key (the latest attempt wins); work whose outcome is known
-       takes the fast path (`apply_fast_path`); steps 2 to 5 are the careful path, for the rest.
-    2. Claim: create the missing ledger rows, read them, bring forward rows waiting for no reason
+    1. Collapse to one event per op key (the latest attempt wins).
+    2. Brakes: hold what a pause, an undeclared kind or a spent budget stops, shadow a shadow-mode
+       kind's work (`processors.brakes`, `processors.shadow`); the rest goes on, budgets charged.
+    3. Fast path: work whose outcome is known (`apply_fast_path`); steps 4 to 7 are the careful
+       path, for the rest.
+    4. Claim: create the missing ledger rows, read them, bring forward rows waiting for no reason
        their business row gives, claim the claimable.
-    3. Sort out the unclaimed: duplicates, backed off under another lease, or not due.
-    4. Run each kind: parse, check tenants, apply in the database or lease the external effect.
-    5. Record the rest: applied, skipped, rescheduled, waiting for its business row, or invalid.
-    6. Flush the ledger writes once.
+    5. Sort out the unclaimed: duplicates, backed off under another lease, or not due.
+    6. Run each kind: parse, check tenants, apply in the database or lease the external effect.
+    7. Record the rest: applied, skipped, rescheduled, waiting for its business row, or invalid.
+    8. Count what the budgets let through, and flush the ledger writes once.
     """
-    result = scope.result
-    # Step 1: collapse, and the fast path.
+    # Step 1: collapse.
     unique, extra = collapse(events)
     if not unique:
-        return result
+        return scope.result
     scope.writes.duplicates.update(extra)
-    fast = apply_fast_path(scope, unique, extra) if fast_path else set()
+    # Step 2: the brakes.
+    unique = park_braked(scope, unique)
+    # Step 3: the fast path.
+    fast = apply_fast_path(scope, unique, extra) if fast_path and unique else set()
     unique = {key: event for key, event in unique.items() if key not in fast}
     if not unique:
-        result.duplicates += sum(scope.writes.duplicates.values())
-        scope.writes.flush(scope.conn)
-        return result
-    # Step 2: claim.
+        return finish_batch(scope)
+    # Step 4: claim.
     before, claimed = claim_rows(scope, unique)
-    # Step 3: sort out the unclaimed.
+    # Step 5: sort out the unclaimed.
     classify_unclaimed(scope, unique, claimed)
-    # Step 4: run each kind.
+    # Step 6: run each kind.
     runs = [run_kind(scope, kind, batch, before) for kind, batch in claimed_by_kind(scope, unique, claimed)]
-    # Step 5: record the rest.
+    # Step 7: record the rest.
     later, missing = [], []
     for run in runs:
         moved, absent = record_run(scope, run, before)
@@ -96,10 +101,29 @@ def apply_batch(scope: BatchScope, events: Sequence[ExpiryEvent], *, fast_path: 
     reschedule(scope, later, before)
     await_subjects(scope, missing, before)
     dead_letter_invalid(scope, [bad for run in runs for bad in run.invalid], before)
-    # Step 6: flush the ledger writes once.
-    result.duplicates += sum(scope.writes.duplicates.values())
+    # Step 8: count the budgets, flush.
+    return finish_batch(scope)
+
+
+def park_braked(scope: BatchScope, unique: Mapping[str, ExpiryEvent]) -> dict[str, ExpiryEvent]:
+    """Step 2: park what the brakes stop (held, shadowed), pause a kind whose budget this batch
+    spent, sort out the stopped events that could not be parked (duplicates, not due, under
+    another lease); returns the events that go on."""
+    stopped = sort_out(scope, unique)
+    parked = hold(scope, stopped.held) | shadow(scope, stopped.shadowed)
+    pause_spent(scope, stopped, parked)
+    braked = {key: event for key, (event, _) in stopped.held.items()} | {e.op_key: e for e in stopped.shadowed}
+    if braked:
+        classify_unclaimed(scope, braked, parked)
+    return stopped.go
+
+
+def finish_batch(scope: BatchScope) -> BatchResult:
+    """Step 8: record the budgets' usage, count the duplicates, flush the writes once."""
+    count_usage(scope, scope.lease)
+    scope.result.duplicates += sum(scope.writes.duplicates.values())
     scope.writes.flush(scope.conn)
-    return result
+    return scope.result
 
 
 def collapse(events: Sequence[ExpiryEvent]) -> tuple[dict[str, ExpiryEvent], Counter[str]]:
@@ -159,15 +183,16 @@ def held_back_by_event(scope: BatchScope, events: Mapping[str, ExpiryEvent], bef
 
 
 def classify_unclaimed(scope: BatchScope, unique: Mapping[str, ExpiryEvent], claimed: set[str]) -> None:
-    """Sort events whose row could not be claimed by the row as it is after the claim: a duplicate,
-    backed off until another worker's lease ends, or handed back not due."""
+    """Sort events whose row could not be claimed (or parked) by the row as it is after the claim:
+    a duplicate, backed off until another worker's lease ends, or handed back not due."""
     rest = [key for key in unique if key not in claimed]
     rows = read_rows(scope.conn, rest) if rest else {}
     result = scope.result
     for key in rest:
         event, row = unique[key], rows[key]
         stale = row.state == RETRY_SCHEDULED and millis(event.due_at) != millis(row.due_at)
-        if row.state in TERMINAL or event.attempt < row.attempt or stale:
+        # A parked row waits in the ledger for its release, which brings its own event.
+        if row.state in TERMINAL or row.state in PARKED or event.attempt < row.attempt or stale:
             scope.writes.duplicates[key] += 1
         elif row.state == CLAIMED:
             result.conflicts.append(key)

@@ -35,6 +35,8 @@ class BatchResult:
     targets: dict[str, dict[str, Any]] = field(default_factory=dict)  # leased op key → its row's values
     attempts: dict[str, int] = field(default_factory=dict)  # leased op key → the attempt it runs (1-based)
     lost: list[str] = field(default_factory=list)  # leases another worker took over meanwhile
+    held: list[str] = field(default_factory=list)  # parked by a brake: paused, undeclared, over budget
+    shadowed: list[str] = field(default_factory=list)  # parked by a shadow-mode kind
 
     def absorb(self, other: BatchResult) -> None:
         """Add another result's counts and keys to this one (results of one batch, split)."""
@@ -64,6 +66,8 @@ class BatchScope:
     clock: Clock | None = None  # a test's settable now; None: the database's, read per transaction
     writes: LedgerWrites = field(init=False)
     result: BatchResult = field(init=False, default_factory=BatchResult)
+    # The op keys each budget (kind, tenant) let through in this transaction, held under its lock.
+    charged: dict[tuple[str, str], set[str]] = field(init=False, default_factory=dict)
 
     def __post_init__(self) -> None:
         self.writes = LedgerWrites(self.worker, self.now, self.topics.outcomes, self.positions)

@@ -9,13 +9,16 @@ tests/system/test_reconcile_scale.py checks that with EXPLAIN.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
 from sqlalchemy import (
+    ColumnElement,
     CompoundSelect,
     Connection,
+    and_,
     func,
     literal,
     null,
@@ -24,8 +27,10 @@ from sqlalchemy import (
     union_all,
 )
 
+from lapse.kernel.brakes import covered
 from lapse.kernel.kinds import CleanupKind, EligibleRow
-from lapse.kernel.ledger import SETTLED, ledger_state_of, waits_past
+from lapse.kernel.ledger import HELD, SETTLED, SHADOWED, ledger_state_of, waits_past
+from lapse.kernel.models import cleanup_ledger as L
 
 # Ledger states of an eligible business row that the reconciler acts on: none (a gap), or a
 # settled one while the business row still looks eligible (an anomaly); and, reported as
@@ -85,3 +90,10 @@ def eligible_page(conn: Connection, kind: CleanupKind, cutoff: datetime, after: 
         else:
             found.append((kind.to_eligible((subject, tenant, due)), WAITING_PAST_DUE if waiting else state))
     return EligiblePage(scanned, cursor, found)
+
+
+def releasable(declared: Sequence[str], live: Sequence[str]) -> ColumnElement[bool]:
+    """Parked ledger rows whose brake is off: no pause covers their kind and tenant, and a held
+    row's kind is declared, a shadowed row's kind is live."""
+    return and_(~covered(L.c.kind, L.c.tenant),
+                or_(and_(L.c.state == HELD, L.c.kind.in_(declared)), and_(L.c.state == SHADOWED, L.c.kind.in_(live))))

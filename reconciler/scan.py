@@ -44,6 +44,7 @@ from lapse.kernel.rate_limit import TokenBucket
 from lapse.kernel.settings import Settings
 from lapse.producers import emit_events
 from lapse.reconciler import queries
+from lapse.reconciler.release import release_parked_work
 
 log = get_logger("reconciler")
 
@@ -68,6 +69,7 @@ class ReconcileReport:
     pages: int = 0
     gaps: dict[str, int] = field(default_factory=dict)
     reemitted: int = 0
+    released: int = 0
     anomalies: dict[str, int] = field(default_factory=dict)
     anomaly_keys: list[str] = field(default_factory=list)
 
@@ -81,7 +83,8 @@ class ReconcileReport:
         """The pass in one line, as status and the console show it."""
         found = sum(self.gaps.values())
         line = (f"{found} missed or stuck ({', '.join(f'{r} {n}' for r, n in sorted(self.gaps.items())) or 'none'}), "
-                f"{self.reemitted} re-emitted, {sum(self.anomalies.values())} anomalies; "
+                f"{self.reemitted} re-emitted, {self.released} parked released, "
+                f"{sum(self.anomalies.values())} anomalies; "
                 f"{self.scanned} business rows and {self.ledger_scanned} ledger rows read")
         return line + (" (stopped before the end)" if stopped else "")
 
@@ -109,8 +112,11 @@ class Reconciler:
         self.stop.wait(seconds)
 
     def run_once(self) -> ReconcileReport:
-        """One full pass: every kind's business table, then the stuck ledger states."""
+        """One full pass: parked work whose brake is off released, every kind's business table,
+        then the stuck ledger states."""
         report = ReconcileReport()
+        report.released = release_parked_work(self.engine, self.kinds, self.settings.topology, clock=self.clock,
+                                  page_size=self.page_size, stop=self.stop).released
         now = engine_now(self.engine, self.clock)  # the pass's now: the database's unless a clock is set
         cutoff = now - timedelta(seconds=self.settings.reconciler.grace_s)
         for kind in self.kinds.values():

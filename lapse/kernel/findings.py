@@ -1,6 +1,7 @@
 """Findings: the latest word of each role on each subject, kept in `lapse_findings` so that status
 and the console can show what the roles found without having run them — the reconciler's last pass,
-the audit's last verdict, each dead-letter circuit a worker opened, each process's clock skew.
+the audit's last verdict, each dead-letter circuit a worker opened, each process's clock skew, each
+budget that paused its kind.
 
 One row per (role, subject), overwritten in place: a handful of rows, read whole by primary key.
 Every statement on the table is named here. Recording a finding never stops the role that found
@@ -20,7 +21,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from lapse.kernel.logs import get_logger
 from lapse.kernel.models import findings as F
 
-RECONCILE, AUDIT, CIRCUIT, CLOCK = "reconcile", "audit", "circuit", "clock"
+RECONCILE, AUDIT, CIRCUIT, CLOCK, BUDGET = "reconcile", "audit", "circuit", "clock", "budget"
 LAST_PASS, LAST_VERDICT = "last pass", "last verdict"  # the subjects of the reconciler's and the audit's rows
 log = get_logger("findings")
 

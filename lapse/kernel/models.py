@@ -1,5 +1,6 @@
 """Table definitions (SQLAlchemy Core) of Lapse's own tables: the cleanup ledger, its
-transitions, the outbox, the daily reports and the operator actions. Alembic migrations create
+transitions, the outbox, the daily reports, the operator actions, the findings and the brakes
+(pauses, budget usage, shadow effects). Alembic migrations create
 exactly these; a test compares them.
 
 Lapse's tables live in their own namespace so they never collide with a user's tables: every name
@@ -110,6 +111,11 @@ cleanup_ledger = Table(
           sqlite_where=text("state IN ('applied', 'skipped')")),
     # Operations by the correlation id they were created with: search by correlation id (0008).
     Index("ix_lapse_ledger_correlation", "correlation_id"),
+    # Parked rows (held by a brake, or shadowed) by kind and tenant: their release and the counts of
+    # work waiting under a brake (0010). Empty while no brake is on.
+    Index("ix_lapse_ledger_parked", "state", "kind", "tenant", "op_key",
+          postgresql_where=text("state IN ('held', 'shadowed')"),
+          sqlite_where=text("state IN ('held', 'shadowed')")),
     schema=SCHEMA,
 )
 
@@ -208,6 +214,52 @@ findings = Table(
     Column("until", UTCDateTime()),
     Column("summary", Text, nullable=False),
     Column("details", JSON, nullable=False),
+    schema=SCHEMA,
+)
+
+
+# The brakes on (docs/design/brakes.md): one row per paused kind, or tenant of a kind ('' stands for
+# every tenant), paused by an operator or by a spent budget (`cause`); a resume deletes the row.
+pauses = Table(
+    "lapse_pauses",
+    metadata,
+    Column("kind", String(64), primary_key=True),
+    Column("tenant", String(64), primary_key=True),
+    Column("cause", String(16), nullable=False),
+    Column("reason", Text, nullable=False),
+    Column("actor", String(128), nullable=False),
+    Column("since", UTCDateTime(), nullable=False),
+    Column("details", JSON, nullable=False),
+    schema=SCHEMA,
+)
+
+# What each budgeted kind (or tenant of one: `tenant`, else '') changed, one row per batch, at the
+# latest time its effects could happen: the window a budget counts is a range of `at`.
+budget_usage = Table(
+    "lapse_budget_usage",
+    metadata,
+    Column("id", Id, primary_key=True, autoincrement=True),
+    Column("kind", String(64), nullable=False),
+    Column("tenant", String(64), nullable=False),
+    Column("at", UTCDateTime(), nullable=False),
+    Column("effects", Integer, nullable=False),
+    Index("ix_lapse_budget_usage_kind_tenant_at", "kind", "tenant", "at"),
+    schema=SCHEMA,
+)
+
+# What a shadow-mode kind's effect would have done to each operation, instead of doing it: the
+# latest word per op key (a redelivery overwrites it).
+shadow_effects = Table(
+    "lapse_shadow_effects",
+    metadata,
+    Column("op_key", String(200), primary_key=True),
+    Column("kind", String(64), nullable=False),
+    Column("tenant", String(64), nullable=False),
+    Column("subject_id", String(128), nullable=False),
+    Column("at", UTCDateTime(), nullable=False),
+    Column("outcome", String(16), nullable=False),
+    Column("would", JSON, nullable=False),
+    Index("ix_lapse_shadow_effects_kind_at", "kind", "at"),
     schema=SCHEMA,
 )
 

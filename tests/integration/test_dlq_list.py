@@ -26,7 +26,7 @@ def record(codec, kind, subject, tenant="t1") -> bytes:
 def test_list_shows_the_ledgers_dead_letters_and_the_poison_on_the_topic(pipeline):
     s, codec = pipeline.settings, pipeline.codec
     values = [
-        record(codec, "no-such-kind", 1),                   # poison: unknown kind, no ledger row
+        b"\x07garbage",                                     # poison: not Avro, no ledger row
         record(codec, "release-reservation", "x1"),          # a ledger dead letter: invalid subject
         b"\xc3\x01" + bytes(8) + b"garbage",                 # poison: unknown fingerprint
     ]
@@ -47,7 +47,7 @@ def test_list_shows_the_ledgers_dead_letters_and_the_poison_on_the_topic(pipelin
     assert [(r["op_key"], r["last_failure_class"]) for r in ledger] == [("release-reservation:x1", "invalid")]
     assert [(r["source"]["topic"], r["source"]["partition"], r["source"]["offset"]) for r in poison] == [
         (s.topology.expiry, 0, 0), (s.topology.expiry, 0, 2)]
-    assert [r["last_failure"].split(":")[0] for r in poison] == ["unknown_kind", "unknown_fingerprint"]
+    assert [r["last_failure"].split(":")[0] for r in poison] == ["bad_magic", "unknown_fingerprint"]
     assert all(r["last_failure_class"] == "poison" and r["dlq"]["topic"] == s.topology.dlq for r in poison)
 
     text = runner.invoke(main, ["dlq", "list"], env=env)

@@ -24,8 +24,10 @@ from lapse.kernel.ledger import (
     expiry_event,
     insert_pending,
     mark_stuck,
+    park,
     pending_row,
     release_dead_letters,
+    release_parked,
     renew_leases,
 )
 from lapse.kernel.ledger.queries import add_duplicates, finish, move_claimed
@@ -46,6 +48,8 @@ STARTS = {
     ledger.APPLIED: (ledger.APPLIED, None),
     ledger.SKIPPED: (ledger.SKIPPED, None),
     ledger.DEAD_LETTER: (ledger.DEAD_LETTER, None),
+    ledger.HELD: (ledger.HELD, None),
+    ledger.SHADOWED: (ledger.SHADOWED, None),
 }
 KEYS = {label: f"release-reservation:{i}" for i, label in enumerate(STARTS, start=1)}
 
@@ -70,9 +74,17 @@ def _stuck(state: str) -> Statement:
         conn, state, CUTOFF, None, 100, NOW), moves)
 
 
+def _park(state: str) -> Statement:
+    moves = {ledger.PENDING: state, ledger.RETRY_SCHEDULED: state, ledger.CLAIMED: state}
+    if state == ledger.SHADOWED:
+        moves[ledger.HELD] = state  # a paused kind switched to shadow mode
+    return Statement(f"park → {state}", lambda conn, keys: park(conn, keys, state, NOW), moves)
+
+
 STATEMENTS = [
     Statement("claim (another worker)", lambda conn, keys: claim(conn, keys, "w2", NOW, NOW + timedelta(seconds=30)),
-              {ledger.PENDING: ledger.CLAIMED, ledger.RETRY_SCHEDULED: ledger.CLAIMED, ledger.CLAIMED: ledger.CLAIMED}),
+              {ledger.PENDING: ledger.CLAIMED, ledger.RETRY_SCHEDULED: ledger.CLAIMED, ledger.CLAIMED: ledger.CLAIMED,
+               ledger.HELD: ledger.CLAIMED, ledger.SHADOWED: ledger.CLAIMED}),
     Statement("renew_leases", lambda conn, keys: renew_leases(conn, keys, OWNER, NOW + timedelta(minutes=9)),
               {ledger.CLAIMED: ledger.CLAIMED, LIVE_CLAIM: ledger.CLAIMED}),
     Statement("finish → applied", lambda conn, keys: finish(conn, keys, OWNER, ledger.APPLIED, NOW),
@@ -82,6 +94,11 @@ STATEMENTS = [
     _move(ledger.PENDING),
     _move(ledger.RETRY_SCHEDULED),
     _move(ledger.DEAD_LETTER),
+    _move(ledger.HELD),
+    _park(ledger.HELD),
+    _park(ledger.SHADOWED),
+    Statement("release_parked", lambda conn, keys: release_parked(conn, L.c.op_key.in_(keys), 100, NOW),
+              {ledger.HELD: ledger.PENDING, ledger.SHADOWED: ledger.PENDING}),
     Statement("release_dead_letters", lambda conn, keys: release_dead_letters(
         conn, Selection(op_keys=tuple(keys)), 100, "replay-1", NOW), {ledger.DEAD_LETTER: ledger.PENDING}),
     _stuck(ledger.PENDING),
@@ -166,9 +183,12 @@ def test_statements_refuse_a_target_they_are_not_for(engine, state):
         if state not in (ledger.APPLIED, ledger.SKIPPED):
             with pytest.raises(ValueError, match="finish moves a claim"):
                 finish(conn, claimed, OWNER, state, NOW)
-        if state not in (ledger.PENDING, ledger.RETRY_SCHEDULED, ledger.DEAD_LETTER):
+        if state not in (ledger.PENDING, ledger.RETRY_SCHEDULED, ledger.DEAD_LETTER, ledger.HELD):
             with pytest.raises(ValueError, match="move_claimed moves a claim"):
                 move_claimed(conn, [ClaimedMove(claimed[0], state, 1, NOW, None, None, None)], OWNER, NOW)
+        if state not in ledger.PARKED:
+            with pytest.raises(ValueError, match="park moves work"):
+                park(conn, claimed, state, NOW)
         if not ledger.allowed(state, state):
             with pytest.raises(ledger.IllegalTransition):
                 mark_stuck(conn, state, CUTOFF, None, 100, NOW)

@@ -4,12 +4,16 @@ and the revision and migrations as JSON (on an SQLite file)."""
 from __future__ import annotations
 
 import json
+from itertools import pairwise
 from pathlib import Path
 
+from alembic.script import ScriptDirectory
 from click.testing import CliRunner
 
+from lapse.kernel.database import alembic_config
 from lapse.shell.app import main
 
+HEAD = ScriptDirectory.from_config(alembic_config("sqlite://")).get_current_head()
 NOWHERE = "postgresql+psycopg://lapse:s3cret@127.0.0.1:1/nowhere"  # nothing listens on port 1
 
 
@@ -29,7 +33,7 @@ def test_upgrade_sql_prints_a_fresh_install_in_the_schema_without_connecting():
         assert f"CREATE TABLE lapse_alt.{table} (" in sql
     assert "reservations" not in sql and "artifacts" not in sql and "s3cret" not in sql
     assert "INSERT INTO lapse_alt.lapse_alembic_version (version_num) VALUES ('0004')" in sql
-    assert "UPDATE lapse_alt.lapse_alembic_version SET version_num='0009' WHERE" in sql
+    assert f"UPDATE lapse_alt.lapse_alembic_version SET version_num='{HEAD}' WHERE" in sql
 
 
 def test_db_commands_refuse_the_implicit_default_database_in_one_line(tmp_path: Path, monkeypatch):
@@ -51,14 +55,18 @@ def test_current_and_history_as_json(tmp_path: Path):
     history = json.loads(_invoke("db", "history", "--json").output)
 
     assert (before["revision"], before["legacy_revision"], before["head"], before["at_head"]) == (
-        None, None, "0009", False)
-    assert upgraded.output == f"{url}: none → 0009\n"
-    assert (after["revision"], after["at_head"], after["schema"]) == ("0009", True, None)
-    assert [(h["revision"], h["down_revision"], h["head"]) for h in history] == [
-        ("0009", "0008", True), ("0008", "0007", False), ("0007", "0006", False), ("0006", "0005", False),
-        ("0005", "0004", False), ("0004", None, False)]
-    assert "Time partitions" in history[0]["summary"]
-    assert "retention" in history[2]["summary"]
-    assert "operator actions" in history[3]["summary"]
-    assert "indexes" in history[4]["summary"]
-    assert "namespace" in history[5]["summary"]
+        None, None, HEAD, False)
+    assert upgraded.output == f"{url}: none → {HEAD}\n"
+    assert (after["revision"], after["at_head"], after["schema"]) == (HEAD, True, None)
+    # Newest first, one chain from the head down to 0004, each revision's summary its docstring's.
+    revisions = [(h["revision"], h["down_revision"], h["head"]) for h in history]
+    assert revisions[0] == (HEAD, revisions[1][0], True)
+    assert revisions[-1] == ("0004", None, False)
+    assert all(down == below for (_, down, _), (below, _, _) in pairwise(revisions))
+    summaries = {h["revision"]: h["summary"] for h in history}
+    assert "Time partitions" in summaries["0009"]
+    assert "brakes" in summaries["0010"]
+    assert "retention" in summaries["0007"]
+    assert "operator actions" in summaries["0006"]
+    assert "indexes" in summaries["0005"]
+    assert "namespace" in summaries["0004"]

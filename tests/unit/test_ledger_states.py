@@ -32,6 +32,14 @@ EXPECTED = {
     ("claimed", "claimed"), ("claimed", "pending"), ("claimed", "applied"), ("claimed", "skipped"),
     ("claimed", "retry_scheduled"), ("claimed", "dead_letter"),
     ("dead_letter", "pending"), ("dead_letter", "discarded"),
+    # The brakes: parked (held, shadowed) from where a claim would start, released to pending, or
+    # taken on as from pending when an event meets no brake any more.
+    ("pending", "held"), ("pending", "shadowed"), ("retry_scheduled", "held"), ("retry_scheduled", "shadowed"),
+    ("claimed", "held"), ("claimed", "shadowed"),
+    ("held", "pending"), ("held", "claimed"), ("held", "applied"), ("held", "skipped"), ("held", "dead_letter"),
+    ("held", "shadowed"),
+    ("shadowed", "pending"), ("shadowed", "claimed"), ("shadowed", "applied"), ("shadowed", "skipped"),
+    ("shadowed", "dead_letter"),
 }
 
 

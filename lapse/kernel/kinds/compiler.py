@@ -15,6 +15,7 @@ from typing import Any
 from sqlalchemy import Column, ColumnElement, MetaData, String, Table, and_, func, literal, or_, true
 from sqlalchemy.sql.elements import NamedColumn
 
+from lapse.kernel.kinds.brakes import effective_budget
 from lapse.kernel.kinds.columns import (
     Bind,
     check_id_column,
@@ -109,4 +110,6 @@ def compile_declared(name: str, decl: DeclaredKind, bind: Bind, metadata: MetaDa
     if decl.rate_per_s is not None:
         common["effect_rate_per_s"] = decl.rate_per_s
     context = CompileContext(table, id_column, due_column, eligible, dialect, base_dir, topology)
+    common["mode"] = decl.mode
+    common["budget"] = effective_budget(decl.budget, decl.effect.destructive)
     return CleanupKind(**common, **decl.effect.compile(context))

@@ -18,6 +18,7 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, PlainValidator, ValidationError, model_validator
 
+from lapse.kernel.kinds.brakes import BRAKE_TAGS, BudgetField, Mode
 from lapse.kernel.kinds.effects.python import PythonKind
 from lapse.kernel.kinds.effects.registry import EXTERNAL_TAGS, SHAPE, Effect
 from lapse.kernel.kinds.errors import KindError, KindsFileError, show
@@ -106,6 +107,8 @@ class DeclaredKind(_Strict):
     effect: Effect
     retry: RetryDecl = Field(default_factory=RetryDecl)
     rate_per_s: float | None = Field(None, gt=0, le=100_000)
+    mode: Mode = "live"
+    budget: BudgetField = None
 
     @model_validator(mode="after")
     def _rate_only_outside(self) -> DeclaredKind:
@@ -161,7 +164,8 @@ def _field_path(loc: tuple[int | str, ...]) -> str:
 def _pydantic_message(exc: ValidationError) -> tuple[str, str]:
     error = exc.errors()[0]
     message = error["msg"].removeprefix("Value error, ").removeprefix("Assertion failed, ")
-    loc = tuple(p for p in error["loc"] if not (isinstance(p, str) and (p.startswith("function-") or p == SHAPE)))
+    loc = tuple(p for p in error["loc"]
+                if not (isinstance(p, str) and (p.startswith("function-") or p == SHAPE or p in BRAKE_TAGS)))
     return _field_path(loc), message.splitlines()[0]
 
 

@@ -17,8 +17,11 @@ from sqlalchemy.sql.elements import NamedColumn
 from sqlalchemy.sql.util import find_tables
 
 from lapse.kernel.batch_sql import any_of
+from lapse.kernel.brakes import Budget
 from lapse.kernel.kinds.statements import due_rows
 from lapse.kernel.ledger import has_row_not_waiting_past, op_key
+
+FULL_TENANT, FULL_ELIGIBLE = "lapse_full_tenant", "lapse_full_eligible"  # labels of `full_rows`' extras
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,6 +98,12 @@ class CleanupKind:
     # How long an operation may keep being rate-limited (429s burn no attempt), from its first
     # failed attempt: past it, the next rate-limited failure is a dead letter (`rate_limited`).
     rate_limited_for_s: float = 86_400.0
+    mode: str = "live"  # or "shadow": the effect replaced by a record of what it would do
+    budget: Budget | None = None  # at most so many effects in any window, counted in the database
+
+    @property
+    def shadow(self) -> bool:
+        return self.mode == "shadow"
 
     def op_key(self, subject_id: Any) -> str:
         return op_key(self.name, subject_id)
@@ -141,6 +150,23 @@ class CleanupKind:
             any_of(conn, self.id_column, subjects, self.id_column.type))
         return {str(subject): SubjectRow(str(tenant), due, bool(ok))
                 for subject, tenant, due, ok in conn.execute(stmt)}
+
+    def full_rows(self, conn: Connection, subjects: list[Any]) -> dict[str, tuple[SubjectRow, dict[str, Any]]]:
+        """The business rows of `subjects` as `subject_rows` reads them, each with every column's
+        value (what a shadow run shows its effect would change)."""
+        if not subjects:
+            return {}
+        eligible = case((self.still_eligible, true()), else_=false())
+        stmt = select(*self.table.columns, self.tenant_column.label(FULL_TENANT), eligible.label(FULL_ELIGIBLE)
+                      ).where(any_of(conn, self.id_column, subjects, self.id_column.type))
+        out = {}
+        for row in conn.execute(stmt):
+            values = row._mapping
+            columns = {c.name: values[c] for c in self.table.columns}
+            subject = str(columns[self.id_column.name])
+            out[subject] = (SubjectRow(str(values[FULL_TENANT]), columns[self.due_column.name],
+                                       bool(values[FULL_ELIGIBLE])), columns)
+        return out
 
     def to_eligible(self, row: Sequence[Any]) -> EligibleRow:
         subject, tenant, due = row

@@ -9,10 +9,12 @@ an unknown column, a value that cannot fit, an effect missing a field, a table w
 from __future__ import annotations
 
 import importlib
+from dataclasses import replace
 from pathlib import Path
 
 from sqlalchemy import MetaData
 
+from lapse.kernel.kinds.brakes import effective_budget
 from lapse.kernel.kinds.columns import Bind
 from lapse.kernel.kinds.compiler import compile_declared
 from lapse.kernel.kinds.declarations import Declaration, KindsFile, read_kinds_file
@@ -46,7 +48,9 @@ def python_kind(name: str, decl: PythonKind) -> CleanupKind:
         raise KindError("python", str(exc)) from None
     if kind.name != name:
         raise KindError("python", f"{decl.python} is the kind {show(kind.name)}, not {show(name)}")
-    return kind
+    # The file's word on the brakes wins: a Python kind's effect is unknown, so it has no default budget.
+    return replace(kind, mode=decl.mode, budget=effective_budget(decl.budget, False) if decl.budget is not None
+                   else kind.budget)
 
 
 def compile_kind(name: str, decl: Declaration, bind: Bind, metadata: MetaData, base_dir: Path,

@@ -107,7 +107,7 @@ class KindPlan:
             return {"top": [{"tenant": name, "rows": n} for name, n in t.top], "tenants": t.tenants,
                     "capped": t.capped}
 
-        data: dict[str, Any] = _jsonable({
+        data: dict[str, Any] = jsonable({
             "kind": self.kind, "table": self.table, "effect": self.effect, "due_index": self.due_index,
             "now": self.now, "cap": self.cap, "eligible": asdict(self.eligible), "due_now": asdict(self.due_now),
             "next_24h": self.next_total,
@@ -380,11 +380,12 @@ def would(kind: CleanupKind, row: dict[str, Any], subject_id: str, tenant: str, 
     return call
 
 
-def _jsonable(value: Any) -> Any:
+def jsonable(value: Any) -> Any:
+    """`value` as plain JSON: timestamps in ISO 8601, other values as text cut to SHOWN_VALUE_CHARS."""
     if isinstance(value, dict):
-        return {str(k): _jsonable(v) for k, v in value.items()}
+        return {str(k): jsonable(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        return [_jsonable(v) for v in value]
+        return [jsonable(v) for v in value]
     if isinstance(value, (datetime, date)):
         return value.isoformat()
     if value is None or isinstance(value, (bool, int, float)):

@@ -43,8 +43,8 @@ DEAD_LETTER_COLUMNS = (L.c.op_key, L.c.kind, L.c.tenant, L.c.subject_id, L.c.att
                        L.c.last_failure_class, L.c.last_failure, L.c.replay_id, L.c.finished_at)
 
 # Where the two statements that end a claim may take it (each a move `states.ALLOWED` allows):
-# `states.SETTLED`, or set back.
-SET_BACK = (states.PENDING, states.RETRY_SCHEDULED, states.DEAD_LETTER)
+# `states.SETTLED`, or set back (held: a pause met before the leased call ran).
+SET_BACK = (states.PENDING, states.RETRY_SCHEDULED, states.DEAD_LETTER, states.HELD)
 
 
 # Create ------------------------------------------------------------------------------------------
@@ -180,17 +180,30 @@ def dead_letters(conn: Connection, selection: Selection, limit: int) -> list[Dea
 # Move --------------------------------------------------------------------------------------------
 
 def claimable(now: datetime) -> ColumnElement[bool]:
-    """Waiting and due, or claimed under a lease that has expired."""
+    """Waiting and due, claimed under a lease that has expired, or parked: a claim is asked only
+    for events the batch found no brake on, so a parked row's brake is off (its release may not
+    have come yet)."""
     return or_(
         and_(L.c.state.in_(states.WAITING), L.c.due_at <= now),
         and_(L.c.state == states.CLAIMED, L.c.claim_until < now),
+        L.c.state.in_(states.PARKED),
     )
+
+
+def parkable(state: str, now: datetime) -> ColumnElement[bool]:
+    """What a brake may park in `state`: what a claim would take but parked rows, and for a
+    shadow-mode kind also its held rows (a paused kind switched to shadow mode)."""
+    taken = [and_(L.c.state.in_(states.WAITING), L.c.due_at <= now),
+             and_(L.c.state == states.CLAIMED, L.c.claim_until < now)]
+    if state == states.SHADOWED:
+        taken.append(L.c.state == states.HELD)
+    return or_(*taken)
 
 
 def claim(conn: Connection, op_keys: Sequence[str], owner: str, now: datetime, until: datetime
           ) -> set[str]:
-    """pending | retry_scheduled | expired claimed → claimed by `owner` until `until`, for the
-    claimable rows among `op_keys`; returns the op keys claimed.
+    """pending | retry_scheduled | expired claimed | held | shadowed → claimed by `owner` until
+    `until`, for the claimable rows among `op_keys`; returns the op keys claimed.
 
     Taking over an expired claim counts the lost holder's attempt (its effect may have run): the
     attempt goes up by one, so the new holder's call carries a higher attempt and a worker that dies
@@ -205,6 +218,44 @@ def claim(conn: Connection, op_keys: Sequence[str], owner: str, now: datetime, u
         .returning(L.c.op_key)
     )
     return set(conn.execute(stmt).scalars())
+
+
+def park(conn: Connection, op_keys: Sequence[str], state: str, now: datetime) -> dict[str, LedgerRow]:
+    """Claimable rows among `op_keys` → `state` (held: a brake is on; shadowed: a shadow-mode
+    kind recorded what its effect would do), no effect run and no attempt charged; an expired
+    claim counts its lost holder's attempt, as a takeover does. Returns them as moved."""
+    if state not in states.PARKED:
+        raise ValueError(f"park moves work to {' or '.join(states.PARKED)}, not {state}")
+    if not op_keys:
+        return {}
+    stmt = (
+        update(L)
+        .where(any_of(conn, L.c.op_key, op_keys), parkable(state, now))
+        .values(state=state, claim_owner=None, claim_until=None, updated_at=now,
+                attempt=case((L.c.state == states.CLAIMED, L.c.attempt + 1), else_=L.c.attempt))
+        .returning(*ROW_COLUMNS)
+    )
+    return {row[0]: LedgerRow(*row) for row in conn.execute(stmt)}
+
+
+def release_parked(conn: Connection, releasable: ColumnElement[bool], limit: int, now: datetime
+                   ) -> list[tuple[str, LedgerRow]]:
+    """held | shadowed → pending, due now, attempt unchanged: up to `limit` parked rows that
+    `releasable` admits (skipping rows a concurrent release holds on PostgreSQL); returns (state
+    before, row after) for each, in op key order."""
+    for parked in states.PARKED:
+        states.check(parked, states.PENDING)
+    pick = (select(L.c.op_key, L.c.state).where(L.c.state.in_(states.PARKED), releasable)
+            .order_by(L.c.op_key).limit(limit))
+    if conn.dialect.name == "postgresql":
+        pick = pick.with_for_update(skip_locked=True)
+    before = {key: state for key, state in conn.execute(pick)}
+    if not before:
+        return []
+    stmt = (update(L).where(L.c.op_key.in_(list(before)), L.c.state.in_(states.PARKED))
+            .values(state=states.PENDING, due_at=now, updated_at=now).returning(*ROW_COLUMNS))
+    moved = {row[0]: LedgerRow(*row) for row in conn.execute(stmt)}
+    return [(before[key], moved[key]) for key in sorted(moved)]
 
 
 def renew_leases(conn: Connection, op_keys: Sequence[str], owner: str, until: datetime) -> None:

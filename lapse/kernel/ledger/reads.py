@@ -60,6 +60,14 @@ def ledger_state_of(kind_name: str, subject_column: ColumnElement[Any]) -> Scala
 
 # Aggregates --------------------------------------------------------------------------------------
 
+def parked_counts(conn: Connection) -> list[tuple[str, str, str, int]]:
+    """(state, kind, tenant, rows) of the parked rows (held or shadowed), along their partial index
+    (ix_lapse_ledger_parked): work waiting under a brake."""
+    stmt = (select(L.c.state, L.c.kind, L.c.tenant, func.count()).where(L.c.state.in_(states.PARKED))
+            .group_by(L.c.state, L.c.kind, L.c.tenant).order_by(L.c.state, L.c.kind, L.c.tenant))
+    return [(state, kind, tenant, int(n)) for state, kind, tenant, n in conn.execute(stmt)]
+
+
 def counts_by_state_and_kind(conn: Connection) -> list[StateKindCount]:
     """How many ledger rows each (state, kind) has, counted exactly: a scan of the whole ledger, for
     small ledgers and tests (`lapse status` and the metrics read `ledger_counts`)."""
@@ -76,17 +84,19 @@ def ledger_counts(conn: Connection, exact_below: int = EXACT_BELOW_ROWS) -> Ledg
     """The ledger's rows by (state, kind), for `lapse status` and the metrics, with no scan of the
     whole ledger once it is large.
 
-    The unfinished states (pending, claimed, retry_scheduled) and dead_letter are always exact,
-    counted through their partial indexes (ix_lapse_ledger_unfinished_due,
-    ix_lapse_ledger_dead_letters): in a healthy system they are a small set. The settled states
-    (applied, skipped; discarded once the statistics see it), most of the ledger, are estimated on
-    PostgreSQL when the planner puts the ledger at `exact_below` rows or more: the table's row
-    count as the planner scales it (pg_class.reltuples per page times the pages now), less the
-    exact counts, split between those states, and between kinds, by the column statistics of the last ANALYZE
+    The unfinished states (pending, claimed, retry_scheduled), dead_letter and the parked states
+    (held, shadowed) are always exact, counted through their partial indexes
+    (ix_lapse_ledger_unfinished_due, ix_lapse_ledger_dead_letters, ix_lapse_ledger_parked): in a
+    healthy system they are a small set. The settled states (applied, skipped; discarded once the
+    statistics see it), most of the ledger, are estimated on PostgreSQL when the planner puts the
+    ledger at `exact_below` rows or more: the table's row count as the planner scales it
+    (pg_class.reltuples per page times the pages now), less the exact counts, split between those
+    states, and between kinds, by the column statistics of the last ANALYZE
     (pg_stats.most_common_vals/most_common_freqs of `state` and `kind`). Those states are named in
     `estimated`. Exact everywhere (one grouped count of the ledger) on SQLite, on a smaller ledger,
-    or when the ledger has no statistics yet (never analyzed). tests/integration/test_status_scale.py
-    checks the plans (no sequential scan of the ledger) and the estimate (within 10%) on 2,000,000 rows.
+    or when the ledger has no statistics yet (never analyzed).
+    tests/integration/test_status_scale.py checks the plans (no sequential scan of the ledger) and
+    the estimate (within 10%) on 2,000,000 rows.
     """
     if conn.dialect.name != "postgresql":
         return LedgerCounts(tuple(counts_by_state_and_kind(conn)))
@@ -100,6 +110,10 @@ def ledger_counts(conn: Connection, exact_below: int = EXACT_BELOW_ROWS) -> Ledg
         .group_by(L.c.state, L.c.kind))]
     exact += [StateKindCount(states.DEAD_LETTER, kind, n) for kind, n in conn.execute(
         select(L.c.kind, func.count()).where(L.c.state == states.DEAD_LETTER).group_by(L.c.kind))]
+    parked: dict[tuple[str, str], int] = {}
+    for state, kind, _, n in parked_counts(conn):
+        parked[(state, kind)] = parked.get((state, kind), 0) + n
+    exact += [StateKindCount(state, kind, n) for (state, kind), n in sorted(parked.items())]
     state_freq, kind_freq = stats.get("state", {}), stats.get("kind", {})
     finished = max(0.0, total - sum(c.rows for c in exact))
     # Each kind's finished rows: its share of the table less its exact rows, scaled to `finished`.

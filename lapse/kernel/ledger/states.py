@@ -18,14 +18,21 @@ DEAD_LETTER = "dead_letter"
 # An operator's decision that a dead letter will never be retried: final, never replayed, and a
 # late redelivery of its event is absorbed as a duplicate.
 DISCARDED = "discarded"
+# Parked: work a brake stopped before its effect ran (docs/design/brakes.md). Held: its kind or
+# tenant is paused (by an operator or a spent budget) or its kind is not declared; shadowed: a
+# shadow-mode kind recorded what its effect would have done. Released back to pending, attempt
+# unchanged, once the brake is off (`lapse.reconciler.release`).
+HELD = "held"
+SHADOWED = "shadowed"
 
-STATES = (PENDING, CLAIMED, APPLIED, SKIPPED, RETRY_SCHEDULED, DEAD_LETTER, DISCARDED)
+STATES = (PENDING, CLAIMED, APPLIED, SKIPPED, RETRY_SCHEDULED, DEAD_LETTER, DISCARDED, HELD, SHADOWED)
 # Settled: the work is over and its outcome known, the cleanup applied or not needed (skipped).
 SETTLED = (APPLIED, SKIPPED)
 # Terminal: the pipeline moves the row no further (settled, or dead-lettered or discarded; only an
 # operator's replay takes a dead letter back to pending).
 TERMINAL = frozenset({*SETTLED, DEAD_LETTER, DISCARDED})
 WAITING = (PENDING, RETRY_SCHEDULED)
+PARKED = (HELD, SHADOWED)
 # Due work not yet finished: waiting, or claimed and not yet applied, skipped or dead-lettered.
 UNFINISHED = (PENDING, CLAIMED, RETRY_SCHEDULED)
 
@@ -42,10 +49,12 @@ ALLOWED: Mapping[str | None, frozenset[str]] = {
         APPLIED,        # processor: in-database effect applied
         SKIPPED,        # processor: the business row no longer qualified
         DEAD_LETTER,    # processor: invalid work
+        HELD,           # processor: due, but its kind or tenant is paused, or its kind undeclared
+        SHADOWED,       # processor: due, of a shadow-mode kind: what its effect would do recorded
     }),
     RETRY_SCHEDULED: frozenset({
         RETRY_SCHEDULED,  # reconciler: stuck retry, re-emitted
-        CLAIMED, APPLIED, SKIPPED, DEAD_LETTER,  # the retry's wake-up, as from pending
+        CLAIMED, APPLIED, SKIPPED, DEAD_LETTER, HELD, SHADOWED,  # the retry's wake-up, as from pending
     }),
     CLAIMED: frozenset({
         CLAIMED,          # lease taken over after it expired; reconciler: stuck claim, re-emitted
@@ -54,6 +63,17 @@ ALLOWED: Mapping[str | None, frozenset[str]] = {
         APPLIED, SKIPPED,  # effect done (or a claim whose lease expired, redone in the database)
         RETRY_SCHEDULED,  # processor: failed attempt, retried later
         DEAD_LETTER,      # processor: invalid, exhausted or ambiguous
+        HELD,             # processor: paused before its leased call ran (or an expired claim, paused)
+        SHADOWED,         # processor: an expired claim of a kind that runs in shadow mode now
+    }),
+    HELD: frozenset({
+        PENDING,          # release: the brake is off; due now, re-emitted through the outbox
+        CLAIMED, APPLIED, SKIPPED, DEAD_LETTER,  # an event of it met no brake: as from pending
+        SHADOWED,         # processor: its kind runs in shadow mode now
+    }),
+    SHADOWED: frozenset({
+        PENDING,          # release: the kind is live now; due now, re-emitted through the outbox
+        CLAIMED, APPLIED, SKIPPED, DEAD_LETTER,  # an event of it met a live kind: as from pending
     }),
     DEAD_LETTER: frozenset({
         PENDING,          # operator replay

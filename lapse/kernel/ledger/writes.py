@@ -28,8 +28,10 @@ from lapse.kernel.ledger.records import (
     outcome_record,
 )
 from lapse.kernel.ledger.rows import ClaimedMove
-from lapse.kernel.ledger.states import APPLIED, CLAIMED, DEAD_LETTER, PENDING, SKIPPED, check
+from lapse.kernel.ledger.states import APPLIED, CLAIMED, DEAD_LETTER, HELD, PENDING, SHADOWED, SKIPPED, check
 from lapse.kernel.schema_names import CLEANUP_OUTCOME, DEAD_LETTER_RECORD, EXPIRY_EVENT
+
+SHADOW_STATUS = "shadow"  # the outcome status of work a shadow-mode kind recorded instead of doing
 
 
 @dataclass
@@ -118,6 +120,19 @@ class LedgerWrites:
         self.event_transition(event, CLAIMED, PENDING, attempt,
                               reason=reason or f"rescheduled: not due until {due_at.isoformat()}")
         self.moves.append(ClaimedMove(event.op_key, PENDING, attempt, due_at, None, None, None))
+
+    def parked(self, event: ExpiryEvent, from_state: str, state: str, attempt: int, reason: str) -> None:
+        """The operation was parked by `queries.park` (held by a brake, or shadowed): its
+        transition, and for a shadowed one the outcome with status `shadow`."""
+        self.event_transition(event, from_state, state, attempt, reason=reason)
+        if state == SHADOWED:
+            self.outcome(event, SHADOW_STATUS, attempt, reason=reason)
+
+    def hold_claim(self, event: ExpiryEvent, attempt: int, due_at: datetime, reason: str) -> None:
+        """The claimed operation met a pause before its leased call ran: held, its attempt and due
+        time unchanged."""
+        self.event_transition(event, CLAIMED, HELD, attempt, reason=reason)
+        self.moves.append(ClaimedMove(event.op_key, HELD, attempt, due_at, None, None, None))
 
     def outcome(self, event: ExpiryEvent, status: str, attempt: int,
                 failure_class: str | None = None, reason: str | None = None) -> None:

@@ -13,6 +13,7 @@ from lapse.shell.commands import (  # noqa: F401
     kinds,
     kinds_plan,
     offsets,
+    pauses,
     pipeline,
     prune,
     reconcile,

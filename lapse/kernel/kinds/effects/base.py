@@ -45,6 +45,7 @@ class EffectType(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
     tag: ClassVar[str]
     external: ClassVar[bool] = False  # run outside the database, under a lease
+    destructive: ClassVar[bool] = False  # removes data: a budget by default (kinds.brakes)
 
     @property
     def field(self) -> str:

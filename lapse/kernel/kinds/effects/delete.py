@@ -15,6 +15,7 @@ class DeleteEffect(EffectType):
 
     model_config = ConfigDict(strict=True)
     tag: ClassVar[str] = "delete"
+    destructive: ClassVar[bool] = True
 
     def compile(self, ctx: CompileContext) -> dict[str, Any]:
         return {"apply_in_db": delete_rows(ctx.table, ctx.id_column, ctx.due_column, ctx.eligible)}

@@ -19,6 +19,7 @@ class ObjectStoreEffect(ExternalEffectType):
     for a folder (relative to the kinds file). The object key is read from `key_column`."""
 
     tag: ClassVar[str] = "object-store"
+    destructive: ClassVar[bool] = True
 
     url: str = Field(min_length=1, max_length=2000)
     key_column: str = Field(min_length=1, max_length=63)

@@ -7,6 +7,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from lapse.kernel.kinds.brakes import BudgetField, Mode
+
 
 class PythonKind(BaseModel):
     """A kind written in Python, for what declarations cannot say: `package.module:ATTRIBUTE`."""
@@ -14,6 +16,8 @@ class PythonKind(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid", strict=True, populate_by_name=False)
 
     python: str = Field(pattern=r"^[A-Za-z_][A-Za-z0-9_.]*:[A-Za-z_][A-Za-z0-9_]*$", max_length=300)
+    mode: Mode = "live"
+    budget: BudgetField = None
 
     def summary(self) -> dict[str, Any]:
         return {"python": self.python, "effect": "python"}
