@@ -6,7 +6,7 @@ and one log line. This module is the room's public face."""
 
 from lapse.operator_actions.confirmed import discard_selection, preview, run_discard, run_replay
 from lapse.operator_actions.dead_letters import discard, list_dead_letters, replay
-from lapse.operator_actions.pauses import run_pause, run_resume
+from lapse.operator_actions.pauses import run_pause, run_resume, tenant_seen
 from lapse.operator_actions.poison import poison_records
 from lapse.operator_actions.record import (
     DISCARD,
@@ -48,4 +48,5 @@ __all__ = [
     "run_replay",
     "run_resume",
     "session_user",
+    "tenant_seen",
 ]

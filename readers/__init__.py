@@ -25,7 +25,7 @@ from lapse.readers.offsets import (
     read_to_end,
 )
 from lapse.readers.partition_ends import EndNotReached
-from lapse.readers.status import lag_status, status_report
+from lapse.readers.status import brakes_status, lag_status, status_report
 
 __all__ = [
     "BROKEN",
@@ -36,6 +36,7 @@ __all__ = [
     "EndNotReached",
     "OffsetsError",
     "Span",
+    "brakes_status",
     "committed",
     "correlated_op_keys",
     "daily_reports",

@@ -13,12 +13,15 @@ from typing import Any
 
 from sqlalchemy import Connection, Engine, func, or_, select
 
+from lapse.kernel.brakes import ALL_TENANTS, read_pauses
 from lapse.kernel.clock import database_now
 from lapse.kernel.findings import AUDIT, CIRCUIT, CLOCK, LAST_PASS, LAST_VERDICT, RECONCILE, latest_findings
-from lapse.kernel.kinds import CleanupKind, load_kinds
+from lapse.kernel.kinds import CleanupKind, KindsFileError, declared_names, load_kinds
 from lapse.kernel.ledger import (
     DEAD_LETTER,
     DISCARDED,
+    HELD,
+    SHADOWED,
     UNFINISHED,
     expired_claims,
     has_ledger_row,
@@ -26,6 +29,7 @@ from lapse.kernel.ledger import (
     ledger_state_of,
     oldest_unfinished_due,
     outbox_backlog,
+    parked_counts,
 )
 from lapse.kernel.ledger.partitions import OUTBOX, TRANSITIONS, default_rows
 from lapse.kernel.settings import Settings
@@ -124,6 +128,38 @@ def findings_status(conn: Connection, now: datetime) -> dict[str, Any]:
             "clocks": [f.to_dict() for f in kept if f.role == CLOCK and f.at >= shown_after]}
 
 
+def brakes_status(conn: Connection, now: datetime, declared: frozenset[str] | None) -> dict[str, Any]:
+    """What the brakes hold: each pause (since when, by whom, why, how much work waits under it),
+    the held work of kinds the kinds file no longer declares (`declared`; None: no file to ask),
+    and the work each shadow-mode kind parked, all read along ix_lapse_ledger_parked."""
+    held: dict[tuple[str, str], int] = {}
+    shadowed: dict[str, int] = {}
+    for state, kind, tenant, n in parked_counts(conn):
+        if state == HELD:
+            held[(kind, tenant)] = n
+        elif state == SHADOWED:
+            shadowed[kind] = shadowed.get(kind, 0) + n
+    pauses = []
+    for pause in read_pauses(conn):
+        waiting = sum(n for (kind, tenant), n in held.items()
+                      if kind == pause.kind and pause.tenant in (ALL_TENANTS, tenant))
+        pauses.append({**pause.to_dict(), "age_s": _age_s(now, pause.since), "waiting": waiting})
+    undeclared: dict[str, int] = {}
+    for (kind, _), n in held.items():
+        if declared is not None and kind not in declared:
+            undeclared[kind] = undeclared.get(kind, 0) + n
+    return {"pauses": pauses, "undeclared": dict(sorted(undeclared.items())),
+            "shadowed": dict(sorted(shadowed.items())), "held": sum(held.values())}
+
+
+def declared_or_none(settings: Settings) -> frozenset[str] | None:
+    """The kind names the kinds file declares; None without a readable file (status still answers)."""
+    try:
+        return declared_names(settings.kinds.file) if settings.kinds.file is not None else None
+    except KindsFileError:
+        return None
+
+
 def outside_partitions(conn: Connection) -> dict[str, int] | None:
     """Rows in the DEFAULT partitions of transitions and the outbox (PostgreSQL), counted up to
     DEFAULT_ROWS_CAP: rows no time partition covers wait there until `lapse prune` creates theirs.
@@ -137,6 +173,7 @@ def status_report(settings: Settings, engine: Engine, now: datetime, *, lag: boo
         report = ledger_status(conn, now)
         report["eligible"] = eligible_status(settings, conn, now)
         report["findings"] = findings_status(conn, now)
+        report["brakes"] = brakes_status(conn, now, declared_or_none(settings))
         report["outside_partitions"] = outside_partitions(conn)
     ages = [report["oldest_eligible_age_s"], *(k["oldest_due_age_s"] for k in (report["eligible"] or {}).values())]
     report["oldest_eligible_age_s"] = max((a for a in ages if a is not None), default=None)

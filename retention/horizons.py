@@ -69,7 +69,9 @@ class Horizons:
         """Per table; `partitioned`: the transitions' horizon is the history horizon (PostgreSQL)."""
         transitions = self.history if partitioned else self.transitions
         return {"ledger_settled": self.settled.to_dict(), "ledger_dead_letters": self.dead_letters.to_dict(),
-                "transitions": transitions.to_dict(), "outbox": self.outbox.to_dict()}
+                "transitions": transitions.to_dict(), "outbox": self.outbox.to_dict(),
+                "shadow_effects": Horizon(self.history.seconds, "shadow records: as long as history ("
+                                          + self.history.reason + ")").to_dict()}
 
 
 def retention_seconds(topic: str, retention_ms: str | None) -> float | None:

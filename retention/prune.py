@@ -40,12 +40,13 @@ from lapse.retention.queries import (
     prune_history,
     prune_outbox,
     prune_settled,
+    prune_shadow_effects,
     prune_transitions,
 )
 
 log = get_logger("prune")
 
-TABLES = ("ledger_settled", "ledger_dead_letters", "transitions", "outbox")
+TABLES = ("ledger_settled", "ledger_dead_letters", "transitions", "outbox", "shadow_effects")
 # The partitioned tables (PostgreSQL), by the name the report gives their rows.
 SCHEMES = {"transitions": parts.TRANSITIONS, "outbox": parts.OUTBOX}
 # Progress: called after every batch with (table, rows removed from it so far in this pass).
@@ -105,7 +106,7 @@ def _cutoffs(horizons: Horizons, now: datetime, partitioned: bool = False) -> di
     return {"ledger_settled": horizons.settled.cutoff(now),
             "ledger_dead_letters": horizons.dead_letters.cutoff(now),
             "transitions": (horizons.history if partitioned else horizons.transitions).cutoff(now),
-            "outbox": horizons.outbox.cutoff(now)}
+            "outbox": horizons.outbox.cutoff(now), "shadow_effects": horizons.history.cutoff(now)}
 
 
 def _partitioned(engine: Engine) -> dict[str, parts.Scheme]:
@@ -144,7 +145,8 @@ def prune_dry_run(engine: Engine, horizons: Horizons, now: datetime) -> PruneRep
         counts = count_prunable(conn, settled_cutoff=cutoffs["ledger_settled"],
                                 dead_letter_cutoff=cutoffs["ledger_dead_letters"],
                                 transitions_cutoff=None if "transitions" in partitioned else cutoffs["transitions"],
-                                outbox_cutoff=None if "outbox" in partitioned else outbox_cutoff)
+                                outbox_cutoff=None if "outbox" in partitioned else outbox_cutoff,
+                                shadow_cutoff=cutoffs["shadow_effects"])
         for table, scheme in partitioned.items():
             work = report.partitions[table] = PartitionWork()
             cutoff = cutoffs[table]
@@ -240,6 +242,7 @@ def prune_once(engine: Engine, horizons: Horizons, now: datetime, batch_size: in
         ("ledger_dead_letters", lambda conn, cutoff: prune_dead_letters(conn, cutoff, batch_size)),
         ("transitions", transitions),
         ("outbox", outbox),
+        ("shadow_effects", lambda conn, cutoff: prune_shadow_effects(conn, cutoff, batch_size)),
     ]
     for table, step in steps:
         cutoff = cutoffs[table]

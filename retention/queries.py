@@ -42,6 +42,7 @@ from lapse.kernel.ledger import states
 from lapse.kernel.models import cleanup_ledger as L
 from lapse.kernel.models import ledger_transitions as T
 from lapse.kernel.models import outbox as O
+from lapse.kernel.models import shadow_effects as S
 
 
 # What the partial indexes' predicates say, spelled as they do (see the module's docstring).
@@ -240,8 +241,20 @@ def count_history_statement(table: Table, cutoff: datetime) -> Select[int]:
     return select(func.count()).select_from(table).where(table.c.at < cutoff)
 
 
+def prune_shadow_effects(conn: Connection, cutoff: datetime, limit: int) -> int:
+    """Delete up to `limit` shadow records written before `cutoff` (the history horizon); how many
+    went. Old records are few and scattered, so a page by primary key is enough."""
+    page = select(S.c.op_key).where(S.c.at < cutoff).limit(limit).scalar_subquery()
+    return int(conn.execute(delete(S).where(S.c.op_key.in_(page))).rowcount)
+
+
+def count_shadow_effects_statement(cutoff: datetime) -> Select[Any]:
+    return select(func.count()).select_from(S).where(S.c.at < cutoff)
+
+
 def count_prunable(conn: Connection, *, settled_cutoff: datetime | None, dead_letter_cutoff: datetime | None,
-                   transitions_cutoff: datetime | None, outbox_cutoff: datetime | None) -> dict[str, int]:
+                   transitions_cutoff: datetime | None, outbox_cutoff: datetime | None,
+                   shadow_cutoff: datetime | None = None) -> dict[str, int]:
     """What a pass with these cutoffs would remove, per table (None: that horizon is forever, or,
     for transitions and the outbox on partitioned PostgreSQL, counted by the caller)."""
     return {
@@ -254,4 +267,6 @@ def count_prunable(conn: Connection, *, settled_cutoff: datetime | None, dead_le
         conn.execute(count_transitions_statement(transitions_cutoff, settled_cutoff,
                                                  dead_letter_cutoff)).scalar_one(),
         "outbox": 0 if outbox_cutoff is None else conn.execute(count_outbox_statement(outbox_cutoff)).scalar_one(),
+        "shadow_effects": 0 if shadow_cutoff is None else
+        conn.execute(count_shadow_effects_statement(shadow_cutoff)).scalar_one(),
     }

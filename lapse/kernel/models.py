@@ -259,7 +259,8 @@ shadow_effects = Table(
     Column("at", UTCDateTime(), nullable=False),
     Column("outcome", String(16), nullable=False),
     Column("would", JSON, nullable=False),
-    Index("ix_lapse_shadow_effects_kind_at", "kind", "at"),
+    Index("ix_lapse_shadow_effects_kind_at", "kind", "at"),  # a kind's results, newest first
+    Index("ix_lapse_shadow_effects_at", "at"),  # retention's prune, by age
     schema=SCHEMA,
 )
 

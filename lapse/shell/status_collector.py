@@ -85,7 +85,28 @@ def status_families(report: dict[str, Any]) -> list[Metric]:
     circuits = _gauge("lapse_dead_letter_circuits_open", "Partitions whose dead-letter circuit is open now.")
     circuits.add_metric([], len((report.get("findings") or {}).get("open_circuits", [])))
     return [oldest, eligible_rows, eligible_age, expired, unsent, unsent_age, ledger, readable, lag_records,
-            lag_seconds, members, circuits]
+            lag_seconds, members, circuits, *brake_families(report.get("brakes") or {})]
+
+
+def brake_families(brakes: dict[str, Any]) -> list[Metric]:
+    """The brakes' samples: each pause's age and the work waiting under it, held work of
+    undeclared kinds, shadowed work per shadow-mode kind."""
+    age = _gauge("lapse_pause_age_seconds", "How long a kind (or one tenant of it: tenant label) has been paused, "
+                 "by cause (operator or budget).", ["kind", "tenant", "cause"])
+    waiting = _gauge("lapse_pause_waiting_operations", "Operations held under a pause.", ["kind", "tenant", "cause"])
+    for pause in brakes.get("pauses", []):
+        labels = [pause["kind"], pause["tenant"] or "", pause["cause"]]
+        age.add_metric(labels, pause["age_s"] or 0)
+        waiting.add_metric(labels, pause["waiting"])
+    undeclared = _gauge("lapse_undeclared_operations", "Operations held because the kinds file no longer "
+                        "declares their kind.", ["kind"])
+    for kind, n in brakes.get("undeclared", {}).items():
+        undeclared.add_metric([kind], n)
+    shadowed = _gauge("lapse_shadowed_operations", "Operations a shadow-mode kind recorded instead of applying.",
+                      ["kind"])
+    for kind, n in brakes.get("shadowed", {}).items():
+        shadowed.add_metric([kind], n)
+    return [age, waiting, undeclared, shadowed]
 
 
 class StatusCollector(Collector):

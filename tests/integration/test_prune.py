@@ -23,7 +23,7 @@ from sqlalchemy.engine import make_url
 
 from lapse.devtools.demo_tables import reservations
 from lapse.kernel.ledger import partitions as parts
-from lapse.kernel.models import cleanup_ledger, ledger_transitions, outbox
+from lapse.kernel.models import cleanup_ledger, ledger_transitions, outbox, shadow_effects
 from lapse.processors.rules import apply_batch
 from lapse.retention import partitions as rotation
 from lapse.retention import prune_dry_run, prune_once
@@ -81,10 +81,14 @@ def seed(engine) -> None:
     outbox_rows = [{"topic": "o", "key": f"k{i}", "schema": "s", "payload": {}, "headers": {},
                     "created_at": old_sent, "sent_at": sent}
                    for i, sent in enumerate([old_sent] * 3 + [NOW - timedelta(seconds=60), None])]
+    # Shadow records: two past the history horizon (the dead-letter one here), one within it.
+    shadows = [{"op_key": key("shadow-kind", i), "kind": "shadow-kind", "tenant": TENANT, "subject_id": str(i),
+                "at": at, "outcome": "apply", "would": {}} for i, at in ((1, ANCIENT), (2, ANCIENT), (3, OLD))]
     with engine.begin() as conn:
         conn.execute(insert(cleanup_ledger), ledger)
         conn.execute(insert(ledger_transitions), transitions)
         conn.execute(insert(outbox), outbox_rows)
+        conn.execute(insert(shadow_effects), shadows)
 
 
 def tables(engine) -> dict[str, list[Any]]:
@@ -94,6 +98,7 @@ def tables(engine) -> dict[str, list[Any]]:
             "transitions": sorted(conn.execute(select(ledger_transitions.c.op_key, ledger_transitions.c.to_state)
                                                ).all()),
             "outbox": sorted(conn.execute(select(outbox.c.key)).scalars()),
+            "shadow_effects": sorted(conn.execute(select(shadow_effects.c.op_key)).scalars()),
         }
 
 
@@ -108,21 +113,24 @@ def test_rows_past_their_horizon_go_in_batches_and_everything_else_stays(db_url)
     after = tables(engine)
     assert after["ledger"] == sorted(set(before["ledger"]) - REMOVED_KEYS)
     assert after["outbox"] == ["k3", "k4"]  # sent within the horizon, and the unsent one
+    assert after["shadow_effects"] == [key("shadow-kind", 3)]  # within the history horizon
     # 10 settled rows in batches of 3 take 4 statements, the last short.
     assert [n for t, n in seen if t == "ledger_settled"] == [3, 6, 9, 10]
     if on_postgresql(db_url):
         # The seeded rows are older than any partition: in DEFAULT, whose rows past the history
         # horizon (30d 5m) go in batches; the removed settled rows' transitions stay until then.
-        assert report.removed == {"ledger_settled": 10, "ledger_dead_letters": 1, "transitions": 8, "outbox": 3}
+        assert report.removed == {"ledger_settled": 10, "ledger_dead_letters": 1, "transitions": 8, "outbox": 3,
+                                  "shadow_effects": 2}
         assert [n for t, n in seen if t == "transitions"] == [3, 6, 8]
-        assert report.batches == 4 + 1 + 3 + 2
+        assert report.batches == 4 + 1 + 3 + 2 + 1
         assert after["transitions"] == [t for t in before["transitions"] if t[0] not in HISTORY_GONE_KEYS]
         assert set(report.partitions) == {"transitions", "outbox"}
     else:
-        assert report.removed == {"ledger_settled": 10, "ledger_dead_letters": 1, "transitions": 22, "outbox": 3}
+        assert report.removed == {"ledger_settled": 10, "ledger_dead_letters": 1, "transitions": 22, "outbox": 3,
+                                  "shadow_effects": 2}
         # 22 transitions take 8 statements.
         assert [n for t, n in seen if t == "transitions"] == [3, 6, 9, 12, 15, 18, 21, 22]
-        assert report.batches == 4 + 1 + 8 + 2
+        assert report.batches == 4 + 1 + 8 + 2 + 1
         # Transitions of kept rows stay, however old (the unfinished rows' are older than any horizon).
         assert after["transitions"] == [t for t in before["transitions"] if t[0] not in REMOVED_KEYS]
         assert report.partitions == {}
@@ -142,7 +150,7 @@ def test_a_dry_run_counts_what_a_run_removes_and_changes_nothing(db_url):
     assert dry.removed == prune_once(engine, HORIZONS, NOW, batch_size=1000).removed
     shown = dry.to_dict()
     transitions = 8 if on_postgresql(db_url) else 22
-    assert shown["dry_run"] and shown["total"] == 10 + 1 + transitions + 3
+    assert shown["dry_run"] and shown["total"] == 10 + 1 + transitions + 3 + 2
     assert shown["tables"]["ledger_settled"]["horizon_s"] == SETTLED_S
     assert shown["tables"]["ledger_settled"]["reason"] == "expiry retention 14d + reconciler grace 5m"
     assert shown["tables"]["ledger_dead_letters"]["horizon_s"] == DEAD_S
@@ -192,7 +200,7 @@ def test_the_command_prints_counts_and_reasons_and_refuses_a_short_horizon(sqlit
     assert "retention 14d + reconciler grace 5m" in shown["tables"]["ledger_settled"]["reason"]
 
     run = CliRunner().invoke(main, ["prune"], env=env)
-    assert run.exit_code == 0 and "total removed 0 in 4 batches" in run.stdout, run.output
+    assert run.exit_code == 0 and "total removed 0 in 5 batches" in run.stdout, run.output
 
     short = CliRunner().invoke(main, ["prune", "--ledger-horizon", "1d"], env=env)
     assert short.exit_code == 3
@@ -215,7 +223,7 @@ def test_every_prune_statement_searches_an_index_on_sqlite(sqlite_url):
         prune_once(engine, HORIZONS, NOW, batch_size=3)
         with engine.connect() as conn:
             count_prunable(conn, settled_cutoff=NOW, dead_letter_cutoff=NOW, transitions_cutoff=NOW,
-                           outbox_cutoff=NOW)
+                           outbox_cutoff=NOW, shadow_cutoff=NOW)
     finally:
         event.remove(engine, "before_cursor_execute", record)
     plans = {}
@@ -223,8 +231,8 @@ def test_every_prune_statement_searches_an_index_on_sqlite(sqlite_url):
         for statement, parameters in statements:
             plans[statement] = [row[-1] for row in conn.exec_driver_sql("EXPLAIN QUERY PLAN " + statement, parameters)]
     # applied, skipped, dead letters, discarded (by their transitions), transitions (the first batch and
-    # those after), outbox; five counts
-    assert len(plans) == 2 + 1 + 1 + 2 + 1 + 5
+    # those after), outbox, shadow records; six counts
+    assert len(plans) == 2 + 1 + 1 + 2 + 1 + 1 + 6
     for statement, plan in plans.items():
         assert not [step for step in plan if step.startswith("SCAN")], (statement, plan)
     settled = [p for s, p in plans.items() if s.startswith("DELETE FROM main.lapse_ledger") and "'applied'" in s]
@@ -327,7 +335,8 @@ def test_partitions_are_created_ahead_dropped_whole_pinned_by_unsent_rows_and_de
         assert {p["name"]: p["reason"] for p in work["outbox"].pinned}.keys() == pinned.keys()
         assert all(want in {p["name"]: p["reason"] for p in work["outbox"].pinned}[name]
                    for name, want in pinned.items())
-        assert shown.removed == {"ledger_settled": 0, "ledger_dead_letters": 0, "transitions": 1, "outbox": 1}
+        assert shown.removed == {"ledger_settled": 0, "ledger_dead_letters": 0, "transitions": 1, "outbox": 1,
+                                 "shadow_effects": 0}
     assert report.partitions["outbox"].moved_from_default == 1
     assert report.partitions["transitions"].moved_from_default == 1
     assert where_rows_are(engine) == {

@@ -24,7 +24,6 @@ from lapse.kernel.brakes.shadows import (
     OUTCOMES,
     ShadowEffect,
     ShadowResults,
-    forget_shadow_effects,
     record_shadow_effects,
     shadow_results,
 )
@@ -43,7 +42,6 @@ __all__ = [
     "ShadowResults",
     "covered",
     "delete_pause",
-    "forget_shadow_effects",
     "forget_usage",
     "insert_pause",
     "lock_budget",

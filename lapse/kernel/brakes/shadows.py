@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Connection, delete, func, select
+from sqlalchemy import Connection, func, select
 from sqlalchemy.dialects import postgresql, sqlite
 
 from lapse.kernel.models import shadow_effects as S
@@ -80,8 +80,3 @@ def shadow_results(conn: Connection, kind: str, *, latest: int = 10, top_tenants
     return ShadowResults(kind, by_outcome, sum(by_outcome.values()) >= cap, tenants,
                          [ShadowEffect(*row) for row in rows])
 
-
-def forget_shadow_effects(conn: Connection, before: datetime, limit: int) -> int:
-    """Delete up to `limit` shadow records older than `before` (retention); how many went."""
-    page = select(S.c.op_key).where(S.c.at < before).limit(limit).scalar_subquery()
-    return conn.execute(delete(S).where(S.c.op_key.in_(page))).rowcount

@@ -72,6 +72,8 @@ def _check_text(data: dict[str, Any]) -> str:
             lines.append(f"ok      {c['name']} ({c['effect']} on {c['table']}, index {c['due_index']})")
         else:
             lines += [f"FAILED  {c['name']}: {problem}" for problem in c["problems"]]
+    lines += [f"waiting {kind}: {n} operations held; the file does not declare the kind (declare it again to "
+              "resume them)" for kind, n in data.get("undeclared", {}).items()]
     return "\n".join(lines) or f"no kinds in {data['file']}"
 
 
@@ -91,10 +93,12 @@ def topology_or_none(settings: Settings) -> Topology | None:
 def check(settings: Settings, as_json: bool) -> None:
     """Check every kind against the live database: columns exist with fitting types, the (due, id)
     index exists (else the CREATE INDEX to add), the role may change the table. Exit status 1
-    when a check fails."""
+    when a check fails. Work held for kinds the file no longer declares is listed too."""
     # function-local: keeps `lapse --help` fast
+    from lapse.kernel.clock import engine_now
     from lapse.kernel.database import DatabaseNotConfigured, engine_from_settings
     from lapse.kernel.kinds import check_kinds, read_kinds_file
+    from lapse.readers import brakes_status
 
     with kinds_file_errors():
         kinds_file = read_kinds_file(settings.kinds.file)
@@ -104,9 +108,11 @@ def check(settings: Settings, as_json: bool) -> None:
         raise click.UsageError(str(exc)) from None
     try:
         checks = check_kinds(kinds_file, engine, settings.database.schema_name, topology_or_none(settings))
+        with engine.connect() as conn:
+            undeclared = brakes_status(conn, engine_now(engine), frozenset(kinds_file.kinds))["undeclared"]
     finally:
         engine.dispose()
     emit({"file": str(kinds_file.path), "kinds": [c.to_dict() for c in checks],
-          "ok": all(c.ok for c in checks)}, as_json, _check_text)
+          "ok": all(c.ok for c in checks), "undeclared": undeclared}, as_json, _check_text)
     if not all(c.ok for c in checks):
         raise SystemExit(1)

@@ -60,7 +60,23 @@ def plan_text(data: dict[str, Any]) -> str:
         lines.append(f"  tenants next 24 h: {_tenants(p['tenants']['next_24h'])}")
         for row in p["sample"]:
             lines.append(f"  {row['op_key']}  tenant {row['tenant']}  due {row['due_at']}: {_would(row['would'])}")
+        if "shadow" in p:
+            lines += _shadow_text(p["shadow"])
     return "\n".join(lines) or f"no kinds in {data['file']}"
+
+
+def _shadow_text(s: dict[str, Any]) -> list[str]:
+    """The shadow run's results under a kind's preview (`--compare`)."""
+    if not s["total"]:
+        return ["  shadow: nothing recorded (the kind has not run in shadow mode)"]
+    outcomes = ", ".join(f"{name} {n}" for name, n in s["by_outcome"].items())
+    tenants = ", ".join(f"{t['tenant']} {t['rows']}" for t in s["tenants"]) or "-"
+    lines = [f"  shadow: {s['total']}{'+' if s['capped'] else ''} operations recorded ({outcomes}); "
+             f"tenants: {tenants}"]
+    for e in s["latest"]:
+        lines.append(f"  shadow {e['op_key']}  tenant {e['tenant']}  at {e['at']}: would {e['outcome']}: "
+                     f"{_would(e['would'])}")
+    return lines
 
 
 @kinds.command("plan")
@@ -73,18 +89,21 @@ def plan_text(data: dict[str, Any]) -> str:
               show_default=True, help="Statement timeout of the preview's reads, in seconds.")
 @click.option("--at", "at", type=Timestamp(), default=None,
               help="Preview as of this time (ISO 8601 or epoch ms) instead of the database's clock.")
+@click.option("--compare", is_flag=True,
+              help="Show next to each preview what the kind's shadow run recorded (mode: shadow).")
 @setting_option("database.url")
 @setting_option("kinds.file", "--kinds-file")
 @setting_option("runtime.log_level")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 @pass_settings
 def plan(settings: Settings, kind: str | None, limit: int, cap: int, timeout_s: float, at: datetime | None,
-         as_json: bool) -> None:
+         compare: bool, as_json: bool) -> None:
     """Preview what KIND (or every kind) of the kinds file would change: rows due now and in each of
     the next 24 hours, per tenant, and a sample with the values it would set. Read-only, bounded
     by --cap and --timeout, along the kind's due index (a table without one is refused); point
     --kinds-file at a file that is not live yet to preview a change before deploying it."""
     # function-local: keeps `lapse --help` fast
+    from lapse.kernel.brakes import shadow_results
     from lapse.kernel.database import DatabaseNotConfigured, engine_from_settings
     from lapse.kernel.kinds import KindsFile, compile_kinds, read_kinds_file
     from lapse.kernel.kinds.errors import show
@@ -110,6 +129,11 @@ def plan(settings: Settings, kind: str | None, limit: int, cap: int, timeout_s: 
                                PlanOptions(cap=cap, sample=limit, timeout_s=timeout_s), now=at)
         except PlanRefused as exc:
             raise CommandFailed(ExitCode.CONFIG, str(exc.in_file(kinds_file.path, exc.kind))) from None
+        shown = [p.to_dict() for p in plans]
+        if compare:
+            with engine.connect() as conn:
+                for p in shown:
+                    p["shadow"] = shadow_results(conn, p["kind"], latest=limit).to_dict()
     finally:
         engine.dispose()
-    emit({"file": str(kinds_file.path), "kinds": [p.to_dict() for p in plans]}, as_json, plan_text)
+    emit({"file": str(kinds_file.path), "kinds": shown}, as_json, plan_text)

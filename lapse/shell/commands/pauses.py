@@ -61,8 +61,7 @@ def pause(settings: Settings, kind: str, tenant: str | None, reason: str, actor:
     from lapse.kernel.database import engine_from_settings
     from lapse.kernel.kinds import KindsFile, compile_kinds, read_kinds_file
     from lapse.kernel.kinds.errors import show
-    from lapse.operator_actions import run_pause
-    from lapse.operator_actions.pauses import tenant_seen
+    from lapse.operator_actions import run_pause, tenant_seen
 
     _check_words(reason, actor, tenant)
     with kinds_file_errors():

@@ -36,6 +36,7 @@ def _text(r: dict[str, Any]) -> str:
     lines.append(f"expired claims: {claims['count']}" + (
         f" (oldest expired {claims['oldest_expired_for_s']:.0f}s ago)" if claims["count"] else ""))
     lines.append(f"dead letters: {r['dead_letters']}")
+    lines += _brakes_text(r.get("brakes") or {})
     outbox = r["outbox"]
     lines.append(f"outbox unsent: {outbox['unsent']}" + (
         f" (oldest written {outbox['oldest_unsent_age_s']:.0f}s ago)" if outbox["unsent"] else ""))
@@ -63,6 +64,19 @@ def _text(r: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _brakes_text(b: dict[str, Any]) -> list[str]:
+    lines = []
+    for p in b.get("pauses", []):
+        target = p["kind"] + (f"/{p['tenant']}" if p["tenant"] else "")
+        lines.append(f"paused {target} ({p['cause']}) since {p['since']} by {p['actor']}: {p['reason']}; "
+                     f"{p['waiting']} operations wait")
+    for kind, n in b.get("undeclared", {}).items():
+        lines.append(f"undeclared kind {kind}: {n} operations held until the kinds file declares it again")
+    for kind, n in b.get("shadowed", {}).items():
+        lines.append(f"shadow {kind}: {n} operations shadowed (`lapse kinds plan {kind} --compare`)")
+    return lines
+
+
 @main.command()
 @connection_options
 @setting_option("runtime.metrics_port", help="With --watch: serve the status gauges to Prometheus here.")
@@ -73,8 +87,9 @@ def _text(r: dict[str, Any]) -> str:
 @pass_settings
 def status(settings: Settings, watch: float | None, no_lag: bool, as_json: bool) -> None:
     """Ledger counts by state and kind (applied and skipped estimated, marked ~, on a large
-    PostgreSQL ledger), the oldest eligible-but-unfinished operation, expired
-    claims, dead letters and the lag of every group declared in topics.yaml."""
+    PostgreSQL ledger), the oldest eligible-but-unfinished operation, expired claims, dead
+    letters, what the brakes hold (pauses, undeclared kinds, shadow runs) and the lag of every
+    group declared in topics.yaml."""
     # function-local: keeps `lapse --help` fast
     from lapse.kernel.database import engine_from_settings
     from lapse.readers import status_report

@@ -4,7 +4,8 @@
   operator or by a spent budget. A handful of rows, read whole once per batch by every processor.
 - `lapse_budget_usage`: what each budgeted kind changed, one row per batch, counted over the
   budget's window along `(kind, tenant, at)`.
-- `lapse_shadow_effects`: what a shadow-mode kind's effect would have done, one row per op key.
+- `lapse_shadow_effects`: what a shadow-mode kind's effect would have done, one row per op key, by
+  kind and time (a kind's results) and by time (retention prunes them with the history horizon).
 - `ix_lapse_ledger_parked`: the ledger's parked rows (the new states `held` and `shadowed`) by
   kind and tenant, partial: empty while no brake is on, so it costs the hot path nothing then. The
   states are plain strings of the `state` column: no constraint changes.
@@ -66,6 +67,7 @@ def upgrade() -> None:
         schema=schema,
     )
     op.create_index("ix_lapse_shadow_effects_kind_at", "lapse_shadow_effects", ["kind", "at"], schema=schema)
+    op.create_index("ix_lapse_shadow_effects_at", "lapse_shadow_effects", ["at"], schema=schema)
     op.create_index("ix_lapse_ledger_parked", "lapse_ledger", ["state", "kind", "tenant", "op_key"], schema=schema,
                     postgresql_where=sa.text(PARKED), sqlite_where=sa.text(PARKED))
 
@@ -77,6 +79,7 @@ def downgrade() -> None:
     ledger = sa.table("lapse_ledger", sa.column("state"), sa.column("due_at"), schema=schema)
     op.execute(ledger.update().where(ledger.c.state.in_(("held", "shadowed"))).values(state="pending"))
     op.drop_index("ix_lapse_ledger_parked", table_name="lapse_ledger", schema=schema)
+    op.drop_index("ix_lapse_shadow_effects_at", table_name="lapse_shadow_effects", schema=schema)
     op.drop_index("ix_lapse_shadow_effects_kind_at", table_name="lapse_shadow_effects", schema=schema)
     op.drop_table("lapse_shadow_effects", schema=schema)
     op.drop_index("ix_lapse_budget_usage_kind_tenant_at", table_name="lapse_budget_usage", schema=schema)
