@@ -21,7 +21,7 @@ from lapse.kernel.brakes import (
     insert_pause,
     read_pauses,
 )
-from lapse.kernel.clock import database_now
+from lapse.kernel.clock import Clock, database_now
 from lapse.kernel.kinds import CleanupKind
 from lapse.kernel.topology import Topology
 from lapse.operator_actions.record import PAUSE, RESUME, OperatorAction, log_action, record_action, session_user
@@ -51,11 +51,11 @@ def run_pause(engine: Engine, kind: str, tenant: str | None, *, reason: str, act
 
 
 def run_resume(engine: Engine, kinds: Mapping[str, CleanupKind], topology: Topology, kind: str, tenant: str | None,
-               *, reason: str, actor: str, via: str | None = None,
+               *, reason: str, actor: str, via: str | None = None, clock: Clock | None = None,
                progress: Callable[[int], None] | None = None) -> dict[str, Any]:
     """Resume `kind` (or one tenant of it) and record the operator action (a spent budget's usage
     forgotten with it), then release the work no pause holds any more; `resumed` False when it
-    was not paused (nothing changed)."""
+    was not paused (nothing changed). `clock`: the release's now (a test's), else the database's."""
     recorded = None
     with engine.begin() as conn:
         now = database_now(conn)
@@ -70,7 +70,7 @@ def run_resume(engine: Engine, kinds: Mapping[str, CleanupKind], topology: Topol
     if recorded is None:
         return {"resumed": False, "action_id": None, "released": 0}
     log_action(recorded)
-    released = release_parked_work(engine, kinds, topology, progress=progress)
+    released = release_parked_work(engine, kinds, topology, clock=clock, progress=progress)
     return {"resumed": True, "action_id": recorded.id, "pause": pause.to_dict() if pause else None,
             "released": released.released}
 

@@ -31,7 +31,7 @@ from lapse.kernel.brakes import (
 from lapse.kernel.findings import BUDGET as BUDGET_FINDING
 from lapse.kernel.findings import Finding, record_finding
 from lapse.kernel.kinds.effects import EffectCall
-from lapse.kernel.ledger import HELD, ExpiryEvent, insert_pending, park, read_rows
+from lapse.kernel.ledger import HELD, TERMINAL, ExpiryEvent, insert_pending, park, read_rows
 from lapse.kernel.logs import get_logger
 from lapse.kernel.text import one_line
 from lapse.processors.scope import BatchScope
@@ -90,12 +90,18 @@ def budget_target(event: ExpiryEvent, budget: Budget) -> tuple[str, str]:
 def charge_budgets(scope: BatchScope, stopped: Stopped) -> None:
     """For each budgeted kind with events going on: take its lock (until the transaction ends, in
     kind order, so two batches never wait on each other crosswise), count its window and let at
-    most what is left go on; the rest are held as over budget. The events let through are kept on
-    the scope, for `count_usage` to record what they really changed."""
+    most what is left go on; the rest are held as over budget. Events whose operation is already
+    finished go on uncharged (they are duplicates). The events let through are kept on the scope,
+    for `count_usage` to record what they really changed."""
+    budgeted = [key for key, event in stopped.go.items() if scope.kinds[event.kind].budget is not None]
+    if not budgeted:
+        return
+    finished = {key for key, row in read_rows(scope.conn, budgeted).items() if row.state in TERMINAL}
     by_target: dict[tuple[str, str], list[str]] = {}
-    for key, event in stopped.go.items():
+    for key in budgeted:
+        event = stopped.go[key]
         budget = scope.kinds[event.kind].budget
-        if budget is not None:
+        if budget is not None and key not in finished:
             by_target.setdefault(budget_target(event, budget), []).append(key)
     locked: set[str] = set()
     for target in sorted(by_target):
