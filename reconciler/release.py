@@ -40,8 +40,9 @@ class ReleaseReport:
 def release_parked_work(engine: Engine, kinds: Mapping[str, CleanupKind], topology: Topology, *,
                         clock: Clock | None = None, page_size: int = PAGE, stop: threading.Event | None = None,
                         progress: Callable[[int], None] | None = None) -> ReleaseReport:
-    """Release every parked row whose brake is off, `page_size` a transaction, until none is left
-    (or `stop` is set); `progress` is told how many each page released."""
+    """Release every parked row whose brake is off, `page_size` a transaction, until a page finds
+    none (another release may be taking some at the same time: rows it holds are skipped, not
+    waited for), or `stop` is set; `progress` is told how many each page released."""
     declared = sorted(kinds)
     live = sorted(name for name, kind in kinds.items() if not kind.shadow)
     clause = releasable(declared, live)
@@ -63,8 +64,6 @@ def release_parked_work(engine: Engine, kinds: Mapping[str, CleanupKind], topolo
         report.released += len(moved)
         if progress is not None:
             progress(len(moved))
-        if len(moved) < page_size:
-            break
     if report.released:
         log.info("parked operations released", extra=report.to_dict())
     return report

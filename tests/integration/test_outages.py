@@ -6,17 +6,12 @@ twice, nothing is dead-lettered, and each role logs one warning per outage, not 
 
 from __future__ import annotations
 
-import json
 import os
-import signal
 import subprocess
 import sys
 import time
 from collections import Counter
-from collections.abc import Iterator
-from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 
 import pytest
 from sqlalchemy import func, select
@@ -26,7 +21,7 @@ from lapse.kernel.codec import Codec
 from lapse.kernel.kafka_clients import DeliveryTracker, make_producer
 from lapse.kernel.ledger import expiry_record
 from lapse.kernel.models import cleanup_ledger, ledger_transitions, outbox
-from lapse.kernel.settings import Settings, env_var
+from lapse.kernel.settings import env_var
 from lapse.producers.emit import emit_events
 from lapse.shell.error_boundary import ExitCode
 from tests.fixtures.faults import ConnectionKiller, read_only_failover, schema_registry, silent_listener
@@ -35,13 +30,13 @@ from tests.fixtures.pipeline import (
     Pipeline,
     all_committed,
     applied,
-    connection_env,
     expiry_event,
     produce,
     seed,
 )
 from tests.fixtures.polling import eventually
 from tests.fixtures.processes import ASSIGNED, RoleProcesses
+from tests.fixtures.running import RunningPipeline, lapse_run
 
 OUTAGE_S = 10.0
 FAILOVER_S = 15.0
@@ -52,57 +47,6 @@ ROLES = WORKERS + 5  # sweep, relay, delay, reconcile, monitor
 MARGIN_S = 6.0
 
 pytestmark = pytest.mark.slow
-
-
-class RunningPipeline:
-    """`lapse run` in a subprocess, its JSON log lines in a file."""
-
-    def __init__(self, proc: subprocess.Popen, log_path: Path) -> None:
-        self.proc = proc
-        self.log_path = log_path
-
-    def lines(self) -> list[dict]:
-        out = []
-        for line in self.log_path.read_text(errors="replace").splitlines():
-            try:
-                out.append(json.loads(line))
-            except ValueError:
-                out.append({"msg": line, "level": "raw"})
-        return out
-
-    def logged(self, text: str) -> int:
-        return sum(text in str(line.get("msg")) for line in self.lines())
-
-    def assert_alive(self) -> None:
-        assert self.proc.poll() is None, f"lapse run exited {self.proc.returncode}: {self.lines()[-5:]}"
-        died = [line for line in self.lines() if "role died" in str(line.get("msg"))]
-        assert not died, f"roles died: {died}"
-
-
-@contextmanager
-def lapse_run(settings: Settings, tmp_path: Path, **extra: str) -> Iterator[RunningPipeline]:
-    """Every role (`lapse run --workers 2`) on the test's topics and database, short intervals."""
-    base = {k: v for k, v in os.environ.items() if not k.startswith("LAPSE_")}
-    env = {**base, **connection_env(settings),
-           env_var("processor.session_timeout_ms"): "6000", env_var("processor.poll_timeout_s"): "0.1",
-           env_var("producer.sweep_interval_s"): "1", env_var("reconciler.interval_s"): "2",
-           env_var("retention.interval_s"): "2", env_var("report.interval_s"): "2",
-           env_var("runtime.log_format"): "json", **extra}
-    log_path = tmp_path / "run.log"
-    with log_path.open("w") as log_file:
-        proc = subprocess.Popen([sys.executable, "-m", "lapse", "run", "--workers", str(WORKERS)], env=env,
-                                cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=log_file)
-    running = RunningPipeline(proc, log_path)
-    try:
-        yield running
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(90)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-            pytest.fail("lapse run did not stop within 90 s of SIGTERM")
 
 
 def outbox_drained(p: Pipeline, at_least: int) -> bool:
