@@ -17,6 +17,11 @@ from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, model_val
 from lapse.kernel.brakes import Budget
 
 Mode = Literal["live", "shadow"]
+MODE_HELP = ("`live` applies the effect; `shadow` runs the whole pipeline but records what the effect would "
+             "do instead (`lapse kinds plan --compare`); switched back to live, each operation is applied once.")
+BUDGET_HELP = ("At most so many effects in any window, counted for every worker at once: reaching it pauses the "
+               "kind until an operator resumes it. `false`: none. Unset: 10,000 per hour for a delete or "
+               "object-store effect, none otherwise.")
 LIVE, SHADOW = "live", "shadow"
 MAX_EFFECTS = 10_000_000
 MAX_WINDOW_S = 7 * 86_400

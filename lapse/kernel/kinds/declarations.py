@@ -18,7 +18,7 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, PlainValidator, ValidationError, model_validator
 
-from lapse.kernel.kinds.brakes import BRAKE_TAGS, BudgetField, Mode
+from lapse.kernel.kinds.brakes import BRAKE_TAGS, BUDGET_HELP, MODE_HELP, BudgetField, Mode
 from lapse.kernel.kinds.effects.python import PythonKind
 from lapse.kernel.kinds.effects.registry import EXTERNAL_TAGS, SHAPE, Effect
 from lapse.kernel.kinds.errors import KindError, KindsFileError, show
@@ -107,8 +107,8 @@ class DeclaredKind(_Strict):
     effect: Effect
     retry: RetryDecl = Field(default_factory=RetryDecl)
     rate_per_s: float | None = Field(None, gt=0, le=100_000)
-    mode: Mode = "live"
-    budget: BudgetField = None
+    mode: Mode = Field("live", description=MODE_HELP)
+    budget: BudgetField = Field(None, description=BUDGET_HELP)
 
     @model_validator(mode="after")
     def _rate_only_outside(self) -> DeclaredKind:

@@ -7,7 +7,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from lapse.kernel.kinds.brakes import BudgetField, Mode
+from lapse.kernel.kinds.brakes import BUDGET_HELP, MODE_HELP, BudgetField, Mode
 
 
 class PythonKind(BaseModel):
@@ -16,8 +16,8 @@ class PythonKind(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid", strict=True, populate_by_name=False)
 
     python: str = Field(pattern=r"^[A-Za-z_][A-Za-z0-9_.]*:[A-Za-z_][A-Za-z0-9_]*$", max_length=300)
-    mode: Mode = "live"
-    budget: BudgetField = None
+    mode: Mode = Field("live", description=MODE_HELP)
+    budget: BudgetField = Field(None, description=BUDGET_HELP)
 
     def summary(self) -> dict[str, Any]:
         return {"python": self.python, "effect": "python"}
