@@ -48,7 +48,7 @@ def test_a_wrong_budget_is_one_line_naming_the_field(budget, message):
 
 @pytest.mark.parametrize("mode", ["dry-run", "LIVE", "", None, 1])
 def test_a_mode_other_than_live_or_shadow_is_refused(mode):
-    with pytest.raises(KindError, match="^mode: Input should be 'live' or 'shadow'"):
+    with pytest.raises(KindError, match=r"^mode: Input should be 'live' or 'shadow'"):
         declared(mode=mode)
 
 
