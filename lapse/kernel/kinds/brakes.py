@@ -22,7 +22,6 @@ MODE_HELP = ("`live` applies the effect; `shadow` runs the whole pipeline but re
 BUDGET_HELP = ("At most so many effects in any window, counted for every worker at once: reaching it pauses the "
                "kind until an operator resumes it. `false`: none. Unset: 10,000 per hour for a delete or "
                "object-store effect, none otherwise.")
-LIVE, SHADOW = "live", "shadow"
 MAX_EFFECTS = 10_000_000
 MAX_WINDOW_S = 7 * 86_400
 _DURATION = re.compile(r"^([1-9][0-9]{0,6})(s|m|h|d)$")
