@@ -3,7 +3,9 @@ terminated session, a deadlock, a statement timeout, DDL on a read-only database
 its SQLSTATE; cleanup workers meeting a read-only database for 15 s dead-letter nothing, rewind
 and apply every event once when it is writable again; the console goes on showing its pages and
 answers an operator action with a one-line 503, and the same action as a command exits 4 with one
-line. (Every role as processes: test_outages.py.)"""
+line. On a server of the test's own, a crashed backend (crash_shutdown, 57P02) and an immediate
+stop followed by a start that refuses connections (cannot_connect_now, 57P03) are ridden out by a
+`lapse process` worker. (Every role as processes: test_outages.py.)"""
 
 from __future__ import annotations
 
@@ -17,12 +19,13 @@ from datetime import UTC, datetime, timedelta
 import httpx
 import psycopg
 import pytest
-from sqlalchemy import func, select, text, update
+from sqlalchemy import create_engine, func, select, text, update
 from sqlalchemy.exc import DBAPIError
 
 from lapse.devtools.demo_data import add_reservations
 from lapse.devtools.demo_tables import reservations
 from lapse.kernel import ledger
+from lapse.kernel.codec import Codec
 from lapse.kernel.database import make_engine
 from lapse.kernel.models import cleanup_ledger, ledger_transitions
 from lapse.kernel.outages import database_outage, is_transient, sqlstate
@@ -32,12 +35,23 @@ from lapse.processors.scope import BatchScope
 from lapse.retention import horizons_from_settings, prune_once
 from lapse.shell.error_boundary import ExitCode
 from tests.fixtures.console import running_console
+from tests.fixtures.db import migrate_with_demo_tables
 from tests.fixtures.faults import read_only_failover, terminate_sessions
 from tests.fixtures.kafka import read_topic
 from tests.fixtures.kinds import demo_kinds
-from tests.fixtures.pipeline import all_committed, applied, connection_env, expiry_event, produce, seed
+from tests.fixtures.pipeline import (
+    Pipeline,
+    all_committed,
+    applied,
+    connection_env,
+    expiry_event,
+    make_pipeline_settings,
+    produce,
+    seed,
+)
 from tests.fixtures.polling import eventually
-from tests.fixtures.processes import run_lapse
+from tests.fixtures.private_postgres import PrivateCluster
+from tests.fixtures.processes import ASSIGNED, RoleProcesses, run_lapse
 from tests.fixtures.topology import repo_topology
 from tests.fixtures.workers import process_until_done, running_workers
 
@@ -195,6 +209,98 @@ def _assert_applied_once(pipeline, ids: list[int]) -> None:
     assert states == {"applied": len(ids)}
     assert len(per_key) == len(ids) and set(per_key.values()) == {1}
     assert released == len(ids)
+
+
+def test_a_worker_process_rides_out_a_crashed_server_and_a_start_that_refuses_connections(
+        private_postgres, kafka_bootstrap, unique, tmp_path):
+    """A private server, so it can be crashed. First a backend is SIGKILLed while the worker's batch
+    waits on its row lock: the server ends every session with crash_shutdown (57P02) and runs
+    crash recovery. Then `pg_ctl stop -m immediate` and a start as a standby with hot standby off,
+    which refuses every connection with cannot_connect_now (57P03) for 10 s, until promoted. The
+    worker does not exit, dead-letters nothing, and applies each event once."""
+    admin = create_engine(private_postgres.url(), isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.execute(text("CREATE DATABASE lapse"))
+    admin.dispose()
+    url = private_postgres.url("lapse")
+    migrate_with_demo_tables(url)
+    settings = make_pipeline_settings(kafka_bootstrap, url, unique)
+    p = Pipeline(settings, make_engine(url), Codec.from_settings(settings))
+    ids = seed(p, 300)
+    procs = RoleProcesses(settings, tmp_path, runtime__log_level="DEBUG")  # each retry's error is a debug line
+    try:
+        worker = procs.start("process")
+        eventually(lambda: worker.said(ASSIGNED), timeout_s=90, what="the worker assigned")
+        produce(p, [expiry_event(i) for i in ids[:100]])
+        eventually(lambda: applied(p) == 100, timeout_s=60, what="the first 100 applied")
+
+        # A crash: the next batch waits on a row lock the test holds, and the holder's backend is killed.
+        crashed = _crash_under_a_waiting_batch(private_postgres, p, ids[100:200])
+        # The server's crash_shutdown (57P02) comes as a warning before it closes each session.
+        assert ("57P02", "terminating connection because of crash of another server process") in crashed
+        eventually(lambda: _connect_error(url) is None and applied(p) == 200, timeout_s=90,
+                   what="the second 100 applied after the recovery")
+
+        # An immediate stop, then a start that refuses every connection until it is promoted.
+        private_postgres.crash()
+        private_postgres.start(standby=True)
+        refused = eventually(lambda: _connect_error(url, "not accepting connections"), timeout_s=30,
+                             what="the standby refusing connections (57P03)")
+        # psycopg raises a refused connection without the server's SQLSTATE: an outage as a lost connection.
+        assert (sqlstate(refused), database_outage(refused)) == (None, "connection lost")
+        produce(p, [expiry_event(i) for i in ids[200:]])
+        eventually(lambda: worker.said("not accepting connections"), timeout_s=30, what="the worker meeting 57P03")
+        time.sleep(10)
+        assert worker.proc.poll() is None, worker.tail()
+        private_postgres.promote()
+        eventually(lambda: applied(p) == len(ids) and all_committed(p), timeout_s=90,
+                   what="every event applied and committed once the server accepts connections")
+        worker.terminate()
+        assert worker.wait_exit(30) == 0, worker.tail()
+        assert worker.said("server closed the connection unexpectedly"), worker.tail()  # the crash's sessions
+        _assert_applied_once(p, ids)
+        assert read_topic(settings.kafka.bootstrap_servers, settings.topology.dlq) == []
+    finally:
+        procs.close()
+        p.engine.dispose()
+
+
+def _crash_under_a_waiting_batch(cluster: PrivateCluster, p: Pipeline, ids: list[int]) -> list[tuple[str, str]]:
+    """Lock the reservations `ids` in a session of the test's, produce their events, wait until the
+    worker's batch waits on the lock, then SIGKILL the lock holder's backend. Returns the notices a
+    bystander session received (the server's crash_shutdown warning)."""
+    raw = f"host=127.0.0.1 port={cluster.port} user=postgres dbname=lapse"
+    holder, bystander = psycopg.connect(raw), psycopg.connect(raw, autocommit=True)
+    notices: list[tuple[str, str]] = []
+    bystander.add_notice_handler(lambda d: notices.append((d.sqlstate or "", d.message_primary or "")))
+    try:
+        holder.execute("SELECT id FROM reservations WHERE id = ANY(%s) FOR UPDATE", [ids])
+        produce(p, [expiry_event(i) for i in ids])
+        eventually(lambda: bystander.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND datname = 'lapse'"
+        ).fetchone()[0] > 0, timeout_s=60, what="the worker's batch waiting on the lock")
+        cluster.kill_backend(holder.info.backend_pid)
+        with pytest.raises(psycopg.OperationalError):  # every session ended by the server
+            for _ in range(50):
+                bystander.execute("SELECT 1")
+                time.sleep(0.1)
+    finally:
+        holder.close()
+        bystander.close()
+    return notices
+
+
+def _connect_error(url: str, saying: str = "") -> DBAPIError | None:
+    """The error a new connection to `url` meets now, if its message says `saying` (None when it
+    connects, or fails otherwise)."""
+    engine = make_engine(url, pre_ping=False)
+    try:
+        with engine.connect():
+            return None
+    except DBAPIError as exc:
+        return exc if saying in str(exc.orig) else None
+    finally:
+        engine.dispose()
 
 
 def csrf_of(page: str) -> str:
