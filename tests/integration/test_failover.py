@@ -9,7 +9,6 @@ stop followed by a start that refuses connections (cannot_connect_now, 57P03) ar
 
 from __future__ import annotations
 
-import re
 import threading
 import time
 from collections import Counter
@@ -34,7 +33,7 @@ from lapse.processors.commit import _apply_with_retry, isolate_failures
 from lapse.processors.scope import BatchScope
 from lapse.retention import horizons_from_settings, prune_once
 from lapse.shell.error_boundary import ExitCode
-from tests.fixtures.console import running_console
+from tests.fixtures.console import csrf_of, pages_answer, refused_replay, replay_when_writable, running_console
 from tests.fixtures.db import migrate_with_demo_tables
 from tests.fixtures.faults import read_only_failover, terminate_sessions
 from tests.fixtures.kafka import read_topic
@@ -303,12 +302,6 @@ def _connect_error(url: str, saying: str = "") -> DBAPIError | None:
         engine.dispose()
 
 
-def csrf_of(page: str) -> str:
-    match = re.search(r'name="csrf_token" value="([^"]+)"', page)
-    assert match, "no CSRF token on the page"
-    return match.group(1)
-
-
 def test_the_console_serves_its_pages_from_a_read_only_database_and_refuses_actions_with_a_503(
         pipeline, tmp_path):
     (wrong_tenant,) = seed(pipeline, 1, tenant="t2")  # expiry_event's tenant is t1: a dead letter
@@ -319,35 +312,16 @@ def test_the_console_serves_its_pages_from_a_read_only_database_and_refuses_acti
     with read_only_failover(settings.database.url_plain()) as failover, running_console(settings) as console, \
             httpx.Client(base_url=console.url, headers={"Authorization": f"Bearer {OPERATOR[1]}"}) as client:
         failover.begin()
-        for page in ("/", "/dead-letters", f"/operations/{bad}", "/activity"):
-            shown = client.get(page)
-            assert shown.status_code == 200, (page, shown.text[-500:])
+        pages_answer(client, bad)
         token = csrf_of(client.get("/dead-letters").text)
-        refused = client.post("/dead-letters/replay/confirm",
-                              data={"csrf_token": token, "op_key": bad, "reason": "during the failover"})
-        assert refused.status_code == 503, refused.text[-500:]
-        message = re.search(r'id="message">([^<]*)<', refused.text)
-        assert message and "read-only" in message.group(1) and "try again" in message.group(1), refused.text
+        message = refused_replay(client, token, bad)
+        assert "read-only" in message and "try again" in message, message
         # The same action as a one-shot command: exit 4 and one line, as for a database away.
         (cli,) = run_lapse(["dlq", "replay", "--op-key", bad, "--limit", "1", "--reason", "failover",
                             "--actor", "alice", "--yes"], env=connection_env(settings), cwd=tmp_path)
         assert (cli.code, len(cli.stderr)) == (ExitCode.UNREACHABLE, 1), cli
         assert "unavailable (read-only)" in cli.stderr[0] and "read-only transaction" in cli.stderr[0], cli
         failover.end()
-        assert _replay_when_writable(client, token, bad).status_code == 303
+        assert replay_when_writable(client, token, bad).status_code == 303
     with pipeline.engine.connect() as conn:
         assert conn.execute(select(cleanup_ledger.c.state).where(cleanup_ledger.c.op_key == bad)).scalar() == "pending"
-
-
-def _replay_when_writable(client: httpx.Client, token: str, op_key: str) -> httpx.Response:
-    """The confirmed replay, posted again until the console accepts it (its pool's sessions were
-    terminated with the failover's end, so the first try may meet a closed connection)."""
-    answers: list[httpx.Response] = []
-
-    def accepted() -> bool:
-        answers.append(client.post("/dead-letters/replay/confirm", follow_redirects=False, data={
-            "csrf_token": token, "op_key": op_key, "reason": "after the failover"}))
-        return answers[-1].status_code == 303
-
-    eventually(accepted, timeout_s=30, what="the replay accepted once the database is writable")
-    return answers[-1]
