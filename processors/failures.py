@@ -47,6 +47,8 @@ class EffectFailure(Exception):
     def __init__(self, failure_class: str, reason: str, retry_after: float | datetime | None = None):
         if failure_class not in CLASSES:
             raise ValueError(f"unknown failure class {failure_class!r}")
+        if isinstance(retry_after, datetime) and retry_after.tzinfo is None:
+            raise ValueError("retry_after as a time must be timezone-aware")
         reason = one_line(str(reason), 500)
         super().__init__(reason)
         self.failure_class = failure_class

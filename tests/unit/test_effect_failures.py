@@ -99,6 +99,11 @@ def test_garbage_negative_and_odd_retry_after_values(value):
         assert wait is None
 
 
+def test_a_retry_after_time_without_a_zone_is_refused():
+    with pytest.raises(ValueError, match="timezone-aware"):
+        EffectFailure(RATE_LIMITED, "429", datetime(2026, 11, 30, 12, 0))
+
+
 def test_an_http_date_without_zone_is_utc_and_the_far_future_is_bounded():
     assert retry_after_wait("Mon, 30 Nov 2026 12:00:10 -0000", SENT) == 10
     assert retry_after_wait("Fri, 31 Dec 9999 23:59:59 GMT", SENT) == MAX_RETRY_AFTER_S
