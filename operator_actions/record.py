@@ -1,5 +1,6 @@
-"""Operator actions: every action an operator takes that changes something (a dead-letter replay or
-discard, a pause or resume, an offsets reset, a destructive topics apply) is one row in `lapse_operator_actions` and
+"""Operator actions: every action an operator takes that changes something (a dead-letter replay,
+redrive or discard, a pause or resume, an offsets reset, a destructive topics apply) is one row in
+`lapse_operator_actions` and
 one log line, so that nobody has to guess later who did what, as which database user, and why.
 
 Every statement on the table is named here. Only actions really taken are recorded (a dry run or a
@@ -20,7 +21,7 @@ from lapse.kernel.logs import get_logger
 from lapse.kernel.models import operator_actions as A
 
 REPLAY, OFFSETS_RESET, TOPICS_APPLY_DESTRUCTIVE = "dlq_replay", "offsets_reset", "topics_apply_destructive"
-DISCARD = "dlq_discard"
+DISCARD, REDRIVE = "dlq_discard", "dlq_redrive"
 PAUSE, RESUME = "pause", "resume"
 log = get_logger("operator_actions")
 
@@ -82,6 +83,13 @@ def recent_actions(conn: Connection, limit: int = 100) -> list[RecordedAction]:
     return [RecordedAction(*row) for row in conn.execute(stmt)]
 
 
+def details_of(conn: Connection, action: str) -> list[dict[str, Any]]:
+    """The details of every recorded action of the kind `action`, oldest first (an operator's
+    command reads them; actions are few, and never pruned)."""
+    return [dict(d) for d in conn.execute(select(A.c.details).where(A.c.action == action).order_by(A.c.id))
+            .scalars()]
+
+
 def record_action(conn: Connection, action: OperatorAction, now: datetime, db_user: str | None = None
                   ) -> RecordedAction:
     """Record `action` in the caller's transaction; returns the row. Log it with `log_action` once
@@ -101,5 +109,6 @@ def log_action(recorded: RecordedAction) -> None:
                     "details": recorded.details})
 
 
-__all__ = ["DISCARD", "OFFSETS_RESET", "REPLAY", "TOPICS_APPLY_DESTRUCTIVE", "OperatorAction", "RecordedAction",
-           "insert_action", "log_action", "os_user", "recent_actions", "record_action", "session_user"]
+__all__ = ["DISCARD", "OFFSETS_RESET", "REDRIVE", "REPLAY", "TOPICS_APPLY_DESTRUCTIVE", "OperatorAction",
+           "RecordedAction", "details_of", "insert_action", "log_action", "os_user", "recent_actions", "record_action",
+           "session_user"]

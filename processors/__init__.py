@@ -6,6 +6,7 @@ the classes RATE_LIMITED, TEMPORARY, INVALID, AMBIGUOUS.
 """
 
 from lapse.processors.commit import WorkerContext, commit_batch
+from lapse.processors.decode import decode_event
 from lapse.processors.delay_worker import DelayWorker
 from lapse.processors.effects.object_stores import FilesystemObjectStore
 from lapse.processors.failures import AMBIGUOUS, INVALID, RATE_LIMITED, TEMPORARY, EffectFailure
@@ -28,4 +29,5 @@ __all__ = [
     "WorkerStats",
     "apply_batch",
     "commit_batch",
+    "decode_event",
 ]

@@ -38,18 +38,28 @@ _DELAY_SECONDS = re.compile(r"[0-9]{1,12}")  # RFC 9110 delay-seconds, short eno
 
 
 class EffectFailure(Exception):
-    """A classified failure of an effect; `retry_after` (seconds) only for rate_limited. The
-    reason is kept as one line of at most 500 characters with no control characters (a NUL
-    would make PostgreSQL refuse the very row that records the failure)."""
+    """A classified failure of an effect; `retry_after` only for rate_limited: a wait in seconds,
+    or the time to wait until (an HTTP-date with no `Date` to measure it from), which `wait_s`
+    compares with the transaction's now, the database's. The reason is kept as one line of at most
+    500 characters with no control characters (a NUL would make PostgreSQL refuse the very row that
+    records the failure)."""
 
-    def __init__(self, failure_class: str, reason: str, retry_after: float | None = None):
+    def __init__(self, failure_class: str, reason: str, retry_after: float | datetime | None = None):
         if failure_class not in CLASSES:
             raise ValueError(f"unknown failure class {failure_class!r}")
+        if isinstance(retry_after, datetime) and retry_after.tzinfo is None:
+            raise ValueError("retry_after as a time must be timezone-aware")
         reason = one_line(str(reason), 500)
         super().__init__(reason)
         self.failure_class = failure_class
         self.reason = reason
         self.retry_after = retry_after
+
+    def wait_s(self, now: datetime) -> float | None:
+        """The Retry-After wait from `now` (the database's), clamped; None: back off as usual."""
+        if isinstance(self.retry_after, datetime):
+            return clamped_wait((self.retry_after - now).total_seconds())
+        return self.retry_after
 
 
 def classify(exc: BaseException) -> EffectFailure:
@@ -67,10 +77,12 @@ def classify(exc: BaseException) -> EffectFailure:
     return EffectFailure(AMBIGUOUS, reason)
 
 
-def retry_after_seconds(value: str | None, now: datetime) -> float | None:
-    """The wait a Retry-After value asks for, in seconds from `now`: delay-seconds or an
-    HTTP-date, clamped to [0, MAX_RETRY_AFTER_S]. None when the value is missing or unreadable
-    (a negative number too), so the caller falls back to its own backoff."""
+def retry_after_wait(value: str | None, server_date: str | None = None) -> float | datetime | None:
+    """The wait a Retry-After value asks for: delay-seconds, or an HTTP-date less the answer's own
+    `Date` (the far side's clock against itself), clamped to [0, MAX_RETRY_AFTER_S]. An HTTP-date
+    with no readable `Date` is returned as the time itself, for the database's clock to measure
+    (`EffectFailure.wait_s`): never this machine's clock, which may be minutes off. None when the
+    value is missing or unreadable (a negative number too): the caller backs off as usual."""
     if value is None:
         return None
     value = value.strip()
@@ -79,16 +91,30 @@ def retry_after_seconds(value: str | None, now: datetime) -> float | None:
         if not _DELAY_SECONDS.fullmatch(value):
             return MAX_RETRY_AFTER_S  # more digits than any sane wait
         return min(float(value), MAX_RETRY_AFTER_S)
+    when = http_date(value)
+    if when is None:
+        return None
+    sent = http_date(server_date)
+    return when if sent is None else clamped_wait((when - sent).total_seconds())
+
+
+def http_date(value: str | None) -> datetime | None:
+    """An HTTP-date as an aware time (a date with no zone, "-0000", is UTC); None if unreadable."""
+    if value is None:
+        return None
     try:
-        when = parsedate_to_datetime(value)
+        when = parsedate_to_datetime(value.strip())
     except (TypeError, ValueError, IndexError, OverflowError):
         return None
-    if when.tzinfo is None:  # "-0000": a date in UTC with no zone information
-        when = when.replace(tzinfo=UTC)
-    return min(max((when - now).total_seconds(), 0.0), MAX_RETRY_AFTER_S)
+    return when if when.tzinfo is not None else when.replace(tzinfo=UTC)
 
 
-def for_status(status: int, reason: str, retry_after: float | None = None) -> EffectFailure | None:
+def clamped_wait(seconds: float) -> float:
+    """`seconds` within [0, MAX_RETRY_AFTER_S]."""
+    return min(max(seconds, 0.0), MAX_RETRY_AFTER_S)
+
+
+def for_status(status: int, reason: str, retry_after: float | datetime | None = None) -> EffectFailure | None:
     """The failure a far side's status code means, or None for success (2xx): 429 is rate_limited
     (with `retry_after`, None meaning "back off as usual"), 408 and 5xx temporary, anything else
     (a redirect, another 4xx) invalid: retrying the same request cannot help."""
@@ -144,8 +170,8 @@ def decide(kind: CleanupKind, attempt_before: int, failure: EffectFailure, now: 
             return Decision(False, attempt_before, cls, one_line(
                 f"rate limited {deferrals.rate_limited + 1} times since {since.isoformat()}, past the "
                 f"kind's {kind.rate_limited_for_s:g} s deadline; last: {reason}", 500))
-        wait = failure.retry_after if failure.retry_after is not None else backoff_seconds(
-            kind, attempt_before, rng)
+        asked = failure.wait_s(now)
+        wait = asked if asked is not None else backoff_seconds(kind, attempt_before, rng)
         return Decision(True, attempt_before, cls, reason, to_millis(now + timedelta(seconds=wait)))
     attempt = attempt_before + 1
     if cls == INVALID:

@@ -86,8 +86,15 @@ def is_conflict(exc: BaseException) -> bool:
     return sqlstate(exc) in CONFLICT_SQLSTATES
 
 
+# Every class of error `is_transient` may call an outage, for a handler that must be keyed by class.
+OUTAGE_ERRORS: tuple[type[Exception], ...] = (DBAPIError, psycopg.Error, PoolTimeout, DeliveryFailed,
+                                              KafkaException, SchemaRegistryError, DecodeError)
+
+
 def is_transient(exc: BaseException) -> bool:
     """True when retrying the same work later may succeed (a dependency away or slow)."""
+    if not isinstance(exc, OUTAGE_ERRORS):
+        return False
     if isinstance(exc, (DBAPIError, psycopg.Error)):
         return database_outage(exc) is not None
     if isinstance(exc, PoolTimeout):  # every pooled connection busy for pool_timeout

@@ -8,8 +8,7 @@ failure class: whether the request was sent decides between temporary and ambigu
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
-from datetime import UTC, datetime
+from collections.abc import Mapping
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -24,7 +23,7 @@ from lapse.processors.failures import (
     TEMPORARY,
     EffectFailure,
     for_status,
-    retry_after_seconds,
+    retry_after_wait,
 )
 
 
@@ -43,9 +42,8 @@ def render_url(template: str, call: EffectCall) -> str:
 class HttpCaller:
     """Runs the calls of one kind's `http` effect; one client (its connection pool) per kind."""
 
-    def __init__(self, effect: HttpEffect, *, clock: Callable[[], datetime] = lambda: datetime.now(UTC)) -> None:
+    def __init__(self, effect: HttpEffect) -> None:
         self.effect = effect
-        self.clock = clock  # for a Retry-After given as an HTTP-date
         self.client = httpx.Client(headers=effect.headers, timeout=effect.timeout_s, follow_redirects=False)
 
     def __call__(self, call: EffectCall) -> None:
@@ -65,7 +63,7 @@ class HttpCaller:
                 body = body_excerpt(response)
         except (httpx.HTTPError, httpx.InvalidURL) as exc:
             raise transport_failure(exc, self.effect.method, where) from None
-        retry_after = retry_after_seconds(response.headers.get("Retry-After"), self.clock())
+        retry_after = retry_after_wait(response.headers.get("Retry-After"), response.headers.get("Date"))
         failure = for_status(status, reason + (f": {body}" if body else ""), retry_after)
         if failure is not None:
             raise failure

@@ -8,7 +8,6 @@ was sent before the connection failed).
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
 import boto3
@@ -31,7 +30,7 @@ from lapse.processors.failures import (
     TEMPORARY,
     EffectFailure,
     for_status,
-    retry_after_seconds,
+    retry_after_wait,
 )
 
 if TYPE_CHECKING:
@@ -90,8 +89,9 @@ def s3_failure(exc: ClientError, key: str) -> EffectFailure | None:
     if code in DONE or (status == 404 and code != "NoSuchBucket"):
         return None
     if code in SLOW_DOWN or status == 429:
-        header = meta.get("HTTPHeaders", {}).get("retry-after")
-        return EffectFailure(RATE_LIMITED, reason, retry_after=retry_after_seconds(header, datetime.now(UTC)))
+        headers = meta.get("HTTPHeaders", {})
+        wait = retry_after_wait(headers.get("retry-after"), headers.get("date"))
+        return EffectFailure(RATE_LIMITED, reason, retry_after=wait)
     if code in TRY_AGAIN:
         return EffectFailure(TEMPORARY, reason)
     if code in NEVER:

@@ -1,6 +1,7 @@
 """The database's clock (docs/design/clock.md) on PostgreSQL and SQLite; a worker whose wall clock
 runs 300 s fast takes no live lease of a slow http effect (the server sees one call per op key,
-never two at once); and a process's skew is measured, warned about, a gauge and a `lapse status`
+never two at once); a Retry-After given as an HTTP-date waits as long as the far side asked,
+whatever the worker's clock reads; and a process's skew is measured, warned about, a gauge and a `lapse status`
 line. Python's wall clock of this test process is shifted with time-machine where it says so."""
 
 from __future__ import annotations
@@ -9,7 +10,9 @@ import json
 import logging
 import threading
 from datetime import UTC, datetime, timedelta
+from email.utils import format_datetime
 
+import pytest
 import time_machine
 import yaml
 from prometheus_client import REGISTRY
@@ -100,6 +103,43 @@ def test_a_fast_worker_takes_no_live_lease_of_a_slow_call(engine, http_server, t
     assert [len(http_server.requests_for(k)) for k in keys] == [1, 1, 1]
     with engine.connect() as conn:
         assert set(conn.execute(select(cleanup_ledger.c.state)).scalars()) == {"applied"}
+
+
+@pytest.mark.parametrize("skew", [SKEW, -SKEW], ids=["fast", "slow"])
+@pytest.mark.parametrize("dated", [True, False], ids=["with-date", "without-date"])
+def test_an_http_date_retry_after_waits_as_asked_on_a_skewed_worker(engine, http_server, tmp_path, skew, dated):
+    """A 429 asking to come back at an HTTP-date 40 s after the far side's now: the retry is due
+    40 s after it, measured from the answer's own `Date`, else by the database's clock; a worker
+    300 s fast would retry at once by its own clock, one 300 s slow after 340 s."""
+    hooks = hooks_table("hooks")
+    hooks.create(engine)
+    with engine.begin() as conn:
+        sent = database_now(conn)
+        conn.execute(hooks.insert(), {"id": 1, "tenant": "t1", "script": "limited", "status": "open",
+                                      "due_at": sent - timedelta(minutes=1)})
+    headers = {"Retry-After": format_datetime(sent + timedelta(seconds=40), usegmt=True)}
+    if dated:
+        headers["Date"] = format_datetime(sent, usegmt=True)
+    http_server.script("limited", Answer(429, headers))
+    path = tmp_path / "kinds.yaml"
+    path.write_text(yaml.safe_dump({"kinds": {KIND: hook_kind(hooks, http_server.url)}}))
+    kinds = compile_kinds(read_kinds_file(path), engine)
+    event = expiry_event(KIND, 1, "t1", sent - timedelta(minutes=1), source="sweep", correlation_id="c1")
+    runner = EffectRunner(build_caller, concurrency=1)
+    try:
+        with fast(skew), engine.connect() as conn:  # the worker's clock only: the database's is real
+            scope = BatchScope(conn, kinds=kinds, topics=repo_topology(), worker="skewed",
+                               now=datetime.now(UTC), lease=LEASE)
+            with conn.begin():
+                claimed = apply_batch(scope.begun(), [event])
+            claimed.absorb(run_leased(runner, scope, claimed))
+    finally:
+        runner.close()
+    assert claimed.retried == [event.op_key]
+    with engine.connect() as conn:
+        row = conn.execute(select(cleanup_ledger).where(cleanup_ledger.c.op_key == event.op_key)).mappings().one()
+    assert (row["state"], row["attempt"], row["last_failure_class"]) == ("retry_scheduled", 0, "rate_limited")
+    assert abs(row["due_at"] - (sent + timedelta(seconds=40))) < timedelta(seconds=3)
 
 
 def test_a_skewed_clock_is_measured_warned_about_and_shown_by_status(pipeline, tmp_path, caplog):

@@ -3,11 +3,12 @@ terminated session, a deadlock, a statement timeout, DDL on a read-only database
 its SQLSTATE; cleanup workers meeting a read-only database for 15 s dead-letter nothing, rewind
 and apply every event once when it is writable again; the console goes on showing its pages and
 answers an operator action with a one-line 503, and the same action as a command exits 4 with one
-line. (Every role as processes: test_outages.py.)"""
+line. On a server of the test's own, a crashed backend (crash_shutdown, 57P02) and an immediate
+stop followed by a start that refuses connections (cannot_connect_now, 57P03) are ridden out by a
+`lapse process` worker. (Every role as processes: test_outages.py.)"""
 
 from __future__ import annotations
 
-import re
 import threading
 import time
 from collections import Counter
@@ -17,12 +18,13 @@ from datetime import UTC, datetime, timedelta
 import httpx
 import psycopg
 import pytest
-from sqlalchemy import func, select, text, update
+from sqlalchemy import create_engine, func, select, text, update
 from sqlalchemy.exc import DBAPIError
 
 from lapse.devtools.demo_data import add_reservations
 from lapse.devtools.demo_tables import reservations
 from lapse.kernel import ledger
+from lapse.kernel.codec import Codec
 from lapse.kernel.database import make_engine
 from lapse.kernel.models import cleanup_ledger, ledger_transitions
 from lapse.kernel.outages import database_outage, is_transient, sqlstate
@@ -31,13 +33,24 @@ from lapse.processors.commit import _apply_with_retry, isolate_failures
 from lapse.processors.scope import BatchScope
 from lapse.retention import horizons_from_settings, prune_once
 from lapse.shell.error_boundary import ExitCode
-from tests.fixtures.console import running_console
+from tests.fixtures.console import csrf_of, pages_answer, refused_replay, replay_when_writable, running_console
+from tests.fixtures.db import migrate_with_demo_tables
 from tests.fixtures.faults import read_only_failover, terminate_sessions
 from tests.fixtures.kafka import read_topic
 from tests.fixtures.kinds import demo_kinds
-from tests.fixtures.pipeline import all_committed, applied, connection_env, expiry_event, produce, seed
+from tests.fixtures.pipeline import (
+    Pipeline,
+    all_committed,
+    applied,
+    connection_env,
+    expiry_event,
+    make_pipeline_settings,
+    produce,
+    seed,
+)
 from tests.fixtures.polling import eventually
-from tests.fixtures.processes import run_lapse
+from tests.fixtures.private_postgres import PrivateCluster
+from tests.fixtures.processes import ASSIGNED, RoleProcesses, run_lapse
 from tests.fixtures.topology import repo_topology
 from tests.fixtures.workers import process_until_done, running_workers
 
@@ -197,10 +210,96 @@ def _assert_applied_once(pipeline, ids: list[int]) -> None:
     assert released == len(ids)
 
 
-def csrf_of(page: str) -> str:
-    match = re.search(r'name="csrf_token" value="([^"]+)"', page)
-    assert match, "no CSRF token on the page"
-    return match.group(1)
+def test_a_worker_process_rides_out_a_crashed_server_and_a_start_that_refuses_connections(
+        private_postgres, kafka_bootstrap, unique, tmp_path):
+    """A private server, so it can be crashed. First a backend is SIGKILLed while the worker's batch
+    waits on its row lock: the server ends every session with crash_shutdown (57P02) and runs
+    crash recovery. Then `pg_ctl stop -m immediate` and a start as a standby with hot standby off,
+    which refuses every connection with cannot_connect_now (57P03) for 10 s, until promoted. The
+    worker does not exit, dead-letters nothing, and applies each event once."""
+    admin = create_engine(private_postgres.url(), isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.execute(text("CREATE DATABASE lapse"))
+    admin.dispose()
+    url = private_postgres.url("lapse")
+    migrate_with_demo_tables(url)
+    settings = make_pipeline_settings(kafka_bootstrap, url, unique)
+    p = Pipeline(settings, make_engine(url), Codec.from_settings(settings))
+    ids = seed(p, 300)
+    procs = RoleProcesses(settings, tmp_path, runtime__log_level="DEBUG")  # each retry's error is a debug line
+    try:
+        worker = procs.start("process")
+        eventually(lambda: worker.said(ASSIGNED), timeout_s=90, what="the worker assigned")
+        produce(p, [expiry_event(i) for i in ids[:100]])
+        eventually(lambda: applied(p) == 100, timeout_s=60, what="the first 100 applied")
+
+        # A crash: the next batch waits on a row lock the test holds, and the holder's backend is killed.
+        crashed = _crash_under_a_waiting_batch(private_postgres, p, ids[100:200])
+        # The server's crash_shutdown (57P02) comes as a warning before it closes each session.
+        assert ("57P02", "terminating connection because of crash of another server process") in crashed
+        eventually(lambda: _connect_error(url) is None and applied(p) == 200, timeout_s=90,
+                   what="the second 100 applied after the recovery")
+
+        # An immediate stop, then a start that refuses every connection until it is promoted.
+        private_postgres.crash()
+        private_postgres.start(standby=True)
+        refused = eventually(lambda: _connect_error(url, "not accepting connections"), timeout_s=30,
+                             what="the standby refusing connections (57P03)")
+        # psycopg raises a refused connection without the server's SQLSTATE: an outage as a lost connection.
+        assert (sqlstate(refused), database_outage(refused)) == (None, "connection lost")
+        produce(p, [expiry_event(i) for i in ids[200:]])
+        eventually(lambda: worker.said("not accepting connections"), timeout_s=30, what="the worker meeting 57P03")
+        time.sleep(10)
+        assert worker.proc.poll() is None, worker.tail()
+        private_postgres.promote()
+        eventually(lambda: applied(p) == len(ids) and all_committed(p), timeout_s=90,
+                   what="every event applied and committed once the server accepts connections")
+        worker.terminate()
+        assert worker.wait_exit(30) == 0, worker.tail()
+        assert worker.said("server closed the connection unexpectedly"), worker.tail()  # the crash's sessions
+        _assert_applied_once(p, ids)
+        assert read_topic(settings.kafka.bootstrap_servers, settings.topology.dlq) == []
+    finally:
+        procs.close()
+        p.engine.dispose()
+
+
+def _crash_under_a_waiting_batch(cluster: PrivateCluster, p: Pipeline, ids: list[int]) -> list[tuple[str, str]]:
+    """Lock the reservations `ids` in a session of the test's, produce their events, wait until the
+    worker's batch waits on the lock, then SIGKILL the lock holder's backend. Returns the notices a
+    bystander session received (the server's crash_shutdown warning)."""
+    raw = f"host=127.0.0.1 port={cluster.port} user=postgres dbname=lapse"
+    holder, bystander = psycopg.connect(raw), psycopg.connect(raw, autocommit=True)
+    notices: list[tuple[str, str]] = []
+    bystander.add_notice_handler(lambda d: notices.append((d.sqlstate or "", d.message_primary or "")))
+    try:
+        holder.execute("SELECT id FROM reservations WHERE id = ANY(%s) FOR UPDATE", [ids])
+        produce(p, [expiry_event(i) for i in ids])
+        eventually(lambda: bystander.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND datname = 'lapse'"
+        ).fetchone()[0] > 0, timeout_s=60, what="the worker's batch waiting on the lock")
+        cluster.kill_backend(holder.info.backend_pid)
+        with pytest.raises(psycopg.OperationalError):  # every session ended by the server
+            for _ in range(50):
+                bystander.execute("SELECT 1")
+                time.sleep(0.1)
+    finally:
+        holder.close()
+        bystander.close()
+    return notices
+
+
+def _connect_error(url: str, saying: str = "") -> DBAPIError | None:
+    """The error a new connection to `url` meets now, if its message says `saying` (None when it
+    connects, or fails otherwise)."""
+    engine = make_engine(url, pre_ping=False)
+    try:
+        with engine.connect():
+            return None
+    except DBAPIError as exc:
+        return exc if saying in str(exc.orig) else None
+    finally:
+        engine.dispose()
 
 
 def test_the_console_serves_its_pages_from_a_read_only_database_and_refuses_actions_with_a_503(
@@ -213,35 +312,16 @@ def test_the_console_serves_its_pages_from_a_read_only_database_and_refuses_acti
     with read_only_failover(settings.database.url_plain()) as failover, running_console(settings) as console, \
             httpx.Client(base_url=console.url, headers={"Authorization": f"Bearer {OPERATOR[1]}"}) as client:
         failover.begin()
-        for page in ("/", "/dead-letters", f"/operations/{bad}", "/activity"):
-            shown = client.get(page)
-            assert shown.status_code == 200, (page, shown.text[-500:])
+        pages_answer(client, bad)
         token = csrf_of(client.get("/dead-letters").text)
-        refused = client.post("/dead-letters/replay/confirm",
-                              data={"csrf_token": token, "op_key": bad, "reason": "during the failover"})
-        assert refused.status_code == 503, refused.text[-500:]
-        message = re.search(r'id="message">([^<]*)<', refused.text)
-        assert message and "read-only" in message.group(1) and "try again" in message.group(1), refused.text
+        message = refused_replay(client, token, bad)
+        assert "read-only" in message and "try again" in message, message
         # The same action as a one-shot command: exit 4 and one line, as for a database away.
         (cli,) = run_lapse(["dlq", "replay", "--op-key", bad, "--limit", "1", "--reason", "failover",
                             "--actor", "alice", "--yes"], env=connection_env(settings), cwd=tmp_path)
         assert (cli.code, len(cli.stderr)) == (ExitCode.UNREACHABLE, 1), cli
         assert "unavailable (read-only)" in cli.stderr[0] and "read-only transaction" in cli.stderr[0], cli
         failover.end()
-        assert _replay_when_writable(client, token, bad).status_code == 303
+        assert replay_when_writable(client, token, bad).status_code == 303
     with pipeline.engine.connect() as conn:
         assert conn.execute(select(cleanup_ledger.c.state).where(cleanup_ledger.c.op_key == bad)).scalar() == "pending"
-
-
-def _replay_when_writable(client: httpx.Client, token: str, op_key: str) -> httpx.Response:
-    """The confirmed replay, posted again until the console accepts it (its pool's sessions were
-    terminated with the failover's end, so the first try may meet a closed connection)."""
-    answers: list[httpx.Response] = []
-
-    def accepted() -> bool:
-        answers.append(client.post("/dead-letters/replay/confirm", follow_redirects=False, data={
-            "csrf_token": token, "op_key": op_key, "reason": "after the failover"}))
-        return answers[-1].status_code == 303
-
-    eventually(accepted, timeout_s=30, what="the replay accepted once the database is writable")
-    return answers[-1]

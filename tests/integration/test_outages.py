@@ -1,11 +1,13 @@
 """Outages with every role running (`lapse run`, a subprocess): the schema registry down for 10 s,
 every database connection terminated in a loop for 10 s, the database read-only for 15 s as in a
-managed failover (also under single-role processes), a database that accepts connections and
-never answers. No role exits (the supervisor restarts none), nothing is lost, nothing is applied
-twice, nothing is dead-lettered, and each role logs one warning per outage, not one per retry."""
+managed failover (also under single-role processes, and with the console under `lapse run
+--console`), a database that accepts connections and never answers. No role exits (the supervisor
+restarts none), nothing is lost, nothing is applied twice, nothing is dead-lettered, and each role
+logs one warning per outage, not one per retry."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -13,6 +15,7 @@ import time
 from collections import Counter
 from datetime import UTC, datetime, timedelta
 
+import httpx
 import pytest
 from sqlalchemy import func, select
 
@@ -24,6 +27,7 @@ from lapse.kernel.models import cleanup_ledger, ledger_transitions, outbox
 from lapse.kernel.settings import env_var
 from lapse.producers.emit import emit_events
 from lapse.shell.error_boundary import ExitCode
+from tests.fixtures.console import csrf_of, pages_answer, refused_replay, replay_when_writable
 from tests.fixtures.faults import ConnectionKiller, read_only_failover, schema_registry, silent_listener
 from tests.fixtures.kafka import read_topic
 from tests.fixtures.pipeline import (
@@ -35,8 +39,10 @@ from tests.fixtures.pipeline import (
     seed,
 )
 from tests.fixtures.polling import eventually
+from tests.fixtures.private_postgres import free_port
 from tests.fixtures.processes import ASSIGNED, RoleProcesses
 from tests.fixtures.running import RunningPipeline, lapse_run
+from tests.fixtures.workers import process_until_done
 
 OUTAGE_S = 10.0
 FAILOVER_S = 15.0
@@ -45,6 +51,7 @@ ROLES = WORKERS + 5  # sweep, relay, delay, reconcile, monitor
 # A command facing a hung database ends within its connect timeout plus this after its first
 # connection attempt (a busy machine; a second attempt at the default 10 s timeout would not fit).
 MARGIN_S = 6.0
+OPERATOR = ("alice", "op-token-7d2a")
 
 pytestmark = pytest.mark.slow
 
@@ -175,6 +182,45 @@ def test_every_role_rides_out_a_read_only_failover(pipeline, tmp_path):
     assert all(n <= 4 for role, n in warned.items() if role != "processor"), warned
     assert_applied_once_each(pipeline, 200)
     assert read_topic(pipeline.settings.kafka.bootstrap_servers, pipeline.settings.topology.dlq) == []
+
+
+def test_the_console_under_lapse_run_keeps_answering_through_a_read_only_failover(pipeline, tmp_path):
+    """`lapse run --console` through the same failover: the console serves its pages while the
+    database is read-only, answers an operator action with a 503 and one line, takes the action
+    once the database is writable again, and neither it nor `lapse run` exits."""
+    (wrong_tenant,) = seed(pipeline, 1, tenant="t2")  # expiry_event's tenant is t1: a dead letter
+    produce(pipeline, [expiry_event(wrong_tenant)])
+    process_until_done(pipeline.settings, terminal=1)
+    bad = expiry_event(wrong_tenant).op_key
+    port = free_port()
+    console = {env_var("console.port"): str(port),
+               env_var("console.operator_tokens"): json.dumps({OPERATOR[0]: OPERATOR[1]})}
+    with read_only_failover(pipeline.settings.database.url_plain()) as failover, \
+            lapse_run(pipeline.settings, tmp_path, "--console", **console) as running, \
+            httpx.Client(base_url=f"http://127.0.0.1:{port}", headers={"Authorization": f"Bearer {OPERATOR[1]}"},
+                         timeout=30) as client:
+        eventually(lambda: _answers(client), timeout_s=90, what="the console under lapse run")
+        token = csrf_of(client.get("/dead-letters").text)
+        failover.begin()
+        pages_answer(client, bad)
+        message = refused_replay(client, token, bad)
+        assert "read-only" in message and "try again" in message and "\n" not in message, message
+        running.assert_alive()
+        failover.end()
+        assert replay_when_writable(client, token, bad).status_code == 303
+        pages_answer(client, bad)
+        running.assert_alive()
+        assert running.logged("console page unavailable") == 1
+        assert not running.logged("Traceback"), "the 503 logged a traceback"
+    with pipeline.engine.connect() as conn:
+        assert conn.execute(select(cleanup_ledger.c.replay_id).where(cleanup_ledger.c.op_key == bad)).scalar()
+
+
+def _answers(client: httpx.Client) -> bool:
+    try:
+        return client.get("/").status_code == 200
+    except httpx.TransportError:
+        return False
 
 
 def test_single_role_processes_ride_out_a_read_only_failover(pipeline, tmp_path):

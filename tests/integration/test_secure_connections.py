@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
 import ssl
 import subprocess
 import tempfile
@@ -26,6 +25,7 @@ from lapse.kernel.database import engine_from_settings
 from lapse.kernel.settings import load_settings
 from lapse.shell.app import main
 from tests.fixtures.db import admin_url
+from tests.fixtures.private_postgres import as_server_owner, free_port, pg_bindir
 
 KEY_PASSWORD = "pg-client-key-3d1e"
 SMTP_USER, SMTP_PASSWORD = "reports", "smtp-pass-a81f"
@@ -34,12 +34,6 @@ SMTP_USER, SMTP_PASSWORD = "reports", "smtp-pass-a81f"
 @pytest.fixture(scope="module")
 def certs(tmp_path_factory) -> Certificates:
     return make_certificates(tmp_path_factory.mktemp("tls"), KEY_PASSWORD)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 # --- PostgreSQL ---------------------------------------------------------------------------------
@@ -56,20 +50,14 @@ class Clusters:
         return f"postgresql+psycopg://postgres@localhost:{port}/postgres"
 
 
-def _as_cluster_owner(cmd: list[str]) -> list[str]:
-    """PostgreSQL refuses to run as root: there, run it as the `postgres` user."""
-    return ["runuser", "-u", "postgres", "--", *cmd] if os.geteuid() == 0 else cmd
-
-
 @pytest.fixture(scope="module")
 def clusters(certs: Certificates) -> Iterator[Clusters]:
-    bindir = Path(subprocess.run(["pg_config", "--bindir"], capture_output=True, text=True,
-                                 check=True).stdout.strip())
+    bindir = pg_bindir()
     base = Path(tempfile.mkdtemp(prefix="lapse-tls-pg-"))
     tls_data, plain_data = base / "tls", base / "plain"
     if os.geteuid() == 0:
         shutil.chown(base, "postgres", "postgres")
-    subprocess.run(_as_cluster_owner([str(bindir / "initdb"), "-D", str(tls_data), "-U", "postgres",
+    subprocess.run(as_server_owner([str(bindir / "initdb"), "-D", str(tls_data), "-U", "postgres",
                                       "--auth=trust", "--no-sync", "-E", "UTF8"]),
                    check=True, capture_output=True)
     pem = certs.keystore.read_text()
@@ -81,8 +69,8 @@ def clusters(certs: Certificates) -> Iterator[Clusters]:
         (tls_data / name).chmod(0o600)
         if os.geteuid() == 0:
             shutil.chown(tls_data / name, "postgres", "postgres")
-    subprocess.run(_as_cluster_owner(["cp", "-a", str(tls_data), str(plain_data)]), check=True)
-    ports = Clusters(_free_port(), _free_port())
+    subprocess.run(as_server_owner(["cp", "-a", str(tls_data), str(plain_data)]), check=True)
+    ports = Clusters(free_port(), free_port())
     started: list[Path] = []
     try:
         for data, port, tls in ((tls_data, ports.tls_port, True), (plain_data, ports.plain_port, False)):
@@ -90,14 +78,14 @@ def clusters(certs: Certificates) -> Iterator[Clusters]:
                        f"-c fsync=off -c ssl={'on' if tls else 'off'}")
             if tls:
                 options += " -c ssl_cert_file=server.crt -c ssl_key_file=server.key -c ssl_ca_file=root.crt"
-            subprocess.run(_as_cluster_owner([str(bindir / "pg_ctl"), "-D", str(data), "-o", options,
+            subprocess.run(as_server_owner([str(bindir / "pg_ctl"), "-D", str(data), "-o", options,
                                               "-l", str(base / f"{port}.log"), "-w", "-t", "30", "start"]),
                            check=True, capture_output=True)
             started.append(data)
         yield ports
     finally:
         for data in started:
-            subprocess.run(_as_cluster_owner([str(bindir / "pg_ctl"), "-D", str(data), "-m", "immediate",
+            subprocess.run(as_server_owner([str(bindir / "pg_ctl"), "-D", str(data), "-m", "immediate",
                                               "-w", "stop"]), capture_output=True)
         shutil.rmtree(base, ignore_errors=True)
 
@@ -193,7 +181,7 @@ def smtp_server(request, certs) -> Iterator[tuple[int, Mailbox]]:
         context.load_cert_chain(str(certs.keystore))
         kwargs = {"tls_context": context, "require_starttls": True, "authenticator": _authenticate,
                   "auth_required": True}
-    controller = Controller(mailbox, hostname="127.0.0.1", port=_free_port(), **kwargs)
+    controller = Controller(mailbox, hostname="127.0.0.1", port=free_port(), **kwargs)
     controller.start()
     try:
         yield controller.port, mailbox

@@ -32,10 +32,11 @@ from lapse.processors.failures import (
     EffectFailure,
     classify,
     for_status,
-    retry_after_seconds,
+    retry_after_wait,
 )
 
 NOW = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
+SENT = format_datetime(NOW, usegmt=True)  # an answer's own Date header
 
 
 @pytest.mark.parametrize(("status", "expected"), [
@@ -60,35 +61,54 @@ def test_a_429_without_retry_after_backs_off_as_usual():
 
 @given(st.integers(min_value=0, max_value=10**40))
 def test_retry_after_seconds_are_honoured_up_to_the_bound(seconds):
-    assert retry_after_seconds(str(seconds), NOW) == min(seconds, MAX_RETRY_AFTER_S)
-    assert retry_after_seconds(f"  {seconds}\t", NOW) == min(seconds, MAX_RETRY_AFTER_S)
+    assert retry_after_wait(str(seconds)) == min(seconds, MAX_RETRY_AFTER_S)
+    assert retry_after_wait(f"  {seconds}\t", SENT) == min(seconds, MAX_RETRY_AFTER_S)
 
 
 @given(st.integers(min_value=-10 * 86_400, max_value=10 * 86_400))
-def test_retry_after_http_dates_are_seconds_from_now_clamped(offset):
+def test_retry_after_http_dates_are_measured_from_the_answers_own_date_clamped(offset):
     value = format_datetime(NOW + timedelta(seconds=offset), usegmt=True)
-    assert retry_after_seconds(value, NOW) == min(max(offset, 0), MAX_RETRY_AFTER_S)
+    assert retry_after_wait(value, SENT) == min(max(offset, 0), MAX_RETRY_AFTER_S)
 
 
-@given(st.text(max_size=60))
-def test_any_retry_after_text_is_none_or_a_bounded_wait(value):
-    wait = retry_after_seconds(value, NOW)
+@given(st.integers(min_value=-10 * 86_400, max_value=10 * 86_400), st.sampled_from([None, "", "yesterday"]))
+def test_an_http_date_without_a_readable_date_waits_for_the_databases_clock(offset, date):
+    """No `Date` to measure from: the time itself, which `wait_s` measures from the database's now."""
+    when = NOW + timedelta(seconds=offset)
+    asked = retry_after_wait(format_datetime(when, usegmt=True), date)
+    assert asked == when
+    failure = for_status(429, "HTTP 429", asked)
+    assert failure.wait_s(NOW) == min(max(offset, 0), MAX_RETRY_AFTER_S)
+    assert failure.wait_s(NOW - timedelta(seconds=300)) == min(max(offset + 300, 0), MAX_RETRY_AFTER_S)
+
+
+@given(st.text(max_size=60), st.one_of(st.none(), st.text(max_size=40), st.just(SENT)))
+def test_any_retry_after_text_is_none_or_a_bounded_wait(value, date):
+    asked = retry_after_wait(value, date)
+    wait = EffectFailure(RATE_LIMITED, "429", asked).wait_s(NOW)
     assert wait is None or 0 <= wait <= MAX_RETRY_AFTER_S
 
 
 @pytest.mark.parametrize("value", [None, "", "soon", "-5", "-0", "1.5", "1e3", "٣", "²",
                                    "Mon, 99 Foo 2026 99:99:99 GMT", "9" * 5000])
 def test_garbage_negative_and_odd_retry_after_values(value):
-    wait = retry_after_seconds(value, NOW)
+    wait = retry_after_wait(value, SENT)
     if value == "9" * 5000:
         assert wait == MAX_RETRY_AFTER_S  # more digits than any sane wait: the bound, no int() blow-up
     else:
         assert wait is None
 
 
+def test_a_retry_after_time_without_a_zone_is_refused():
+    with pytest.raises(ValueError, match="timezone-aware"):
+        EffectFailure(RATE_LIMITED, "429", datetime(2026, 11, 30, 12, 0))
+
+
 def test_an_http_date_without_zone_is_utc_and_the_far_future_is_bounded():
-    assert retry_after_seconds("Mon, 30 Nov 2026 12:00:10 -0000", NOW) == 10
-    assert retry_after_seconds("Fri, 31 Dec 9999 23:59:59 GMT", NOW) == MAX_RETRY_AFTER_S
+    assert retry_after_wait("Mon, 30 Nov 2026 12:00:10 -0000", SENT) == 10
+    assert retry_after_wait("Fri, 31 Dec 9999 23:59:59 GMT", SENT) == MAX_RETRY_AFTER_S
+    assert EffectFailure(RATE_LIMITED, "429", retry_after_wait("Fri, 31 Dec 9999 23:59:59 GMT")).wait_s(
+        NOW) == MAX_RETRY_AFTER_S
 
 
 @given(st.text(max_size=500))
@@ -143,6 +163,9 @@ def test_s3_error_codes_map_to_failure_classes(code, status, expected):
 def test_s3_slow_down_carries_its_retry_after():
     assert s3_failure(_client_error("SlowDown", 503, {"retry-after": "12"}), "k").retry_after == 12
     assert s3_failure(_client_error("SlowDown", 503), "k").retry_after is None
+    later = format_datetime(NOW + timedelta(seconds=40), usegmt=True)
+    assert s3_failure(_client_error("SlowDown", 503, {"retry-after": later, "date": SENT}), "k").retry_after == 40
+    assert s3_failure(_client_error("SlowDown", 503, {"retry-after": later}), "k").wait_s(NOW) == 40
 
 
 @pytest.mark.parametrize(("exc", "expected"), [

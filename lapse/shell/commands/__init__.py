@@ -9,6 +9,7 @@ from lapse.shell.commands import (  # noqa: F401
     db,
     delay,
     dlq,
+    dlq_redrive,
     init,
     kinds,
     kinds_plan,

@@ -23,7 +23,7 @@ from starlette.templating import Jinja2Templates
 from lapse import operator_actions
 from lapse.kernel.database import engine_from_settings
 from lapse.kernel.logs import get_logger
-from lapse.kernel.outages import is_transient
+from lapse.kernel.outages import OUTAGE_ERRORS, is_transient
 from lapse.kernel.settings import Settings
 from lapse.shell.console import views
 from lapse.shell.console.access import (
@@ -285,7 +285,10 @@ def create_app(settings: Settings) -> Starlette:
         log.error("console page failed", exc_info=exc, extra={"path": request.url.path})
         return console.render(request, console.who(request), "error.html", 500, message=line)
 
-    return Starlette(routes=console.routes(), lifespan=lifespan, exception_handlers={Exception: failed})
+    # Keyed by the outages' classes too: Starlette answers with those and is done, while the
+    # `Exception` handler answers and then raises again (uvicorn logs a traceback, drops the connection).
+    return Starlette(routes=console.routes(), lifespan=lifespan,
+                     exception_handlers={**dict.fromkeys(OUTAGE_ERRORS, failed), Exception: failed})
 
 
 __all__ = ["Console", "create_app"]
