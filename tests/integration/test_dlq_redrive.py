@@ -42,11 +42,11 @@ def newer_expiry_schema(schemas) -> dict:
     return schema
 
 
-def written_with(schema: dict, event: ledger.ExpiryEvent) -> bytes:
-    """`event` in Avro single-object encoding under `schema`."""
+def written_with(schema: dict, event: ledger.ExpiryEvent, **tampered: object) -> bytes:
+    """`event` in Avro single-object encoding under `schema`, `tampered` fields overwritten."""
     body = BytesIO()
     fastavro.schemaless_writer(body, fastavro.parse_schema(schema, named_schemas={}),
-                               {**ledger.expiry_record(event, datetime.now(UTC)), "priority": "high"})
+                               {**ledger.expiry_record(event, datetime.now(UTC)), "priority": "high", **tampered})
     return b"\xc3\x01" + schema_fingerprint(schema) + body.getvalue()
 
 
@@ -58,10 +58,11 @@ def test_poison_of_an_unknown_writer_schema_is_redriven_once_after_the_schema_is
     newer = newer_expiry_schema(schemas)
     (rid,) = seed(pipeline, 1)
     good = expiry_event(rid)
-    unknown_kind = ledger.expiry_event("no-such-kind", 5, "t1", PAST, source="app", correlation_id="c-5")
+    too_long = ledger.expiry_event("release-reservation", 5, "t1", PAST, source="app", correlation_id="c-5")
     producer = Producer({"bootstrap.servers": settings.kafka.bootstrap_servers})
     for key, value in ((good.op_key, written_with(newer, good)),
-                       (unknown_kind.op_key, written_with(newer, unknown_kind)), ("garbage", b"not avro at all")):
+                       (too_long.op_key, written_with(newer, too_long, tenant="t" * 65)),
+                       ("garbage", b"not avro at all")):
         producer.produce(settings.topology.expiry, key=key.encode(), value=value, partition=0)
     assert producer.flush(10) == 0
     assert process_until_done(settings).poison == 3
@@ -75,13 +76,13 @@ def test_poison_of_an_unknown_writer_schema_is_redriven_once_after_the_schema_is
     (schemas / "history" / "expiry_event.v2-priority.avsc").write_text(json.dumps(newer))
     dry = _redrive(env, "--all", "--dry-run", "--json")
     assert [e["op_key"] for e in dry["sendable"]] == [good.op_key]
-    assert _codes(dry) == {"unknown_kind": 1, "bad_magic": 1}
+    assert _codes(dry) == {"invalid_field": 1, "bad_magic": 1}
     assert _ledger_states(pipeline) == {}  # a dry run changes nothing
 
     done = _redrive(env, "--all", "--yes", "--json")
     redrive_id = done["redrive_id"]
     assert [e["op_key"] for e in done["sent"]] == [good.op_key] and redrive_id.startswith("redrive-")
-    assert _codes(done) == {"unknown_kind": 1, "bad_magic": 1}  # still failing, with the new reason
+    assert _codes(done) == {"invalid_field": 1, "bad_magic": 1}  # still failing, with the new reason
     with pipeline.engine.connect() as conn:
         (action,) = conn.execute(select(operator_actions)).mappings()
         row = conn.execute(select(cleanup_ledger).where(cleanup_ledger.c.op_key == good.op_key)).mappings().one()
