@@ -218,30 +218,46 @@ def test_each_lapse_service_has_its_own_kafka_user_and_database_role(made_secret
     assert faust_credentials(analytics.model_copy(update={"ssl_ca_location": made_secrets / "ca.pem"})) is not None
 
 
-def test_database_roles_get_grants_and_nothing_more():
+def _heredoc(script: str, function: str) -> str:
+    """The SQL the shell function `function` of init-roles.sh sends to psql."""
+    start = script.index("<<SQL", script.index(f"{function}() {{"))
+    return script[start:script.index("\nSQL\n", start)]
+
+
+def test_database_roles_get_grants_table_by_table_and_nothing_more():
+    """init-roles.sh makes a login role per service with nothing but CONNECT (and TEMPORARY for the
+    owner, which migrations use); no role is a member of another; its grants step names each table,
+    a column list with every UPDATE, and leaves the audit trail append-only. What the grants allow
+    and refuse on the real PostgreSQL: tests/integration/test_compose_roles.py."""
     script = (COMPOSE / "postgres" / "init-roles.sh").read_text()
-    sql = script[script.index("<<SQL"):script.index("\nSQL\n")]
-    created = set(re.findall(r"CREATE ROLE (\w+) LOGIN PASSWORD '\$\(secret (\w+)\)'", sql))
-    assert created == {(f"lapse_{s}", s) for s in LAPSE_SERVICES if s not in NO_DATABASE}
-    assert not re.search(r"SUPERUSER|CREATEDB|CREATEROLE|BYPASSRLS|GRANT ALL|GRANT CREATE", sql)
-    assert "CREATE SCHEMA lapse AUTHORIZATION lapse_migrate" in sql
-    # Partition rotation is DDL on the owner's tables: prune alone is a member of the owner role.
-    assert re.findall(r"GRANT (\w+) TO (\w+);", sql) == [("lapse_migrate", "lapse_prune")]
-    assert "REVOKE ALL ON DATABASE" in sql and "REVOKE CREATE ON SCHEMA public FROM PUBLIC" in sql
-    grants = re.findall(r"GRANT ([A-Z, ]+) ON TABLES TO ([\w, ]+);", sql)
-    granted = {role.strip(): privileges for privileges, roles in grants for role in roles.split(",")}
-    # process withdraws a ledger row it inserted when its effect changed nothing; only prune removes
-    # finished rows (retention), so relay and reconcile delete nothing.
-    assert granted == {"lapse_sweep": "SELECT, INSERT, UPDATE", "lapse_process": "SELECT, INSERT, UPDATE, DELETE",
-                       "lapse_relay": "SELECT, UPDATE", "lapse_reconcile": "SELECT, INSERT, UPDATE",
-                       "lapse_monitor": "SELECT", "lapse_prune": "SELECT, DELETE",
-                       "lapse_report": "SELECT, INSERT, UPDATE", "lapse_console": "SELECT, INSERT, UPDATE"}
-    sequences = re.findall(r"GRANT USAGE ON SEQUENCES TO ([\w, ]+);", sql)
-    assert {r.strip() for roles in sequences for r in roles.split(",")} == {
-        "lapse_sweep", "lapse_process", "lapse_reconcile", "lapse_console"}
-    postgres = _compose()["services"]["postgres"]
-    assert "/docker-entrypoint-initdb.d/10-roles.sh" in " ".join(postgres["volumes"])
+    roles_sql, grants_sql = _heredoc(script, "roles"), _heredoc(script, "grants")
+    created = set(re.findall(r"CREATE ROLE \$(\w+) LOGIN PASSWORD '\$\(secret (\w+)\)'", roles_sql))
+    assert created == {(s, s) for s in LAPSE_SERVICES if s not in NO_DATABASE}
+    assert not re.search(r"SUPERUSER|CREATEDB|CREATEROLE|BYPASSRLS|GRANT ALL|GRANT CREATE|DEFAULT PRIVILEGES .*GRANT",
+                         script)
+    assert "CREATE SCHEMA lapse AUTHORIZATION $migrate" in roles_sql
+    assert re.findall(r"GRANT (\w+) ON DATABASE \S+ TO ([$\w, ]+);", roles_sql) == [
+        ("CONNECT", "$migrate, $services"), ("TEMPORARY", "$migrate")]
+    assert "REVOKE ALL ON DATABASE" in roles_sql and "REVOKE CREATE ON SCHEMA public FROM PUBLIC" in roles_sql
+    assert not re.search(r"GRANT \$?\w+ TO ", script)  # no membership: prune rotates through the owner's functions
+    statements = [" ".join(g.split()) for g in re.findall(r"^GRANT [^;]+;", grants_sql, re.MULTILINE)]
+    for statement in statements:
+        privileges = statement.split(" ON ")[0]
+        assert "UPDATE" not in privileges or "UPDATE (" in privileges, f"an UPDATE of whole rows: {statement}"
+    for table in ("lapse_transitions", "lapse_operator_actions"):  # append-only, but prune's horizon deletes
+        on_it = [g for g in statements if re.search(rf" ON {table}\s", g)]
+        assert on_it and all(re.match(r"GRANT (SELECT|INSERT|SELECT, INSERT) ON", g) or g.endswith("TO $prune;")
+                             for g in on_it), on_it
+        assert all("UPDATE" not in g and "TRUNCATE" not in g for g in on_it), on_it
+    assert "psql -v ON_ERROR_STOP=1 -q --single-transaction <<SQL" in script  # revoke all, grant: one step
+    compose = _compose()["services"]
+    postgres = compose["postgres"]
+    assert "./postgres/init-roles.sh:/docker-entrypoint-initdb.d/10-roles.sh:ro" in postgres["volumes"]
     assert "ssl=on" in postgres["command"]
+    grants = compose["db-grants"]
+    assert grants["image"] == postgres["image"] and grants["entrypoint"] == ["bash", "/init-roles.sh", "grants"]
+    assert "./postgres/init-roles.sh:/init-roles.sh:ro" in grants["volumes"]
+    assert grants["environment"]["PGSSLMODE"] == "verify-full" and "db-migrate.password" in grants["secrets"]
 
 
 def test_the_console_carries_its_tokens_and_session_key_and_the_report_its_volume(made_secrets):
@@ -341,15 +357,19 @@ def test_every_secret_a_service_reads_is_mounted_into_it(made_secrets):
         assert named <= mounted, f"{name} reads {sorted(named - mounted)}, which it does not mount"
     kafka_passwords = {s for s in compose["secrets"] if s.startswith("kafka-") and s.endswith(".password")}
     assert kafka_passwords <= set(compose["services"]["kafka-init"]["secrets"])  # init-users.sh reads them all
-    roles = set(re.findall(r"\$\(secret (\w+)\)", (COMPOSE / "postgres" / "init-roles.sh").read_text()))
+    script = (COMPOSE / "postgres" / "init-roles.sh").read_text()
+    roles = set(re.findall(r"\$\(secret (\w+)\)", script[script.index("roles() {"):script.index("grants() {")]))
     assert {f"db-{r}.password" for r in roles} <= set(compose["services"]["postgres"]["secrets"])
+    grants = set(re.findall(r"\$\(secret (\w+)\)", script[script.index("grants() {"):]))
+    assert grants == {"migrate"} and "db-migrate.password" in compose["services"]["db-grants"]["secrets"]
 
 
 def test_start_up_order_waits_for_health_and_for_the_one_shots():
     """depends_on names existing services without a cycle; a `service_healthy` condition waits for a
     service with a health check, `service_completed_successfully` for a one-shot (restart "no");
     the brokers are healthy before their users are made, the users exist before the registry starts,
-    the database and registry are up before migrate, and every Lapse service starts after migrate."""
+    the database and registry are up before migrate, the grants follow migrate, and every other
+    Lapse service starts after them."""
     services = _compose()["services"]
     edges: dict[str, dict[str, str]] = {}
     for name, service in services.items():
