@@ -115,7 +115,7 @@ NO_DATABASE = {"delay", "analytics"}
 
 def test_published_ports_listen_on_loopback_only():
     published = {name: service["ports"] for name, service in _compose()["services"].items() if service.get("ports")}
-    assert set(published) == {"analytics", "prometheus", "grafana", "console"}
+    assert set(published) == {"analytics", "prometheus", "grafana", "console", "kafka-ui"}
     for name, ports in published.items():
         assert all(str(port).startswith("127.0.0.1:") for port in ports), f"{name} publishes {ports}"
 
@@ -336,6 +336,20 @@ def test_volumes_are_declared_used_and_bind_mounts_exist():
     assert "postgres:/var/lib/postgresql/data" in kept["postgres"]
 
 
+def test_each_broker_keeps_its_log_and_metadata_on_its_volume():
+    """KAFKA_LOG_DIRS (log.dirs, where KRaft keeps its metadata log too) is the folder each node's
+    volume is mounted at: left unset, the image writes under /tmp in the container, and a new
+    container starts with an empty broker that cannot rejoin its cluster."""
+    compose = _compose()
+    log_dirs = compose["x-kafka-env"]["KAFKA_LOG_DIRS"].split(",")
+    for n in (1, 2, 3):
+        service = compose["services"][f"kafka-{n}"]
+        env = service["environment"]
+        assert "KAFKA_METADATA_LOG_DIR" not in env and env["KAFKA_LOG_DIRS"] == ",".join(log_dirs)
+        mounts = {str(v).split(":")[1]: str(v).split(":")[0] for v in service["volumes"]}
+        assert all(d in mounts and mounts[d] in compose["volumes"] for d in log_dirs), (log_dirs, mounts)
+
+
 def test_every_secret_a_service_reads_is_mounted_into_it(made_secrets):
     """A secret named by its mount path (in a variable, a command, a health check, the Lapse config
     file a service reads, or the script a service runs) is among that service's secrets; the init
@@ -351,8 +365,9 @@ def test_every_secret_a_service_reads_is_mounted_into_it(made_secrets):
         config = (service.get("environment") or {}).get(CONFIG_ENV_VAR)
         if config:
             text += (made_secrets / config.removeprefix("/run/secrets/")).read_text()
-        if "registry-jaas.conf" in mounted:
-            text += (made_secrets / "registry-jaas.conf").read_text()
+        for file in ("registry-jaas.conf", "kafka-ui.yaml"):  # secrets that name other secrets
+            if file in mounted:
+                text += (made_secrets / file).read_text()
         named = _mounted_secrets(text)
         assert named <= mounted, f"{name} reads {sorted(named - mounted)}, which it does not mount"
     kafka_passwords = {s for s in compose["secrets"] if s.startswith("kafka-") and s.endswith(".password")}
@@ -390,9 +405,11 @@ def test_start_up_order_waits_for_health_and_for_the_one_shots():
     assert edges["kafka-init"] == {f"kafka-{n}": "service_healthy" for n in (1, 2, 3)}
     assert edges["schema-registry"] == {"kafka-init": "service_completed_successfully"}
     assert edges["migrate"] == {"postgres": "service_healthy", "schema-registry": "service_healthy"}
+    assert edges["db-grants"] == {"migrate": "service_completed_successfully"}
     for name in set(LAPSE_SERVICES) - {"migrate"}:
-        assert edges[name] == {"migrate": "service_completed_successfully"}, name
+        assert edges[name] == {"db-grants": "service_completed_successfully"}, name
         assert services[name]["restart"] == "unless-stopped", name
+    assert edges["kafka-ui"] == {"schema-registry": "service_healthy"}
     assert services["migrate"]["entrypoint"] == ["sh", "-c", "lapse db upgrade && lapse topics apply"]
 
 
@@ -418,3 +435,63 @@ def test_every_lapse_service_reads_the_deployments_kinds_file():
         where = service["environment"][env_var("kinds.file")]
         assert f"./kinds.yaml:{where}:ro" in [str(v) for v in service.get("volumes", [])], name
     assert read_kinds_file(COMPOSE / "kinds.yaml").kinds == {}
+
+
+def test_services_run_unprivileged_on_a_read_only_root_filesystem():
+    """Every Lapse service, the grants step and the Kafka UI: a read-only root filesystem, no
+    capabilities, no privilege gained (setuid); the Lapse image's user is not root. What a Lapse
+    service writes is on a volume (the reports) or a tmpfs (/tmp, Faust's data folder)."""
+    compose = _compose()
+    services = compose["services"]
+    for name in (*LAPSE_SERVICES, "db-grants", "kafka-ui"):
+        service = {**compose["x-lapse"], **services[name]} if name not in ("db-grants", "kafka-ui") else services[name]
+        assert service.get("read_only") is True, name
+        assert service.get("cap_drop") == ["ALL"], name
+        assert "no-new-privileges:true" in service.get("security_opt", []), name
+    for name in LAPSE_SERVICES:
+        service = {**compose["x-lapse"], **services[name]}
+        assert "/tmp" in service["tmpfs"], name  # tempfile's folder: a process tree's metrics
+    analytics = services["analytics"]["command"]
+    assert analytics[analytics.index("--data-dir") + 1] in services["analytics"]["tmpfs"]
+    report_dir = services["report"]["environment"][env_var("report.dir")]
+    assert any(str(v).split(":")[1] == report_dir for v in services["report"]["volumes"])
+    dockerfile = (COMPOSE / "Dockerfile").read_text()
+    assert re.search(r"useradd --system --uid (\d+) lapse", dockerfile) and "--uid 0 " not in dockerfile
+    assert services["db-grants"]["user"] == "postgres"
+
+
+def test_the_kafka_ui_is_read_only_on_loopback_with_a_user_that_can_only_look(made_secrets):
+    """Kafka UI (kafbat): published on the host's loopback; its cluster readOnly (nothing created,
+    changed, produced or deleted from the UI); its own SCRAM user over SASL_SSL, whose ACLs
+    (kafka-init) only describe and read; the registry's login; a sign-in form with a generated
+    password. Its config is a secret make-secrets.sh writes."""
+    compose = _compose()
+    ui = compose["services"]["kafka-ui"]
+    assert ui["ports"] == ["127.0.0.1:8080:8080"]
+    location = ui["environment"]["SPRING_CONFIG_ADDITIONAL-LOCATION"].removeprefix("/run/secrets/")
+    assert location in ui["secrets"]
+    config = yaml.safe_load((made_secrets / location).read_text())
+    (cluster,) = config["kafka"]["clusters"]
+    lapse_env = compose["x-lapse-env"]
+    assert cluster["readOnly"] is True
+    assert cluster["bootstrapServers"] == lapse_env[env_var("kafka.bootstrap_servers")]
+    properties = cluster["properties"]
+    assert (properties["security.protocol"], properties["sasl.mechanism"]) == ("SASL_SSL", "SCRAM-SHA-512")
+    password = (made_secrets / "kafka-ui.password").read_text()
+    assert f'username="lapse-ui" password="{password}"' in properties["sasl.jaas.config"]
+    assert properties["ssl.truststore.location"] == "/run/secrets/ca.pem" and "ca.pem" in ui["secrets"]
+    assert cluster["schemaRegistry"] == lapse_env[env_var("schemas.registry_url")]
+    assert cluster["schemaRegistryAuth"] == {"username": "lapse",
+                                             "password": (made_secrets / "registry-lapse.password").read_text()}
+    assert config["auth"]["type"] == "LOGIN_FORM"
+    assert config["spring"]["security"]["user"]["password"] == (made_secrets / "ui-login.password").read_text()
+    assert len(config["spring"]["security"]["user"]["password"]) >= 32
+    # Its Kafka user: a credential kafka-init makes (from kafka-ui.password), no super user, ACLs that look.
+    assert "kafka-ui.password" in compose["services"]["kafka-init"]["secrets"]
+    assert "User:lapse-ui" not in compose["x-kafka-env"]["KAFKA_SUPER_USERS"].split(";")
+    init_users = (COMPOSE / "kafka" / "init-users.sh").read_text().replace("\\\n", " ")
+    ui_acls = [line for line in init_users.splitlines() if '"${ui[@]}"' in line]
+    assert "ui=(--allow-principal User:lapse-ui)" in init_users and ui_acls
+    assert {op for line in ui_acls for op in re.findall(r"--operation (\w+)", line)} == {
+        "Describe", "DescribeConfigs", "Read"}
+    assert all("--deny-principal" not in line and "--producer" not in line for line in ui_acls)
