@@ -51,14 +51,15 @@ def test_current_and_history_as_json(tmp_path: Path):
     history = json.loads(_invoke("db", "history", "--json").output)
 
     assert (before["revision"], before["legacy_revision"], before["head"], before["at_head"]) == (
-        None, None, "0009", False)
-    assert upgraded.output == f"{url}: none → 0009\n"
-    assert (after["revision"], after["at_head"], after["schema"]) == ("0009", True, None)
+        None, None, "0011", False)
+    assert upgraded.output == f"{url}: none → 0011\n"
+    assert (after["revision"], after["at_head"], after["schema"]) == ("0011", True, None)
     assert [(h["revision"], h["down_revision"], h["head"]) for h in history] == [
-        ("0009", "0008", True), ("0008", "0007", False), ("0007", "0006", False), ("0006", "0005", False),
-        ("0005", "0004", False), ("0004", None, False)]
-    assert "Time partitions" in history[0]["summary"]
-    assert "retention" in history[2]["summary"]
-    assert "operator actions" in history[3]["summary"]
-    assert "indexes" in history[4]["summary"]
-    assert "namespace" in history[5]["summary"]
+        ("0011", "0009", True), ("0009", "0008", False), ("0008", "0007", False), ("0007", "0006", False),
+        ("0006", "0005", False), ("0005", "0004", False), ("0004", None, False)]
+    assert "Partition rotation" in history[0]["summary"]
+    assert "Time partitions" in history[1]["summary"]
+    assert "retention" in history[3]["summary"]
+    assert "operator actions" in history[4]["summary"]
+    assert "indexes" in history[5]["summary"]
+    assert "namespace" in history[6]["summary"]
