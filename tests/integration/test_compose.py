@@ -22,8 +22,9 @@ from sqlalchemy.engine import make_url
 from lapse.kernel.config_file import CONFIG_ENV_VAR
 from lapse.kernel.connections import faust_credentials
 from lapse.kernel.kinds.declarations import read_kinds_file
-from lapse.kernel.settings import ENV_NESTED_DELIMITER, ENV_PREFIX, REPO_ROOT, env_var, field_info, load_settings
+from lapse.kernel.settings import REPO_ROOT, env_var, load_settings
 from lapse.kernel.topology import load_topology
+from tests.fixtures.compose import names_a_settings_field
 
 COMPOSE = REPO_ROOT / "compose"
 
@@ -36,37 +37,26 @@ def _lapse_vars(env: dict) -> set[str]:
     return {k for k in env if k.startswith("LAPSE_")}
 
 
-def _names_a_field(var: str) -> bool:
-    """`LAPSE_<SECTION>__<FIELD>` where FIELD is a field of the Settings section SECTION."""
-    section, delimiter, name = var.removeprefix(ENV_PREFIX).lower().partition(ENV_NESTED_DELIMITER)
-    path = f"{section}.{name}"
-    try:
-        field_info(path)
-    except KeyError:
-        return False
-    return bool(delimiter) and env_var(path) == var
-
-
 def test_every_lapse_variable_is_a_settings_field():
     services = _compose()["services"]
     seen = set()
     for name, service in services.items():
         variables = _lapse_vars(service.get("environment") or {})
-        unknown = {var for var in variables if not _names_a_field(var) and var != CONFIG_ENV_VAR}
+        unknown = {var for var in variables if not names_a_settings_field(var) and var != CONFIG_ENV_VAR}
         assert not unknown, f"service {name} sets {sorted(unknown)}, which name no Settings field"
         seen |= variables
     dockerfile = (COMPOSE / "Dockerfile").read_text()
     dockerfile_vars = set(re.findall(r"\b(LAPSE_[A-Z_]+)=", dockerfile))
-    assert dockerfile_vars and all(_names_a_field(var) for var in dockerfile_vars), sorted(dockerfile_vars)
+    assert dockerfile_vars and all(names_a_settings_field(var) for var in dockerfile_vars), sorted(dockerfile_vars)
     # The database URL and every credential come from each service's config file (LAPSE_CONFIG, a secret).
     assert {env_var("kafka.bootstrap_servers"), env_var("runtime.metrics_port"), CONFIG_ENV_VAR} <= seen
 
 
 def test_old_flat_names_are_not_fields():
-    assert not _names_a_field("LAPSE_BATCH_SIZE")
-    assert not _names_a_field("LAPSE_PROCESSOR__NO_SUCH_FIELD")
-    assert not _names_a_field("LAPSE_NO_SUCH_SECTION__BATCH_SIZE")
-    assert _names_a_field("LAPSE_PROCESSOR__BATCH_SIZE")
+    assert not names_a_settings_field("LAPSE_BATCH_SIZE")
+    assert not names_a_settings_field("LAPSE_PROCESSOR__NO_SUCH_FIELD")
+    assert not names_a_settings_field("LAPSE_NO_SUCH_SECTION__BATCH_SIZE")
+    assert names_a_settings_field("LAPSE_PROCESSOR__BATCH_SIZE")
 
 
 def test_topics_fit_three_brokers_and_services_are_there():
