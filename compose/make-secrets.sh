@@ -41,16 +41,17 @@ fi
 cert kafka-broker kafka-broker "DNS:kafka-1,DNS:kafka-2,DNS:kafka-3,DNS:localhost"
 cert postgres postgres "DNS:postgres,DNS:localhost"
 
-# Kafka SCRAM users: the administrator (topics apply), the registry, and one per Lapse role
-# (the principals of topics.yaml). prune and report use no Kafka and have no user.
+# Kafka SCRAM users: the administrator (topics apply), the registry, the Kafka UI, and one per Lapse
+# role (the principals of topics.yaml). prune and report use no Kafka and have no user.
 services="sweep process relay delay reconcile analytics monitor prune report console"
-for user in admin registry sweep process relay delay reconcile analytics status console; do password "kafka-$user"; done
+for user in admin registry ui sweep process relay delay reconcile analytics status console; do password "kafka-$user"; done
 # Database roles: the owner of Lapse's schema (migrate) and one per service that uses the database.
 for role in postgres migrate sweep process relay reconcile monitor prune report console; do
   password "db-$role"
 done
 password registry-lapse
 password grafana-admin
+password ui-login  # the Kafka UI's sign-in (user admin)
 # The console serves beyond loopback (published on the host's 127.0.0.1 only), so it needs tokens:
 # one operator (may replay dead letters; its name is the recorded actor), one viewer, and the key
 # that signs its sessions and form tokens (kept across restarts, so sessions survive them).
@@ -70,6 +71,33 @@ KafkaClient {
   org.apache.kafka.common.security.scram.ScramLoginModule required
   username="lapse-registry" password="$(cat kafka-registry.password)";
 };
+EOF
+
+# The Kafka UI's config: the cluster read-only, its Kafka user (SASL_SSL, SCRAM-SHA-512, the CA), the
+# registry's login, and its own sign-in form.
+cat > kafka-ui.yaml <<EOF
+kafka:
+  clusters:
+    - name: lapse
+      bootstrapServers: kafka-1:9092,kafka-2:9092,kafka-3:9092
+      readOnly: true
+      properties:
+        security.protocol: SASL_SSL
+        sasl.mechanism: SCRAM-SHA-512
+        sasl.jaas.config: 'org.apache.kafka.common.security.scram.ScramLoginModule required username="lapse-ui" password="$(cat kafka-ui.password)";'
+        ssl.truststore.type: PEM
+        ssl.truststore.location: /run/secrets/ca.pem
+      schemaRegistry: http://schema-registry:8081
+      schemaRegistryAuth:
+        username: lapse
+        password: "$(cat registry-lapse.password)"
+auth:
+  type: LOGIN_FORM
+spring:
+  security:
+    user:
+      name: admin
+      password: "$(cat ui-login.password)"
 EOF
 
 # The broker-admin client (mutual TLS on the internal listener; a super user) for the init service

@@ -167,14 +167,14 @@ def _ensure_ahead(engine: Engine, partitioned: dict[str, parts.Scheme], now: dat
         work = report.partitions[table]
         with engine.connect() as conn:
             missing = rotation.missing_ahead(parts.partitions(conn, scheme), scheme, now)
-        for lower, upper in missing:
+        for lower, _ in missing:
             name = scheme.partition_name(lower)
             if work.skipped:  # the table is busy: the rest waits for the next pass too, without waiting
                 work.skipped.append({"name": name, "action": "create", "reason": "lock not granted"})
                 continue
             try:
                 with engine.begin() as conn:
-                    work.moved_from_default += rotation.create_partition(conn, scheme, lower, upper)
+                    work.moved_from_default += rotation.create_partition(conn, scheme, lower)
             except DBAPIError as exc:
                 if rotation.already_exists(exc):  # another pass made it meanwhile
                     continue

@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # Installs (where missing) and starts the local PostgreSQL cluster, and gives the tests and the demo
-# a role with only the rights they use: `lapse`, LOGIN and CREATEDB (no SUPERUSER, no CREATEROLE),
-# member of pg_signal_backend (DROP DATABASE … WITH (FORCE) of a test database must be able to stop
-# an autovacuum worker there), owner of the database `lapse`, logging in by password (scram-sha-256, PostgreSQL's default rule
-# for loopback). The password is generated once and kept in libpq's password file (~/.pgpass of the
-# user who runs this, mode 0600; PGPASSFILE if set), so every client finds it and no URL carries it:
-# postgresql+psycopg://lapse@127.0.0.1:5432/lapse.
+# a role with only the rights they use: `lapse`, LOGIN and CREATEDB (no SUPERUSER, no CREATEROLE,
+# no predefined roles: a test database is dropped after ending its own sessions, and a plain DROP
+# DATABASE stops autovacuum workers itself, so pg_signal_backend, which lets a role end any
+# non-superuser's session, is not needed), owner of the database `lapse`, logging in by password
+# (scram-sha-256, PostgreSQL's default rule for loopback). The password is generated once and kept
+# in libpq's password file (~/.pgpass of the user who runs this, mode 0600; PGPASSFILE if set), so
+# every client finds it and no URL carries it: postgresql+psycopg://lapse@127.0.0.1:5432/lapse.
 #
 # pg_hba.conf is never changed unless --edit-hba is given; then the trust-everyone lines an earlier
 # version of this script put on top are removed and, if the lapse role cannot log in by password
@@ -22,7 +23,7 @@ while [ $# -gt 0 ]; do
   case "$1" in
     --edit-hba) edit_hba=1 ;;
     --cluster) cluster="${2:?--cluster needs VERSION/NAME}"; shift ;;
-    -h|--help) sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "ensure-postgres: unknown option $1 (see --help)" >&2; exit 2 ;;
   esac
   shift
@@ -106,9 +107,8 @@ state=$(admin_sql -c "SELECT rolsuper, rolcreaterole, rolcreatedb, rolcanlogin, 
 if [ -z "$state" ]; then
   # The password goes through psql's stdin: a command line is visible to every local user.
   printf "CREATE ROLE lapse LOGIN CREATEDB NOSUPERUSER NOCREATEROLE PASSWORD '%s';\n" "$password" | admin_sql
-  admin_sql -c "GRANT pg_signal_backend TO lapse"
   write_pgpass
-  change "created role lapse (LOGIN CREATEDB, member of pg_signal_backend; password in $pgpass)"
+  change "created role lapse (LOGIN CREATEDB; password in $pgpass)"
 else
   IFS='|' read -r super createrole createdb login has_password signal <<< "$state"
   if [ "$super$createrole$createdb$login" != "fftt" ]; then
@@ -116,9 +116,9 @@ else
     was="login=$login superuser=$super createrole=$createrole createdb=$createdb"
     change "role lapse: was $was; now LOGIN CREATEDB only (no SUPERUSER, no CREATEROLE)"
   fi
-  if [ "$signal" != t ]; then
-    admin_sql -c "GRANT pg_signal_backend TO lapse"
-    change "role lapse: member of pg_signal_backend (to drop a test database autovacuum is working on)"
+  if [ "$signal" = t ]; then  # an earlier version of this script granted it
+    admin_sql -c "REVOKE pg_signal_backend FROM lapse"
+    change "role lapse: no longer a member of pg_signal_backend (it could end other roles' sessions)"
   fi
   if [ -n "$new_password" ] || [ "$has_password" != t ]; then
     printf "ALTER ROLE lapse PASSWORD '%s';\n" "$password" | admin_sql

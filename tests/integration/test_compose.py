@@ -22,8 +22,9 @@ from sqlalchemy.engine import make_url
 from lapse.kernel.config_file import CONFIG_ENV_VAR
 from lapse.kernel.connections import faust_credentials
 from lapse.kernel.kinds.declarations import read_kinds_file
-from lapse.kernel.settings import ENV_NESTED_DELIMITER, ENV_PREFIX, REPO_ROOT, env_var, field_info, load_settings
+from lapse.kernel.settings import REPO_ROOT, env_var, load_settings
 from lapse.kernel.topology import load_topology
+from tests.fixtures.compose import names_a_settings_field
 
 COMPOSE = REPO_ROOT / "compose"
 
@@ -36,37 +37,26 @@ def _lapse_vars(env: dict) -> set[str]:
     return {k for k in env if k.startswith("LAPSE_")}
 
 
-def _names_a_field(var: str) -> bool:
-    """`LAPSE_<SECTION>__<FIELD>` where FIELD is a field of the Settings section SECTION."""
-    section, delimiter, name = var.removeprefix(ENV_PREFIX).lower().partition(ENV_NESTED_DELIMITER)
-    path = f"{section}.{name}"
-    try:
-        field_info(path)
-    except KeyError:
-        return False
-    return bool(delimiter) and env_var(path) == var
-
-
 def test_every_lapse_variable_is_a_settings_field():
     services = _compose()["services"]
     seen = set()
     for name, service in services.items():
         variables = _lapse_vars(service.get("environment") or {})
-        unknown = {var for var in variables if not _names_a_field(var) and var != CONFIG_ENV_VAR}
+        unknown = {var for var in variables if not names_a_settings_field(var) and var != CONFIG_ENV_VAR}
         assert not unknown, f"service {name} sets {sorted(unknown)}, which name no Settings field"
         seen |= variables
     dockerfile = (COMPOSE / "Dockerfile").read_text()
     dockerfile_vars = set(re.findall(r"\b(LAPSE_[A-Z_]+)=", dockerfile))
-    assert dockerfile_vars and all(_names_a_field(var) for var in dockerfile_vars), sorted(dockerfile_vars)
+    assert dockerfile_vars and all(names_a_settings_field(var) for var in dockerfile_vars), sorted(dockerfile_vars)
     # The database URL and every credential come from each service's config file (LAPSE_CONFIG, a secret).
     assert {env_var("kafka.bootstrap_servers"), env_var("runtime.metrics_port"), CONFIG_ENV_VAR} <= seen
 
 
 def test_old_flat_names_are_not_fields():
-    assert not _names_a_field("LAPSE_BATCH_SIZE")
-    assert not _names_a_field("LAPSE_PROCESSOR__NO_SUCH_FIELD")
-    assert not _names_a_field("LAPSE_NO_SUCH_SECTION__BATCH_SIZE")
-    assert _names_a_field("LAPSE_PROCESSOR__BATCH_SIZE")
+    assert not names_a_settings_field("LAPSE_BATCH_SIZE")
+    assert not names_a_settings_field("LAPSE_PROCESSOR__NO_SUCH_FIELD")
+    assert not names_a_settings_field("LAPSE_NO_SUCH_SECTION__BATCH_SIZE")
+    assert names_a_settings_field("LAPSE_PROCESSOR__BATCH_SIZE")
 
 
 def test_topics_fit_three_brokers_and_services_are_there():
@@ -115,7 +105,7 @@ NO_DATABASE = {"delay", "analytics"}
 
 def test_published_ports_listen_on_loopback_only():
     published = {name: service["ports"] for name, service in _compose()["services"].items() if service.get("ports")}
-    assert set(published) == {"analytics", "prometheus", "grafana", "console"}
+    assert set(published) == {"analytics", "prometheus", "grafana", "console", "kafka-ui"}
     for name, ports in published.items():
         assert all(str(port).startswith("127.0.0.1:") for port in ports), f"{name} publishes {ports}"
 
@@ -218,30 +208,46 @@ def test_each_lapse_service_has_its_own_kafka_user_and_database_role(made_secret
     assert faust_credentials(analytics.model_copy(update={"ssl_ca_location": made_secrets / "ca.pem"})) is not None
 
 
-def test_database_roles_get_grants_and_nothing_more():
+def _heredoc(script: str, function: str) -> str:
+    """The SQL the shell function `function` of init-roles.sh sends to psql."""
+    start = script.index("<<SQL", script.index(f"{function}() {{"))
+    return script[start:script.index("\nSQL\n", start)]
+
+
+def test_database_roles_get_grants_table_by_table_and_nothing_more():
+    """init-roles.sh makes a login role per service with nothing but CONNECT (and TEMPORARY for the
+    owner, which migrations use); no role is a member of another; its grants step names each table,
+    a column list with every UPDATE, and leaves the audit trail append-only. What the grants allow
+    and refuse on the real PostgreSQL: tests/integration/test_compose_roles.py."""
     script = (COMPOSE / "postgres" / "init-roles.sh").read_text()
-    sql = script[script.index("<<SQL"):script.index("\nSQL\n")]
-    created = set(re.findall(r"CREATE ROLE (\w+) LOGIN PASSWORD '\$\(secret (\w+)\)'", sql))
-    assert created == {(f"lapse_{s}", s) for s in LAPSE_SERVICES if s not in NO_DATABASE}
-    assert not re.search(r"SUPERUSER|CREATEDB|CREATEROLE|BYPASSRLS|GRANT ALL|GRANT CREATE", sql)
-    assert "CREATE SCHEMA lapse AUTHORIZATION lapse_migrate" in sql
-    # Partition rotation is DDL on the owner's tables: prune alone is a member of the owner role.
-    assert re.findall(r"GRANT (\w+) TO (\w+);", sql) == [("lapse_migrate", "lapse_prune")]
-    assert "REVOKE ALL ON DATABASE" in sql and "REVOKE CREATE ON SCHEMA public FROM PUBLIC" in sql
-    grants = re.findall(r"GRANT ([A-Z, ]+) ON TABLES TO ([\w, ]+);", sql)
-    granted = {role.strip(): privileges for privileges, roles in grants for role in roles.split(",")}
-    # process withdraws a ledger row it inserted when its effect changed nothing; only prune removes
-    # finished rows (retention), so relay and reconcile delete nothing.
-    assert granted == {"lapse_sweep": "SELECT, INSERT, UPDATE", "lapse_process": "SELECT, INSERT, UPDATE, DELETE",
-                       "lapse_relay": "SELECT, UPDATE", "lapse_reconcile": "SELECT, INSERT, UPDATE",
-                       "lapse_monitor": "SELECT", "lapse_prune": "SELECT, DELETE",
-                       "lapse_report": "SELECT, INSERT, UPDATE", "lapse_console": "SELECT, INSERT, UPDATE"}
-    sequences = re.findall(r"GRANT USAGE ON SEQUENCES TO ([\w, ]+);", sql)
-    assert {r.strip() for roles in sequences for r in roles.split(",")} == {
-        "lapse_sweep", "lapse_process", "lapse_reconcile", "lapse_console"}
-    postgres = _compose()["services"]["postgres"]
-    assert "/docker-entrypoint-initdb.d/10-roles.sh" in " ".join(postgres["volumes"])
+    roles_sql, grants_sql = _heredoc(script, "roles"), _heredoc(script, "grants")
+    created = set(re.findall(r"CREATE ROLE \$(\w+) LOGIN PASSWORD '\$\(secret (\w+)\)'", roles_sql))
+    assert created == {(s, s) for s in LAPSE_SERVICES if s not in NO_DATABASE}
+    assert not re.search(r"SUPERUSER|CREATEDB|CREATEROLE|BYPASSRLS|GRANT ALL|GRANT CREATE|DEFAULT PRIVILEGES .*GRANT",
+                         script)
+    assert "CREATE SCHEMA lapse AUTHORIZATION $migrate" in roles_sql
+    assert re.findall(r"GRANT (\w+) ON DATABASE \S+ TO ([$\w, ]+);", roles_sql) == [
+        ("CONNECT", "$migrate, $services"), ("TEMPORARY", "$migrate")]
+    assert "REVOKE ALL ON DATABASE" in roles_sql and "REVOKE CREATE ON SCHEMA public FROM PUBLIC" in roles_sql
+    assert not re.search(r"GRANT \$?\w+ TO ", script)  # no membership: prune rotates through the owner's functions
+    statements = [" ".join(g.split()) for g in re.findall(r"^GRANT [^;]+;", grants_sql, re.MULTILINE)]
+    for statement in statements:
+        privileges = statement.split(" ON ")[0]
+        assert "UPDATE" not in privileges or "UPDATE (" in privileges, f"an UPDATE of whole rows: {statement}"
+    for table in ("lapse_transitions", "lapse_operator_actions"):  # append-only, but prune's horizon deletes
+        on_it = [g for g in statements if re.search(rf" ON {table}\s", g)]
+        assert on_it and all(re.match(r"GRANT (SELECT|INSERT|SELECT, INSERT) ON", g) or g.endswith("TO $prune;")
+                             for g in on_it), on_it
+        assert all("UPDATE" not in g and "TRUNCATE" not in g for g in on_it), on_it
+    assert "psql -v ON_ERROR_STOP=1 -q --single-transaction <<SQL" in script  # revoke all, grant: one step
+    compose = _compose()["services"]
+    postgres = compose["postgres"]
+    assert "./postgres/init-roles.sh:/docker-entrypoint-initdb.d/10-roles.sh:ro" in postgres["volumes"]
     assert "ssl=on" in postgres["command"]
+    grants = compose["db-grants"]
+    assert grants["image"] == postgres["image"] and grants["entrypoint"] == ["bash", "/init-roles.sh", "grants"]
+    assert "./postgres/init-roles.sh:/init-roles.sh:ro" in grants["volumes"]
+    assert grants["environment"]["PGSSLMODE"] == "verify-full" and "db-migrate.password" in grants["secrets"]
 
 
 def test_the_console_carries_its_tokens_and_session_key_and_the_report_its_volume(made_secrets):
@@ -320,6 +326,20 @@ def test_volumes_are_declared_used_and_bind_mounts_exist():
     assert "postgres:/var/lib/postgresql/data" in kept["postgres"]
 
 
+def test_each_broker_keeps_its_log_and_metadata_on_its_volume():
+    """KAFKA_LOG_DIRS (log.dirs, where KRaft keeps its metadata log too) is the folder each node's
+    volume is mounted at: left unset, the image writes under /tmp in the container, and a new
+    container starts with an empty broker that cannot rejoin its cluster."""
+    compose = _compose()
+    log_dirs = compose["x-kafka-env"]["KAFKA_LOG_DIRS"].split(",")
+    for n in (1, 2, 3):
+        service = compose["services"][f"kafka-{n}"]
+        env = service["environment"]
+        assert "KAFKA_METADATA_LOG_DIR" not in env and env["KAFKA_LOG_DIRS"] == ",".join(log_dirs)
+        mounts = {str(v).split(":")[1]: str(v).split(":")[0] for v in service["volumes"]}
+        assert all(d in mounts and mounts[d] in compose["volumes"] for d in log_dirs), (log_dirs, mounts)
+
+
 def test_every_secret_a_service_reads_is_mounted_into_it(made_secrets):
     """A secret named by its mount path (in a variable, a command, a health check, the Lapse config
     file a service reads, or the script a service runs) is among that service's secrets; the init
@@ -335,21 +355,26 @@ def test_every_secret_a_service_reads_is_mounted_into_it(made_secrets):
         config = (service.get("environment") or {}).get(CONFIG_ENV_VAR)
         if config:
             text += (made_secrets / config.removeprefix("/run/secrets/")).read_text()
-        if "registry-jaas.conf" in mounted:
-            text += (made_secrets / "registry-jaas.conf").read_text()
+        for file in ("registry-jaas.conf", "kafka-ui.yaml"):  # secrets that name other secrets
+            if file in mounted:
+                text += (made_secrets / file).read_text()
         named = _mounted_secrets(text)
         assert named <= mounted, f"{name} reads {sorted(named - mounted)}, which it does not mount"
     kafka_passwords = {s for s in compose["secrets"] if s.startswith("kafka-") and s.endswith(".password")}
     assert kafka_passwords <= set(compose["services"]["kafka-init"]["secrets"])  # init-users.sh reads them all
-    roles = set(re.findall(r"\$\(secret (\w+)\)", (COMPOSE / "postgres" / "init-roles.sh").read_text()))
+    script = (COMPOSE / "postgres" / "init-roles.sh").read_text()
+    roles = set(re.findall(r"\$\(secret (\w+)\)", script[script.index("roles() {"):script.index("grants() {")]))
     assert {f"db-{r}.password" for r in roles} <= set(compose["services"]["postgres"]["secrets"])
+    grants = set(re.findall(r"\$\(secret (\w+)\)", script[script.index("grants() {"):]))
+    assert grants == {"migrate"} and "db-migrate.password" in compose["services"]["db-grants"]["secrets"]
 
 
 def test_start_up_order_waits_for_health_and_for_the_one_shots():
     """depends_on names existing services without a cycle; a `service_healthy` condition waits for a
     service with a health check, `service_completed_successfully` for a one-shot (restart "no");
     the brokers are healthy before their users are made, the users exist before the registry starts,
-    the database and registry are up before migrate, and every Lapse service starts after migrate."""
+    the database and registry are up before migrate, the grants follow migrate, and every other
+    Lapse service starts after them."""
     services = _compose()["services"]
     edges: dict[str, dict[str, str]] = {}
     for name, service in services.items():
@@ -370,9 +395,11 @@ def test_start_up_order_waits_for_health_and_for_the_one_shots():
     assert edges["kafka-init"] == {f"kafka-{n}": "service_healthy" for n in (1, 2, 3)}
     assert edges["schema-registry"] == {"kafka-init": "service_completed_successfully"}
     assert edges["migrate"] == {"postgres": "service_healthy", "schema-registry": "service_healthy"}
+    assert edges["db-grants"] == {"migrate": "service_completed_successfully"}
     for name in set(LAPSE_SERVICES) - {"migrate"}:
-        assert edges[name] == {"migrate": "service_completed_successfully"}, name
+        assert edges[name] == {"db-grants": "service_completed_successfully"}, name
         assert services[name]["restart"] == "unless-stopped", name
+    assert edges["kafka-ui"] == {"schema-registry": "service_healthy"}
     assert services["migrate"]["entrypoint"] == ["sh", "-c", "lapse db upgrade && lapse topics apply"]
 
 
@@ -398,3 +425,63 @@ def test_every_lapse_service_reads_the_deployments_kinds_file():
         where = service["environment"][env_var("kinds.file")]
         assert f"./kinds.yaml:{where}:ro" in [str(v) for v in service.get("volumes", [])], name
     assert read_kinds_file(COMPOSE / "kinds.yaml").kinds == {}
+
+
+def test_services_run_unprivileged_on_a_read_only_root_filesystem():
+    """Every Lapse service, the grants step and the Kafka UI: a read-only root filesystem, no
+    capabilities, no privilege gained (setuid); the Lapse image's user is not root. What a Lapse
+    service writes is on a volume (the reports) or a tmpfs (/tmp, Faust's data folder)."""
+    compose = _compose()
+    services = compose["services"]
+    for name in (*LAPSE_SERVICES, "db-grants", "kafka-ui"):
+        service = {**compose["x-lapse"], **services[name]} if name not in ("db-grants", "kafka-ui") else services[name]
+        assert service.get("read_only") is True, name
+        assert service.get("cap_drop") == ["ALL"], name
+        assert "no-new-privileges:true" in service.get("security_opt", []), name
+    for name in LAPSE_SERVICES:
+        service = {**compose["x-lapse"], **services[name]}
+        assert "/tmp" in service["tmpfs"], name  # tempfile's folder: a process tree's metrics
+    analytics = services["analytics"]["command"]
+    assert analytics[analytics.index("--data-dir") + 1] in services["analytics"]["tmpfs"]
+    report_dir = services["report"]["environment"][env_var("report.dir")]
+    assert any(str(v).split(":")[1] == report_dir for v in services["report"]["volumes"])
+    dockerfile = (COMPOSE / "Dockerfile").read_text()
+    assert re.search(r"useradd --system --uid (\d+) lapse", dockerfile) and "--uid 0 " not in dockerfile
+    assert services["db-grants"]["user"] == "postgres"
+
+
+def test_the_kafka_ui_is_read_only_on_loopback_with_a_user_that_can_only_look(made_secrets):
+    """Kafka UI (kafbat): published on the host's loopback; its cluster readOnly (nothing created,
+    changed, produced or deleted from the UI); its own SCRAM user over SASL_SSL, whose ACLs
+    (kafka-init) only describe and read; the registry's login; a sign-in form with a generated
+    password. Its config is a secret make-secrets.sh writes."""
+    compose = _compose()
+    ui = compose["services"]["kafka-ui"]
+    assert ui["ports"] == ["127.0.0.1:8080:8080"]
+    location = ui["environment"]["SPRING_CONFIG_ADDITIONAL-LOCATION"].removeprefix("/run/secrets/")
+    assert location in ui["secrets"]
+    config = yaml.safe_load((made_secrets / location).read_text())
+    (cluster,) = config["kafka"]["clusters"]
+    lapse_env = compose["x-lapse-env"]
+    assert cluster["readOnly"] is True
+    assert cluster["bootstrapServers"] == lapse_env[env_var("kafka.bootstrap_servers")]
+    properties = cluster["properties"]
+    assert (properties["security.protocol"], properties["sasl.mechanism"]) == ("SASL_SSL", "SCRAM-SHA-512")
+    password = (made_secrets / "kafka-ui.password").read_text()
+    assert f'username="lapse-ui" password="{password}"' in properties["sasl.jaas.config"]
+    assert properties["ssl.truststore.location"] == "/run/secrets/ca.pem" and "ca.pem" in ui["secrets"]
+    assert cluster["schemaRegistry"] == lapse_env[env_var("schemas.registry_url")]
+    assert cluster["schemaRegistryAuth"] == {"username": "lapse",
+                                             "password": (made_secrets / "registry-lapse.password").read_text()}
+    assert config["auth"]["type"] == "LOGIN_FORM"
+    assert config["spring"]["security"]["user"]["password"] == (made_secrets / "ui-login.password").read_text()
+    assert len(config["spring"]["security"]["user"]["password"]) >= 32
+    # Its Kafka user: a credential kafka-init makes (from kafka-ui.password), no super user, ACLs that look.
+    assert "kafka-ui.password" in compose["services"]["kafka-init"]["secrets"]
+    assert "User:lapse-ui" not in compose["x-kafka-env"]["KAFKA_SUPER_USERS"].split(";")
+    init_users = (COMPOSE / "kafka" / "init-users.sh").read_text().replace("\\\n", " ")
+    ui_acls = [line for line in init_users.splitlines() if '"${ui[@]}"' in line]
+    assert "ui=(--allow-principal User:lapse-ui)" in init_users and ui_acls
+    assert {op for line in ui_acls for op in re.findall(r"--operation (\w+)", line)} == {
+        "Describe", "DescribeConfigs", "Read"}
+    assert all("--deny-principal" not in line and "--producer" not in line for line in ui_acls)

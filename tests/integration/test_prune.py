@@ -18,8 +18,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from click.testing import CliRunner
-from sqlalchemy import event, insert, select, text
-from sqlalchemy.engine import make_url
+from sqlalchemy import event, insert, select
 
 from lapse.devtools.demo_tables import reservations
 from lapse.kernel.ledger import partitions as parts
@@ -30,7 +29,6 @@ from lapse.retention import prune_dry_run, prune_once
 from lapse.retention.horizons import HorizonRefused, horizons
 from lapse.retention.queries import count_prunable
 from lapse.shell.app import main
-from tests.fixtures.db import as_cluster_owner
 from tests.fixtures.fast_path import NOW, RELEASE, TENANT, engine_for, key, kinds_for, release_event, reservation, scope
 from tests.fixtures.polling import eventually
 
@@ -382,25 +380,6 @@ def test_a_locked_table_leaves_its_partitions_for_the_next_pass(pg_url, monkeypa
     assert sorted(done.partitions["outbox"].create + [d["name"] for d in done.partitions["outbox"].drop]) == sorted(
         s["name"] for s in skipped)
     assert done.partitions["outbox"].skipped == []
-
-
-def test_a_prune_role_that_is_only_a_member_of_the_owner_rotates_partitions_the_owner_keeps(pg_url, login_role):
-    """As compose's prune role (a login role whose only right is membership in the tables' owner):
-    a pass creates the partitions ahead, owned by the tables' owner like the migration's, and drops
-    expired ones."""
-    url = login_role(pg_url)
-    role, owner = make_url(url).username, make_url(pg_url).username
-    as_cluster_owner(f'GRANT "{owner}" TO "{role}"', make_url(pg_url).database or "")
-    engine = engine_for(url)
-    at = parts.OUTBOX.floor(datetime.now(NOW.tzinfo)) + timedelta(days=40)
-    report = prune_once(engine, HORIZONS, at, batch_size=100)
-    created = report.partitions["outbox"].create + report.partitions["transitions"].create
-    assert created and report.partitions["outbox"].drop
-    with engine.connect() as conn:
-        owners = dict(conn.execute(text("SELECT tablename, tableowner FROM pg_tables WHERE tablename = ANY(:names)"),
-                                   {"names": created}).all())
-    assert owners == {name: owner for name in created}
-    engine.dispose()
 
 
 def test_the_command_lists_partitions_on_postgresql(pg_url):

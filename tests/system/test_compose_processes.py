@@ -20,8 +20,13 @@ compose's network, TLS and volumes have it:
   tests/integration/test_secured_broker.py and tests/integration/test_acls.py;
 - the schema registry becomes none (Avro single-object encoding): the repo has only a test double
   of it (tests/fixtures/registry.py), which the codec tests use for the Confluent format;
-- the database `postgres:5432/lapse` with a role per service and TLS becomes the test's database
-  and its one user, without TLS (the roles' grants: tests/integration/test_compose.py reads init-roles.sh);
+- the database `postgres:5432/lapse` with TLS becomes a fresh database of the local server, without
+  TLS, prepared as compose's postgres first start prepares it: compose/postgres/init-roles.sh run by
+  the cluster's owner makes one role per service, and the db-grants service (the same script's
+  grants step, as the tables' owner) runs after migrate. Each service connects as its own role, with
+  the password make-secrets.sh made; the roles' names carry a prefix of the test (roles are
+  cluster-wide, the server shared). The application (its business tables, its publish API) is the
+  test's: it grants its tables to the roles of the services that read or change them;
 - ports (metrics 9400, analytics 6066, console 8088) become free local ports, bind addresses
   (0.0.0.0) 127.0.0.1, container paths (the reports volume, Faust's data folder) folders of the test.
 - the kinds file compose mounts (compose/kinds.yaml, which declares no kind until a deployment
@@ -29,8 +34,9 @@ compose's network, TLS and volumes have it:
   of the test answering 200, 503 then 200, 429 then 204, or 400) over the test's tables.
 
 What cannot run as a local process, and is checked by tests/integration/test_compose.py instead: the
-non-Lapse services (kafka-1..3 and kafka-init, postgres and its init-roles.sh, schema-registry,
-prometheus, grafana: their images are not here and Docker cannot run on these machines), the Lapse
+non-Lapse services (kafka-1..3 and kafka-init, postgres, schema-registry, kafka-ui, prometheus,
+grafana: their images are not here and Docker cannot run on these machines; the postgres image's
+init-roles.sh does run, see above), the Lapse
 image itself (compose/Dockerfile), named volumes, the secrets' mounts and healthchecks/depends_on
 conditions (their structure only).
 """
@@ -50,7 +56,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
-from sqlalchemy import func, select
+from sqlalchemy import func, select, text
 
 from lapse.devtools.demo_data import add_reservations
 from lapse.devtools.demo_kinds import RELEASE, packaged_kinds_file
@@ -58,7 +64,7 @@ from lapse.devtools.demo_tables import create_demo_tables, reservations
 from lapse.kernel.codec import Codec
 from lapse.kernel.database import make_engine
 from lapse.kernel.ledger import expiry_event
-from lapse.kernel.models import cleanup_ledger, ledger_transitions, outbox
+from lapse.kernel.models import cleanup_ledger, findings, ledger_transitions, outbox
 from lapse.kernel.settings import load_settings
 from lapse.readers.analytics import VIEW_PATH
 from tests.fixtures.compose import (
@@ -70,7 +76,6 @@ from tests.fixtures.compose import (
     is_one_shot,
     lapse_services,
     load_compose,
-    make_secrets,
     start_order,
 )
 from tests.fixtures.effects import Answer, ScriptedHttpServer, hook_kind, hooks_table
@@ -102,6 +107,10 @@ EXIT_BOUND_S = 30.0
 # Long-running services and what each serves over HTTP locally (compose: metrics on 9400 for those
 # with LAPSE_RUNTIME__METRICS_PORT and a handler; analytics' view; the console's login page).
 SERVES_METRICS = {"sweep", "process", "relay", "delay", "reconcile", "monitor", "report"}
+# The long-running services with a database role (`lapse status --watch` keeps no clock finding).
+CLOCK_FINDINGS = {"sweep", "process", "relay", "reconcile", "prune", "report", "console"}
+# What a role's log shows when PostgreSQL refused it a statement.
+REFUSED = ("permission denied", "InsufficientPrivilege", "must be owner")
 
 
 def kinds_file(folder, hook_url: str):
@@ -151,17 +160,27 @@ def test_the_mapping_is_explicit_and_the_time_overrides_few():
     assert len(TIME_OVERRIDES) <= 3
     order = start_order(services)
     assert order[0] == "migrate" and [n for n in order if is_one_shot(services[n])] == ["migrate"]
-    assert all(depends_on(services[n]).get("migrate") == "service_completed_successfully" for n in order[1:])
+    grants = compose["services"]["db-grants"]
+    assert depends_on(grants) == {"migrate": "service_completed_successfully"} and is_one_shot(grants)
+    assert all(depends_on(services[n]) == {"db-grants": "service_completed_successfully"} for n in order[1:])
+
+
+def _after(compose: dict, name: str) -> list[dict]:
+    """The one-shot services outside the Lapse image that wait for `name` to complete (db-grants)."""
+    return [spec for other, spec in compose["services"].items() if other not in lapse_services(compose)
+            and is_one_shot(spec) and depends_on(spec).get(name) == "service_completed_successfully"]
 
 
 @pytest.mark.slow
-def test_compose_services_as_processes_run_a_workload_to_its_audit(three_brokers, pg_empty_url, tmp_path):
+def test_compose_services_as_processes_run_a_workload_to_its_audit(three_brokers, compose_database, tmp_path):
     cluster = three_brokers  # compose's cluster: replication 3, min.insync.replicas 2
-    """migrate runs to exit 0 on an empty database (with the application's tables); then the
-    other services start at once, 12 processes, and clean up 34 operations: 20 reservations and 9
-    webhooks applied once each (5 after a retry through a delay tier), 3 webhooks and 2 published
-    events dead-lettered with their reason. Each process served what it serves, then exits 0 on
-    SIGTERM, and `lapse audit` over all history (migrate's settings) finds the invariants hold."""
+    """migrate runs to exit 0 as lapse_migrate on a database init-roles.sh prepared (with the
+    application's tables), db-grants after it; then the other services start at once, 12
+    processes, each as its own role, and clean up 34 operations: 20 reservations and 9 webhooks
+    applied once each (5 after a retry through a delay tier), 3 webhooks and 2 published events
+    dead-lettered with their reason. Each process served what it serves and recorded its clock
+    finding, no statement of any was refused, each exits 0 on SIGTERM, and `lapse audit` over all
+    history (migrate's settings) finds the invariants hold."""
     t0 = time.monotonic()
     phases: dict[str, float] = {}
     compose = load_compose()
@@ -170,14 +189,20 @@ def test_compose_services_as_processes_run_a_workload_to_its_audit(three_brokers
     server.start()
     for script, answers in HOOK_SCRIPTS.items():
         server.script(script, *answers)
-    # The application's tables, before Lapse is installed (compose's database starts empty).
-    engine = make_engine(pg_empty_url)
-    create_demo_tables(engine)
+    # The application's tables, before Lapse is installed (compose's database starts empty), owned by
+    # the application's role, which grants them to the services that read or change them.
+    app = make_engine(compose_database.url)
+    create_demo_tables(app)
     hooks = hooks_table("hooks")
-    hooks.create(engine)
-    stack = LocalStack(bootstrap=cluster.bootstrap, database_url=pg_empty_url,
-                       kinds_file=kinds_file(tmp_path, server.url), secrets=make_secrets(tmp_path),
-                       root=tmp_path / "stack")
+    hooks.create(app)
+    role = compose_database.role
+    with app.begin() as conn:
+        conn.execute(text(f"GRANT SELECT ON reservations, hooks TO {role('lapse_sweep')}, {role('lapse_reconcile')}, "
+                          f"{role('lapse_monitor')}, {role('lapse_console')}"))
+        conn.execute(text(f"GRANT SELECT, UPDATE ON reservations, hooks TO {role('lapse_process')}"))
+    engine = make_engine(compose_database.service_url("migrate"))  # Lapse's tables, as their owner reads them
+    stack = LocalStack(bootstrap=cluster.bootstrap, database=compose_database,
+                       kinds_file=kinds_file(tmp_path, server.url), root=tmp_path / "stack")
     base = {k: v for k, v in os.environ.items() if not k.startswith("LAPSE_")}
     base["PATH"] = f"{os.path.dirname(sys.executable)}{os.pathsep}{base.get('PATH', '')}"  # the image's `lapse`
     logs = tmp_path / "logs"
@@ -197,6 +222,8 @@ def test_compose_services_as_processes_run_a_workload_to_its_audit(three_brokers
                     phases[f"setup until {name}"] = time.monotonic() - t0
                     done = _run_one_shot(argv, {**base, **env}, stack.workdir(process))
                     assert done[0] == 0, f"{name}: {argv} exited {done[0]}\n{done[1]}"
+                    for follower in _after(compose, name):  # db-grants, once migrate made the tables
+                        compose_database.run_service(follower)
                     continue
                 log = logs / f"{process}.log"
                 with log.open("w") as err:
@@ -205,8 +232,8 @@ def test_compose_services_as_processes_run_a_workload_to_its_audit(three_brokers
                 running[process] = RoleProcess(name, proc, log)
             if name == "migrate":  # the business rows arrive once Lapse is installed
                 phases["migrate done"] = time.monotonic() - t0
-                _seed(engine, hooks)
-        _publish_invalid(engine, stack)
+                _seed(app, hooks)
+        _publish_invalid(engine, stack)  # the publish API, on the owner's connection
         assert {r.command for r in running.values()} == set(services) - {"migrate"}
         assert sum(r.command == "process" for r in running.values()) == 3
 
@@ -275,8 +302,15 @@ def test_compose_services_as_processes_run_a_workload_to_its_audit(three_brokers
         rows = {r["op_key"]: r for r in conn.execute(select(cleanup_ledger)).mappings()}
         applied_per_key = Counter(conn.execute(select(ledger_transitions.c.op_key)
                                                .where(ledger_transitions.c.to_state == "applied")).scalars())
+        clocks = set(conn.execute(select(findings.c.subject).where(findings.c.role == "clock")).scalars())
+    with app.connect() as conn:
         released = conn.execute(select(func.count()).where(reservations.c.status == "released")).scalar()
         hook_status = dict(conn.execute(select(hooks.c.script, hooks.c.status)).all())
+    # Each service with a database role ran as that role and was refused nothing.
+    refused = {p: line for p, r in running.items() for line in r.log.read_text().splitlines()
+               if any(word in line for word in REFUSED)}
+    assert not refused, refused
+    assert {subject.split()[0] for subject in clocks} == CLOCK_FINDINGS
     assert len(rows) == OPERATIONS and set(applied_per_key.values()) == {1} and len(applied_per_key) == APPLIED
     dead = {k: r for k, r in rows.items() if r["state"] == "dead_letter"}
     assert {r["last_failure_class"] for r in dead.values()} == {"invalid"}
@@ -299,6 +333,7 @@ def test_compose_services_as_processes_run_a_workload_to_its_audit(three_brokers
                                             "retry_scheduled": len(RETRIED)}
     assert (report["dead_letters"], report["applied_twice"], report["without_terminal"]) == (DEAD_LETTERS, {}, 0)
     engine.dispose()
+    app.dispose()
     phases["audited"] = time.monotonic() - t0
     print("compose as processes:", {k: round(v, 1) for k, v in phases.items()},
           {p: round(r.exit_s or -1, 1) for p, r in running.items()})
@@ -322,7 +357,8 @@ def _seed(engine, hooks) -> None:
 def _publish_invalid(engine, stack: LocalStack) -> None:
     """Two events the application publishes with a subject that is not a reservation id."""
     due = datetime.now(UTC) - timedelta(minutes=1)
-    settings = load_settings(kafka={"bootstrap_servers": stack.bootstrap}, database={"url": stack.database_url},
+    url = engine.url.render_as_string(hide_password=False)
+    settings = load_settings(kafka={"bootstrap_servers": stack.bootstrap}, database={"url": url},
                              kinds={"file": stack.kinds_file})
     produce(Pipeline(settings, engine, Codec.from_settings(settings)),
             [expiry_event(RELEASE, s, "t1", due, source="publish", correlation_id=s) for s in INVALID_SUBJECTS])

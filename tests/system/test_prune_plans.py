@@ -106,7 +106,7 @@ def create_partitions(engine) -> None:
         while lower <= NOW:
             if not any(p.lower == lower for p in existing):
                 with engine.begin() as conn:
-                    rotation.create_partition(conn, scheme, lower, lower + scheme.unit)
+                    rotation.create_partition(conn, scheme, lower)
             lower += scheme.unit
 
 
@@ -136,7 +136,8 @@ def load(engine) -> None:
             conn.execute(text(definition.replace(" ON ONLY ", " ON ")))
         for scheme in SCHEMES:
             for p in parts.partitions(conn, scheme):
-                rotation.name_partition_indexes(conn, scheme, p.name)
+                conn.execute(text("SELECT lapse.lapse_name_partition_indexes(:table, :partition)"),
+                             {"table": scheme.name, "partition": p.name})
     with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
         for table in TABLES:
             conn.execute(text(f"ANALYZE lapse.{table}"))

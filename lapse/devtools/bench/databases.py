@@ -9,13 +9,23 @@ from __future__ import annotations
 import uuid
 from datetime import datetime
 
-from sqlalchemy import Engine, create_engine, text
+from sqlalchemy import Connection, Engine, create_engine, text
 from sqlalchemy.engine import make_url
 
 from lapse.devtools.demo_tables import create_demo_tables
 from lapse.kernel.database import make_engine, upgrade_url
 
 DEFAULT_ADMIN_URL = "postgresql+psycopg://lapse@127.0.0.1:5432/lapse"
+
+
+def drop_database(conn: Connection, name: str) -> None:
+    """Drop the database `name` on the server of `conn` (autocommit): the sessions there that
+    `conn`'s role may end are ended first, then a plain DROP, which stops autovacuum workers itself
+    and waits a few seconds for the ended sessions. Not WITH (FORCE): ending an autovacuum worker
+    that way takes membership in pg_signal_backend, which the development role does not have."""
+    conn.execute(text("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = :name "
+                      "AND pid <> pg_backend_pid() AND pg_has_role(usename, 'USAGE')"), {"name": name})
+    conn.execute(text(f'DROP DATABASE IF EXISTS "{name}"'))
 
 
 def admin_url_for(database_url: str) -> str:
@@ -64,16 +74,16 @@ class BenchDatabases:
         return self.create(stage, self.template)
 
     def drop(self, url: str) -> None:
-        name = make_url(url).database
+        name = make_url(url).database or ""
         with self._admin.connect() as conn:
-            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+            drop_database(conn, name)
         if name in self.created:
             self.created.remove(name)
 
     def close(self) -> None:
         with self._admin.connect() as conn:
             for name in reversed(self.created):
-                conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+                drop_database(conn, name)
         self.created.clear()
         self._admin.dispose()
 
