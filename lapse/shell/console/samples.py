@@ -1,0 +1,157 @@
+"""The figures behind the console's charts, over the last hour (one-minute buckets) and the last
+day (half-hour buckets).
+
+What the database keeps is read from it: transitions per bucket along ix_lapse_transitions_at give
+the throughput by outcome, the dead letters made, and (counted back from the number waiting now)
+the dead letters waiting at the end of each bucket. A closed bucket never changes, so it is read
+once and kept; a render reads only the buckets still open (the last minute or two). What only
+exists now (the oldest eligible age, the lag of each consumer group) is sampled by this process:
+by every overview it renders and, between them, every `every_s` seconds on a thread, kept for a day.
+Those two series begin when the console starts."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Any
+
+from sqlalchemy import Engine
+
+from lapse.kernel.logs import get_logger
+from lapse.kernel.outages import is_transient
+from lapse.kernel.settings import Settings
+from lapse.readers import transition_buckets
+
+if TYPE_CHECKING:
+    from lapse.shell.console.app import Outages
+
+log = get_logger("console")
+SAMPLE_EVERY_S = 30.0
+# A bucket is read once for good when it ended this long ago (a transaction may commit a little
+# after the time its transitions carry).
+SETTLED_AFTER = timedelta(seconds=60)
+OUTCOMES = ("applied", "skipped", "retry_scheduled", "dead_letter")
+
+
+@dataclass(frozen=True)
+class Window:
+    """A chart's span and bucket size."""
+
+    name: str
+    span: timedelta
+    step_s: int
+
+    @property
+    def buckets(self) -> int:
+        return int(self.span.total_seconds()) // self.step_s
+
+
+WINDOWS = {"hour": Window("hour", timedelta(hours=1), 60), "day": Window("day", timedelta(days=1), 1800)}
+
+
+@dataclass(frozen=True)
+class Sample:
+    """What the console saw at `at`: the oldest eligible age (None: nothing eligible) and the
+    records behind per judged consumer group."""
+
+    at: datetime
+    oldest_eligible_age_s: float | None
+    lag: dict[str, int]
+
+
+class Samples:
+    """The chart figures: kept transition buckets, the gauge samples, and the sampling thread."""
+
+    def __init__(self, settings: Settings, engine: Engine, outages: Outages, every_s: float | None = None) -> None:
+        self.settings = settings
+        self.engine = engine
+        self.outages = outages
+        self.every_s = SAMPLE_EVERY_S if every_s is None else every_s
+        self.kept: dict[int, dict[int, dict[str, int]]] = {w.step_s: {} for w in WINDOWS.values()}
+        self.gauges: deque[Sample] = deque(maxlen=int(86400 / max(min(self.every_s, 30.0), 1.0)) + 1)
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.last_sample = 0.0
+
+    # Gauges ------------------------------------------------------------------------------------
+
+    def record(self, report: dict[str, Any], now: datetime) -> None:
+        """Keep what a status report (with its lag rows marked `judged`) says now."""
+        lag: dict[str, int] = {}
+        for row in report.get("lag", []):
+            if row.get("judged") and "records" in row:
+                lag[row["group"]] = lag.get(row["group"], 0) + row["records"]
+        with self._lock:
+            self.gauges.append(Sample(now, report.get("oldest_eligible_age_s"), lag))
+            self.last_sample = time.monotonic()
+
+    def gauge_series(self, window: Window, now: datetime) -> list[Sample]:
+        with self._lock:
+            return [s for s in self.gauges if s.at > now - window.span]
+
+    # Transitions ---------------------------------------------------------------------------------
+
+    def buckets(self, window: Window, now: datetime) -> list[tuple[datetime, dict[str, int]]]:
+        """(bucket start, counts) for each bucket of `window` up to `now`, oldest first: the settled
+        ones read once and kept, the others read now, in one statement from the first not kept."""
+        step = window.step_s
+        last = int(now.timestamp()) // step * step
+        starts = [last - i * step for i in range(window.buckets - 1, -1, -1)]
+        settled_before = (now - SETTLED_AFTER).timestamp()
+        with self._lock:
+            kept = self.kept[step]
+            for old in [b for b in kept if b < starts[0]]:
+                del kept[old]
+            missing = [b for b in starts if b not in kept]
+        counts: dict[int, dict[str, int]] = {}
+        if missing:
+            since = datetime.fromtimestamp(missing[0], now.tzinfo)
+            with self.engine.connect() as conn:
+                counts = transition_buckets(conn, since, now, step)
+            with self._lock:
+                for b in missing:
+                    if b + step <= settled_before:
+                        kept[b] = counts.get(b, {})
+        with self._lock:
+            return [(datetime.fromtimestamp(b, now.tzinfo), kept.get(b, counts.get(b, {}))) for b in starts]
+
+    # The thread --------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Sample on a thread every `every_s` seconds (0: only when an overview is rendered)."""
+        if self.every_s <= 0:
+            return
+        self._thread = threading.Thread(target=self._run, name="console-samples", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(30)
+
+    def _run(self) -> None:
+        # function-local: views imports this module's caller's siblings; a cycle at import time otherwise
+        from lapse.shell.console import views
+
+        while not self._stop.is_set():
+            if time.monotonic() - self.last_sample >= self.every_s * 0.9:
+                try:
+                    now = views.now_utc()
+                    report = views.overview_report(self.settings, self.engine, now)
+                    self.record(report, now)
+                    for window in WINDOWS.values():
+                        self.buckets(window, now)
+                    self.outages.up("database")
+                except Exception as exc:
+                    if not is_transient(exc):
+                        log.error("console: a chart sample failed", exc_info=exc)
+                    else:
+                        self.outages.down("database", views.error_line(exc, self.settings))
+            self._stop.wait(self.every_s)
+
+
+__all__ = ["OUTCOMES", "SAMPLE_EVERY_S", "WINDOWS", "Sample", "Samples", "Window"]
