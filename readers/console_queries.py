@@ -19,7 +19,7 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import ColumnElement, Connection, Integer, func, literal, or_, select, tuple_
+from sqlalchemy import ColumnElement, Connection, Integer, cast, func, literal, or_, select, tuple_
 
 from lapse.kernel.ledger import DEAD_LETTER
 from lapse.kernel.models import cleanup_ledger as L
@@ -149,10 +149,11 @@ def transition_buckets(conn: Connection, since: datetime, until: datetime, step_
     """Transitions recorded in [since, until) counted per bucket of `step_s` seconds (keyed by the
     bucket's start in epoch seconds): by the state reached, and under `out_of_dead_letter` those
     that left a dead letter (a replay or a discard). One walk of ix_lapse_transitions_at."""
+    epoch: ColumnElement[Any]
     if conn.dialect.name == "postgresql":
         epoch = func.floor(func.extract("epoch", T.c.at) / step_s)
-    else:
-        epoch = func.cast(func.strftime("%s", T.c.at), Integer) / step_s
+    else:  # SQLite: whole seconds, integer division
+        epoch = cast(func.strftime("%s", T.c.at), Integer) / step_s
     bucket = (epoch * step_s).label("bucket")
     left = (T.c.from_state == DEAD_LETTER).label("left")
     stmt = (select(bucket, T.c.to_state, left, func.count()).where(T.c.at >= since, T.c.at < until)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import re
 import ssl
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 
 import httpx
 import pytest
@@ -17,15 +17,11 @@ from sqlalchemy import select
 
 from lapse.devtools.brokers.secured import make_certificates
 from lapse.kernel.database import make_engine
-from lapse.kernel.ledger import expiry_event
 from lapse.kernel.models import cleanup_ledger, operator_actions
 from lapse.kernel.settings import load_settings
-from lapse.processors import BatchScope, apply_batch
 from lapse.shell.app import main
 from lapse.shell.console.access import SESSION_COOKIE, SignInLimits
-from tests.fixtures.console import running_console
-from tests.fixtures.kinds import demo_kinds
-from tests.fixtures.topology import repo_topology
+from tests.fixtures.console import make_dead_letters, running_console
 
 NOW = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
 OPERATOR = ("alice", "op-4f1c9a7e2b3d5f60c8e1")
@@ -34,13 +30,8 @@ TOKENS = {"operator_tokens": {OPERATOR[0]: OPERATOR[1]}, "viewer_tokens": {VIEWE
 
 
 def dead_letter(engine, i: int) -> str:
-    """A release-reservation with a non-numeric subject, dead-lettered as invalid at once; its op key."""
-    event = expiry_event("release-reservation", f"x{i}", "t1", NOW - timedelta(minutes=1), source="sweep",
-                         correlation_id=f"c{i}")
-    with engine.begin() as conn:
-        apply_batch(BatchScope(conn, kinds=demo_kinds(conn), topics=repo_topology(), worker="w", now=NOW,
-                               lease=timedelta(seconds=30)), [event])
-    return f"release-reservation:x{i}"
+    (op_key,) = make_dead_letters(engine, [f"x{i}"], "t1", NOW)
+    return op_key
 
 
 def state_of(engine, op_key: str) -> str:

@@ -42,21 +42,20 @@ class Chart:
     width: int = WIDTH
     height: int = HEIGHT
     left: int = LEFT
-    plot_bottom: int = TOP + PLOT_H
 
 
 def nice_ceiling(value: float) -> float:
     """The smallest of 1, 2, 5 times a power of ten that is at least `value` (1 for nothing)."""
     if value <= 1:
         return 1.0
-    power = 10 ** math.floor(math.log10(value))
-    return next(m * power for m in (1, 2, 5, 10) if m * power >= value)
+    power = 10.0 ** math.floor(math.log10(value))
+    return next(m * power for m in (1.0, 2.0, 5.0, 10.0) if m * power >= value)
 
 
 def figure(value: float, unit: str) -> str:
     """A short label: seconds as s/min/h, counts as 950, 1.2k, 3.4M."""
     if unit == "s":
-        for size, name in ((3600, "h"), (60, "min")):
+        for size, name in ((3600.0, "h"), (60.0, "min")):
             if value >= size:
                 return f"{value / size:.3g} {name}"
         return f"{value:.3g} s"

@@ -16,7 +16,7 @@ import time
 from collections import deque
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from sqlalchemy import Engine
 
@@ -24,9 +24,8 @@ from lapse.kernel.logs import get_logger
 from lapse.kernel.outages import is_transient
 from lapse.kernel.settings import Settings
 from lapse.readers import transition_buckets
-
-if TYPE_CHECKING:
-    from lapse.shell.console.app import Outages
+from lapse.shell.console import views
+from lapse.shell.console.outages import Outages
 
 log = get_logger("console")
 SAMPLE_EVERY_S = 30.0
@@ -134,9 +133,6 @@ class Samples:
             self._thread.join(30)
 
     def _run(self) -> None:
-        # function-local: views imports this module's caller's siblings; a cycle at import time otherwise
-        from lapse.shell.console import views
-
         while not self._stop.is_set():
             if time.monotonic() - self.last_sample >= self.every_s * 0.9:
                 try:

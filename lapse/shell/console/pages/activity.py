@@ -12,7 +12,7 @@ from lapse.shell.console import views
 from lapse.shell.console.access import Identity
 
 if TYPE_CHECKING:
-    from lapse.shell.console.app import Console
+    from lapse.shell.console.core import Console
 
 
 def routes(console: Console) -> list[BaseRoute]:

@@ -20,7 +20,7 @@ from lapse.shell.console import views
 from lapse.shell.console.access import AccessRefused, Identity
 
 if TYPE_CHECKING:
-    from lapse.shell.console.app import Console
+    from lapse.shell.console.core import Console
 
 PAGE_SIZE = 100
 FILTER_FIELDS = ("kind", "tenant", "failure_class", "reason", "since", "until")

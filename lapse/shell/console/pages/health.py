@@ -15,7 +15,7 @@ from lapse.kernel.outages import is_transient
 from lapse.shell.console import views
 
 if TYPE_CHECKING:
-    from lapse.shell.console.app import Console
+    from lapse.shell.console.core import Console
 
 
 def routes(console: Console) -> list[BaseRoute]:

@@ -15,9 +15,10 @@ from starlette.routing import BaseRoute, Route
 from lapse.readers import operation_of_subject, tenant_operations
 from lapse.shell.console import views
 from lapse.shell.console.access import AccessRefused, Identity
+from lapse.shell.console.core import NotFound
 
 if TYPE_CHECKING:
-    from lapse.shell.console.app import Console
+    from lapse.shell.console.core import Console
 
 TENANT_PAGE = 50
 FIELD_MAX = 200  # the longest kind, subject id, tenant or query the search takes (the ledger's op key width)
@@ -31,9 +32,6 @@ def _field(request: Request, name: str) -> str:
 
 
 def routes(console: Console) -> list[BaseRoute]:
-    # function-local: app imports this module (through pages) after defining NotFound
-    from lapse.shell.console.app import NotFound
-
     def operation(request: Request, who: Identity) -> dict[str, Any]:
         op_key = request.path_params["op_key"]
         found = views.history(console.engine, console.settings, op_key)

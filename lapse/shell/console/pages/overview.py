@@ -17,9 +17,10 @@ from lapse.shell.console.charts import Chart, Series, lines, stacked_bars
 from lapse.shell.console.samples import OUTCOMES, WINDOWS, Window
 
 if TYPE_CHECKING:
-    from lapse.shell.console.app import Console
+    from lapse.shell.console.core import Console
 
 REFRESH_S = 15
+REFRESH_RANGE_S = (2, 300)  # what `?every=` may ask for
 
 
 def window_of(request: Request) -> Window:
@@ -28,8 +29,8 @@ def window_of(request: Request) -> Window:
 
 def chart_figures(console: Console, window: Window, now: datetime, waiting_now: int) -> dict[str, Any]:
     """Per bucket of `window`: transitions by outcome, the dead letters waiting at its end (counted
-    back from `waiting_now`), and the last sample of the oldest eligible age and of each judged
-    group's lag taken in it (None: no sample)."""
+    back from `waiting_now`), and the last sample of the oldest eligible age (0: nothing eligible)
+    and of each judged group's lag taken in it (None: no sample)."""
     buckets = console.samples.buckets(window, now)
     starts = [at for at, _ in buckets]
     waiting: list[int] = [0] * len(buckets)
@@ -44,7 +45,7 @@ def chart_figures(console: Console, window: Window, now: datetime, waiting_now: 
         i = min(int((sample.at - starts[0]).total_seconds() // window.step_s), len(buckets) - 1)
         if i < 0:
             continue
-        ages[i] = sample.oldest_eligible_age_s
+        ages[i] = sample.oldest_eligible_age_s or 0.0  # sampled, nothing eligible: no age
         for group, records in sample.lag.items():
             lag.setdefault(group, [None] * len(buckets))[i] = records
     return {"window": window.name, "step_s": window.step_s, "buckets": starts,
@@ -80,11 +81,14 @@ def routes(console: Console) -> list[BaseRoute]:
     def page(request: Request, who: Identity) -> dict[str, Any]:
         found = data(request, who)
         window = window_of(request)
+        every = request.query_params.get("every", "")
+        refresh = min(max(int(every), REFRESH_RANGE_S[0]), REFRESH_RANGE_S[1]) if every.isdigit() else REFRESH_S
         return {**found, "chart_list": draw(found["charts"], window), "window": window.name,
-                "windows": list(WINDOWS), "refresh_s": REFRESH_S}
+                "windows": list(WINDOWS), "refresh_s": refresh}
 
     def charts(request: Request, who: Identity) -> dict[str, Any]:
-        return data(request, who)["charts"]
+        figures: dict[str, Any] = data(request, who)["charts"]
+        return figures
 
     return [Route("/", console.page("overview.html", page)),
             Route("/api/v1/overview", console.api(data)),

@@ -14,7 +14,7 @@ from lapse.kernel.logs import get_logger
 from lapse.shell.console.access import SESSION_COOKIE, AccessRefused
 
 if TYPE_CHECKING:
-    from lapse.shell.console.app import Console
+    from lapse.shell.console.core import Console
 
 log = get_logger("console")
 
