@@ -114,5 +114,5 @@ def test_with_the_database_down_pages_say_so_and_the_log_has_one_line(caplog):
         assert client.get("/healthz").status_code == 200
     lines = [r for r in caplog.records if r.levelno >= logging.WARNING and r.name.startswith("lapse")]
     assert len(lines) == 1, [r.getMessage() for r in lines]
-    assert "database is unreachable" in lines[0].getMessage() and lines[0].exc_info is None
+    assert "the database is unavailable" in lines[0].getMessage() and lines[0].exc_info is None
     assert not [r for r in caplog.records if r.exc_info]  # no traceback from uvicorn or Starlette either

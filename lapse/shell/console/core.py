@@ -12,7 +12,9 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote, urlencode
 
+import psycopg
 from sqlalchemy.exc import DBAPIError
+from sqlalchemy.exc import TimeoutError as PoolTimeout
 from starlette.concurrency import run_in_threadpool
 from starlette.datastructures import FormData
 from starlette.requests import Request
@@ -21,7 +23,7 @@ from starlette.templating import Jinja2Templates
 
 from lapse.kernel.database import engine_from_settings
 from lapse.kernel.logs import get_logger
-from lapse.kernel.outages import is_transient
+from lapse.kernel.outages import database_outage, is_transient
 from lapse.kernel.settings import Settings
 from lapse.shell.console import views
 from lapse.shell.console.access import (
@@ -62,6 +64,13 @@ def _plain(value: Any) -> Any:
 
 def to_json(value: Any, indent: int | None = None) -> str:
     return json.dumps(value, default=_plain, sort_keys=True, indent=indent)
+
+
+def outage_title(exc: BaseException) -> str:
+    """What an outage page is titled: "Database unreachable", "Database read-only", "Kafka unreachable"."""
+    if isinstance(exc, (DBAPIError, psycopg.Error, PoolTimeout)):
+        return "Database read-only" if database_outage(exc) == "read-only" else "Database unreachable"
+    return "Kafka unreachable"
 
 
 class Console:
@@ -185,9 +194,8 @@ class Console:
         with contextlib.suppress(AccessRefused):
             who = self.who(request)
         if is_transient(exc):
-            what = "database" if isinstance(exc, DBAPIError) or "database" in line.lower() else "broker"
-            self.outages.down(what, line)
-            title = f"{what.capitalize()} unreachable"
+            title = outage_title(exc)
+            self.outages.down(title.split()[0].lower(), line)
             if request.url.path.startswith(API):
                 return self.json({"error": f"{title}: {line}"}, 503)
             return self.render(request, who, "error.html", 503, message=f"{line}; try again in a moment",

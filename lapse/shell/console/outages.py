@@ -16,7 +16,7 @@ class Outages:
 
     def down(self, what: str, line: str) -> None:
         if what not in self.away:
-            log.warning(f"console: the {what} is unreachable; pages answer 503 until it is back",
+            log.warning(f"console: the {what} is unavailable; what needs it answers 503 until it is back",
                         extra={"error": line})
         self.away[what] = line
 
