@@ -6,7 +6,7 @@ confirmation, and then applied; a viewer token cannot replay; a form without its
 refused; and with no tokens the console serves loopback only. Over 135 dead letters: their groups
 and total, two pages, "every one matching" replayed at once, search by business id and tenant.
 Each page is saved to build/console-screenshots/*.png (docs/operations.md shows copies in
-docs/console/ and the charts in docs/images/)."""
+docs/console/, and copies of the charts in docs/images/)."""
 
 from __future__ import annotations
 

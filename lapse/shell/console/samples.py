@@ -14,6 +14,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -33,6 +34,19 @@ SAMPLE_EVERY_S = 30.0
 # after the time its transitions carry).
 SETTLED_AFTER = timedelta(seconds=60)
 OUTCOMES = ("applied", "skipped", "retry_scheduled", "dead_letter")
+MINUTE = 60
+
+
+def _at(epoch_s: int, like: datetime) -> datetime:
+    return datetime.fromtimestamp(epoch_s, like.tzinfo)
+
+
+def _summed(counts: Iterable[dict[str, int]]) -> dict[str, int]:
+    total: dict[str, int] = {}
+    for one in counts:
+        for state, n in one.items():
+            total[state] = total.get(state, 0) + n
+    return total
 
 
 @dataclass(frozen=True)
@@ -48,7 +62,7 @@ class Window:
         return int(self.span.total_seconds()) // self.step_s
 
 
-WINDOWS = {"hour": Window("hour", timedelta(hours=1), 60), "day": Window("day", timedelta(days=1), 1800)}
+WINDOWS = {"hour": Window("hour", timedelta(hours=1), MINUTE), "day": Window("day", timedelta(days=1), 1800)}
 
 
 @dataclass(frozen=True)
@@ -96,7 +110,8 @@ class Samples:
 
     def buckets(self, window: Window, now: datetime) -> list[tuple[datetime, dict[str, int]]]:
         """(bucket start, counts) for each bucket of `window` up to `now`, oldest first: the settled
-        ones read once and kept, the others read now, in one statement from the first not kept."""
+        ones read once (in one statement) and kept; the open ones (the last minute or two) read now,
+        a wider window's summed from the hour's minutes."""
         step = window.step_s
         last = int(now.timestamp()) // step * step
         starts = [last - i * step for i in range(window.buckets - 1, -1, -1)]
@@ -105,18 +120,21 @@ class Samples:
             kept = self.kept[step]
             for old in [b for b in kept if b < starts[0]]:
                 del kept[old]
-            missing = [b for b in starts if b not in kept]
-        counts: dict[int, dict[str, int]] = {}
+            missing = [b for b in starts if b not in kept and b + step <= settled_before]
         if missing:
-            since = datetime.fromtimestamp(missing[0], now.tzinfo)
             with self.engine.connect() as conn:
-                counts = transition_buckets(conn, since, now, step)
+                read = transition_buckets(conn, _at(missing[0], now), _at(missing[-1] + step, now), step)
             with self._lock:
-                for b in missing:
-                    if b + step <= settled_before:
-                        kept[b] = counts.get(b, {})
+                kept.update({b: read.get(b, {}) for b in missing})
+        open_starts = [b for b in starts if b + step > settled_before]
+        if step == MINUTE:
+            with self.engine.connect() as conn:
+                fresh = transition_buckets(conn, _at(open_starts[0], now), now, step)
+        else:
+            minutes = {int(at.timestamp()): counts for at, counts in self.buckets(WINDOWS["hour"], now)}
+            fresh = {b: _summed(c for m, c in minutes.items() if b <= m < b + step) for b in open_starts}
         with self._lock:
-            return [(datetime.fromtimestamp(b, now.tzinfo), kept.get(b, counts.get(b, {}))) for b in starts]
+            return [(_at(b, now), kept.get(b) or fresh.get(b, {})) for b in starts]
 
     # The thread --------------------------------------------------------------------------------
 

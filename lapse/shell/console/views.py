@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -41,16 +42,37 @@ SEARCH_LIMIT = 20
 # The most dead letters one console replay releases (the CLI's --limit, bounded for a page).
 REPLAY_LIMIT = 500
 LIST_LIMIT = 200
-# How long one reading of the consumer lag serves the overview (its figures are seconds old at most).
-LAG_FRESH_S = 5.0
-_lag_lock = threading.Lock()
-_lag_kept: dict[int, tuple[Settings, float, list[dict[str, Any]]]] = {}
+# How long one reading of the broker serves the pages (its figures are seconds old at most): the
+# consumer lag, and the poison records of the DLQ topic (a read of the whole topic to its end).
+FRESH_S = 5.0
+
+
+class Recent:
+    """Readings of the broker kept FRESH_S per settings and key: pages opened together, or
+    reloaded, the sampler and the live updates share one. A reading that failed is not kept."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._kept: dict[tuple[int, str], tuple[Settings, float, Any]] = {}
+
+    def get(self, settings: Settings, key: str, read: Callable[[], Any]) -> Any:
+        with self._lock:
+            kept = self._kept.get((id(settings), key))
+            if kept is not None and kept[0] is settings and time.monotonic() - kept[1] < FRESH_S:
+                return kept[2]
+        value = read()
+        with self._lock:
+            self._kept[(id(settings), key)] = (settings, time.monotonic(), value)
+        return value
+
+
+_recent = Recent()
 
 
 def overview_report(settings: Settings, engine: Engine, now: datetime) -> dict[str, Any]:
     """The status report (`lapse status --json`'s figures) with its lag rows marked `judged`. With
     the broker away the ledger's figures are still given, and the lag as unreadable. The broker's
-    lag (kept LAG_FRESH_S: see fresh_lag) and the ledger's figures are read at once."""
+    lag (kept FRESH_S: see fresh_lag) and the ledger's figures are read at once."""
     with ThreadPoolExecutor(1, thread_name_prefix="console-lag") as pool:
         lag = pool.submit(fresh_lag, settings, now)
         report = status_report(settings, engine, now, lag=False)
@@ -88,17 +110,10 @@ def overview(settings: Settings, engine: Engine, now: datetime) -> dict[str, Any
 
 
 def fresh_lag(settings: Settings, now: datetime) -> list[dict[str, Any]]:
-    """`lag_status` read at most once per LAG_FRESH_S for these settings: each declared group and
+    """`lag_status` read at most once per FRESH_S for these settings: each declared group and
     topic takes the broker a round of requests (about 300 ms for the six of the default topology),
-    the most of an overview; pages opened together, or reloaded, share one reading. A reading
-    that failed is not kept."""
-    with _lag_lock:
-        kept = _lag_kept.get(id(settings))
-        if kept is not None and kept[0] is settings and time.monotonic() - kept[1] < LAG_FRESH_S:
-            return kept[2]
-    lag = lag_status(settings, now)
-    with _lag_lock:
-        _lag_kept[id(settings)] = (settings, time.monotonic(), lag)
+    the most of an overview."""
+    lag: list[dict[str, Any]] = _recent.get(settings, "lag", lambda: lag_status(settings, now))
     return lag
 
 
@@ -173,12 +188,15 @@ class DeadLetterFilter:
 
 
 def poison_of(settings: Settings, flt: DeadLetterFilter) -> tuple[list[dict[str, Any]], str | None]:
-    """The poison records of the DLQ topic under `flt` (none unless it wants them), or the one line
-    saying why they could not be read (the broker away: the ledger's dead letters are still shown)."""
+    """The poison records of the DLQ topic under `flt` (none unless it wants them; read at most once
+    per FRESH_S), or the one line saying why they could not be read (the broker away: the ledger's
+    dead letters are still shown)."""
     if not flt.wants_poison:
         return [], None
     try:
-        return poison_records(settings, flt.kind, None, LIST_LIMIT), None
+        found: list[dict[str, Any]] = _recent.get(settings, f"poison:{flt.kind or ''}",
+                                                  lambda: poison_records(settings, flt.kind, None, LIST_LIMIT))
+        return found, None
     except Exception as exc:
         if not is_transient(exc) or isinstance(exc, DBAPIError):
             raise
