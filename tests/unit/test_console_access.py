@@ -91,7 +91,8 @@ def test_a_change_needs_the_consoles_own_origin(method, origin):
     guard = RequestGuard(lambda *_: None, ConsoleSettings())
     headers = {"host": "127.0.0.1:8088", **({"origin": origin} if origin is not None else {})}
     refusal = guard.refusal(method, Headers(headers))
-    assert (refusal is None) == (origin in ("http://127.0.0.1:8088", "http://127.0.0.1:8088/"))
+    own = {f"{scheme}://127.0.0.1:8088{end}" for scheme in ("http", "https") for end in ("", "/")}
+    assert (refusal is None) == (origin in own)
     assert guard.refusal(method, Headers({**headers, "authorization": "Bearer x"})) is None
 
 

@@ -29,6 +29,7 @@ from lapse.shell.console import views
 from lapse.shell.console.access import (
     CSRF_FIELD,
     SESSION_COOKIE,
+    SESSION_MAX_AGE_S,
     Access,
     AccessRefused,
     Identity,
@@ -120,7 +121,7 @@ class Console:
 
     def cookie(self, response: Response, who: Identity) -> None:
         """Set `who`'s session cookie: HttpOnly, SameSite=Strict, and Secure when served over TLS."""
-        response.set_cookie(SESSION_COOKIE, who.session or "", max_age=12 * 3600, httponly=True,
+        response.set_cookie(SESSION_COOKIE, who.session or "", max_age=SESSION_MAX_AGE_S, httponly=True,
                             samesite="strict", secure=self.access.tls)
 
     async def form(self, request: Request, who: Identity | None) -> FormData:

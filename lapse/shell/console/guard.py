@@ -5,8 +5,8 @@ console: the browser then sends that name as `Host` and treats the console as th
 origin. So every request must name the console: `Host` must be `localhost`, one of
 `console.allowed_hosts`, the bind address, or an IP literal the console can be reached by (a page
 cannot make a browser send an IP literal for its own origin) — else 421. A state-changing request
-(anything but GET, HEAD, OPTIONS) must also carry an `Origin` that is the console's own (scheme,
-host and port of the request) — else 403; only a bearer token, which no browser sends by itself,
+(anything but GET, HEAD, OPTIONS) must also carry an `Origin` naming the host and port the request
+was sent to — else 403; only a bearer token, which no browser sends by itself,
 stands in for it. Each refusal is one warning line."""
 
 from __future__ import annotations
@@ -66,7 +66,6 @@ class RequestGuard:
     def __init__(self, app: ASGIApp, settings: ConsoleSettings) -> None:
         self.app = app
         self.policy = HostPolicy(settings)
-        self.scheme = "https" if settings.tls_cert is not None else "http"
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -96,14 +95,15 @@ class RequestGuard:
         return None
 
     def same_origin(self, origin: str, host: tuple[str, int | None]) -> bool:
+        """`origin` names the host (and the port, where `Host` gives one) the request was sent to.
+        Its scheme may be either: behind a proxy that terminates TLS the browser's is https."""
         try:
             parts = urlsplit(origin)
-            port = parts.port
+            port = parts.port or {"http": 80, "https": 443}.get(parts.scheme)
         except ValueError:
             return False
-        default = 443 if self.scheme == "https" else 80
-        return (parts.scheme == self.scheme and (parts.hostname or "").rstrip(".") == host[0]
-                and (port or default) == (host[1] or default) and parts.path in ("", "/"))
+        return (parts.scheme in ("http", "https") and (parts.hostname or "").rstrip(".") == host[0]
+                and (host[1] is None or port == host[1]) and parts.path in ("", "/") and not parts.query)
 
 
 __all__ = ["HostPolicy", "RequestGuard", "split_host"]
