@@ -78,7 +78,9 @@ def test_the_api_gives_the_pages_data_and_404_for_what_is_missing(kafka_bootstra
             made = conn.execute(select(func.count()).where(ledger_transitions.c.to_state == "dead_letter")).scalar_one()
         assert sum(charts["throughput"]["dead_letter"]) == made == 135
         assert charts["dead_letters_waiting"][-1] == 135 and len(charts["buckets"]) == 60
-        assert api.get("/api/v1/charts", params={"window": "day"}).json()["step_s"] == 1800
+        day = api.get("/api/v1/charts", params={"window": "day"}).json()
+        assert day["step_s"] == 1800 and len(day["buckets"]) == 48
+        assert sum(day["throughput"]["dead_letter"]) == 135  # the open half hour, summed from its minutes
         # The analytics group that `lapse run` never starts is shown, never judged.
         judged = {row["group"]: row["judged"] for row in overview["status"]["lag"]}
         assert judged[settings.topology.groups.analytics] is False

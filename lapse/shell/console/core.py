@@ -98,6 +98,12 @@ class Console:
         return self.access.identify(request.cookies.get(SESSION_COOKIE), request.headers.get("authorization"),
                                     self.client(request))
 
+    def who_quietly(self, request: Request) -> Identity | None:
+        """`who`, or None where asking is refused (too many failed sign-ins): for an error page."""
+        with contextlib.suppress(AccessRefused):
+            return self.who(request)
+        return None
+
     def render(self, request: Request, who: Identity | None, name: str, http_status: int = 200,
                **context: Any) -> Response:
         now = views.now_utc()
@@ -191,9 +197,7 @@ class Console:
         line when it begins (`Outages`): reading pages go on serving from a read-only database, an
         operator action waits for it; anything else (a bug) is a 500 with the traceback in the log."""
         line = views.error_line(exc, self.settings)
-        who = None
-        with contextlib.suppress(AccessRefused):
-            who = self.who(request)
+        who = self.who_quietly(request)
         if is_transient(exc):
             title = outage_title(exc)
             self.outages.down(title.split()[0].lower(), line)

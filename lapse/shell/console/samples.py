@@ -30,6 +30,9 @@ from lapse.shell.console.outages import Outages
 
 log = get_logger("console")
 SAMPLE_EVERY_S = 30.0
+# The closest two kept samples may be (overviews in several tabs sample too): a day is at most
+# 8,641 samples, whoever looks.
+MIN_GAP = timedelta(seconds=10)
 # A bucket is read once for good when it ended this long ago (a transaction may commit a little
 # after the time its transitions carry).
 SETTLED_AFTER = timedelta(seconds=60)
@@ -84,7 +87,7 @@ class Samples:
         self.outages = outages
         self.every_s = SAMPLE_EVERY_S if every_s is None else every_s
         self.kept: dict[int, dict[int, dict[str, int]]] = {w.step_s: {} for w in WINDOWS.values()}
-        self.gauges: deque[Sample] = deque(maxlen=int(86400 / max(min(self.every_s, 30.0), 1.0)) + 1)
+        self.gauges: deque[Sample] = deque(maxlen=int(WINDOWS["day"].span / MIN_GAP) + 1)
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -93,12 +96,15 @@ class Samples:
     # Gauges ------------------------------------------------------------------------------------
 
     def record(self, report: dict[str, Any], now: datetime) -> None:
-        """Keep what a status report (with its lag rows marked `judged`) says now."""
+        """Keep what a status report (with its lag rows marked `judged`) says now, unless a sample
+        was kept less than MIN_GAP before."""
         lag: dict[str, int] = {}
         for row in report.get("lag", []):
             if row.get("judged") and "records" in row:
                 lag[row["group"]] = lag.get(row["group"], 0) + row["records"]
         with self._lock:
+            if self.gauges and now - self.gauges[-1].at < MIN_GAP:
+                return
             self.gauges.append(Sample(now, report.get("oldest_eligible_age_s"), lag))
             self.last_sample = time.monotonic()
 

@@ -78,7 +78,7 @@ def routes(console: Console) -> list[BaseRoute]:
             who, form = await console.acting(request)
             op_keys = await run_in_threadpool(selected, console, form, discard=discard)
         except AccessRefused as exc:
-            return console.refused(request, console.who(request), exc)
+            return console.refused(request, console.who_quietly(request), exc)
         include_replayed = form.get("include_replayed") == "1"
         selection = (operator_actions.discard_selection(op_keys=tuple(op_keys)) if discard
                      else views.replay_selection(op_keys, include_replayed))
@@ -103,7 +103,7 @@ def routes(console: Console) -> list[BaseRoute]:
         try:
             who, form = await console.acting(request)
         except AccessRefused as exc:
-            return console.refused(request, console.who(request), exc)
+            return console.refused(request, console.who_quietly(request), exc)
         reason = str(form.get("reason") or "").strip()
         op_keys = [str(k) for k in form.getlist("op_key")]
         noun = "discard" if discard else "replay"
