@@ -44,7 +44,11 @@ def test_the_api_gives_the_pages_data_and_404_for_what_is_missing(kafka_bootstra
         assert second["next"] is None
         listed = [r["op_key"] for r in first["dead_letters"] + second["dead_letters"]]
         assert sorted(listed) == sorted(keys) and len(set(listed)) == 135  # every one once, over two pages
-        page = api.get("/dead-letters").text
+        shown = api.get("/dead-letters")
+        csp = shown.headers["content-security-policy"]
+        assert "script-src 'self'" in csp and "unsafe" not in csp  # the one script is a file of the console
+        assert "<script src=\"/static/console.js\"" in shown.text and api.get("/static/console.js").status_code == 200
+        page = shown.text
         assert 'id="dead-letter-total" data-value="135"' in page and 'id="next-page"' in page
         assert len(re.findall(r'<tr data-op-key=', page)) == 100
         tenant_two = api.get("/api/v1/dead-letters", params={"tenant": "t2"}).json()
