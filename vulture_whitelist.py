@@ -68,3 +68,6 @@ _.allow_reuse_address
 _.handle_DATA
 _.redirect_request
 _.binary_location
+
+# Jinja2: the console's chart geometry, read only by templates/_chart.html.
+_.legend

@@ -40,6 +40,7 @@ if [ ! -f ca.pem ]; then
 fi
 cert kafka-broker kafka-broker "DNS:kafka-1,DNS:kafka-2,DNS:kafka-3,DNS:localhost"
 cert postgres postgres "DNS:postgres,DNS:localhost"
+cert console console "DNS:console,DNS:localhost,IP:127.0.0.1"  # the console serves HTTPS (it binds beyond loopback)
 
 # Kafka SCRAM users: the administrator (topics apply), the registry, the Kafka UI, and one per Lapse
 # role (the principals of topics.yaml). prune and report use no Kafka and have no user.
@@ -52,7 +53,8 @@ done
 password registry-lapse
 password grafana-admin
 password ui-login  # the Kafka UI's sign-in (user admin)
-# The console serves beyond loopback (published on the host's 127.0.0.1 only), so it needs tokens:
+# The console serves beyond loopback (published on the host's 127.0.0.1 only), so it needs TLS
+# (console.crt above, from the compose CA) and tokens:
 # one operator (may replay dead letters; its name is the recorded actor), one viewer, and the key
 # that signs its sessions and form tokens (kept across restarts, so sessions survive them).
 random_hex console-operator.token 32
@@ -133,6 +135,9 @@ for service in migrate $services; do
       echo "operator_tokens = { operator = \"$(cat console-operator.token)\" }"
       echo "viewer_tokens = { viewer = \"$(cat console-viewer.token)\" }"
       echo "secret_key = \"$(cat console-secret.key)\""
+      echo 'tls_cert = "/run/secrets/console.crt"'
+      echo 'tls_key = "/run/secrets/console.key"'
+      echo 'allowed_hosts = ["localhost", "console"]'
     fi
     if [ -f "db-$service.password" ]; then
       echo "[database]"

@@ -5,11 +5,16 @@ This module is the room's face."""
 from lapse.readers.analytics import AnalyticsOptions, run_analytics
 from lapse.readers.audit import BROKEN, EVENT_FIELDS, INCOMPLETE, AuditReport, run_audit
 from lapse.readers.console_queries import (
+    GROUPED_CAP,
     daily_reports,
+    dead_letter_groups,
     filtered_dead_letters,
     ledger_states,
+    operation_of_subject,
     operator_action,
+    tenant_operations,
     throughput,
+    transition_buckets,
 )
 from lapse.readers.history import correlated_op_keys, has_operation, iso, operation_history
 from lapse.readers.offsets import (
@@ -30,6 +35,7 @@ from lapse.readers.status import brakes_status, lag_status, status_report
 __all__ = [
     "BROKEN",
     "EVENT_FIELDS",
+    "GROUPED_CAP",
     "INCOMPLETE",
     "AnalyticsOptions",
     "AuditReport",
@@ -40,6 +46,7 @@ __all__ = [
     "committed",
     "correlated_op_keys",
     "daily_reports",
+    "dead_letter_groups",
     "execute_reset",
     "filtered_dead_letters",
     "group_lag",
@@ -49,6 +56,7 @@ __all__ = [
     "ledger_states",
     "manual_consumer",
     "operation_history",
+    "operation_of_subject",
     "operator_action",
     "partitions_of",
     "plan_reset",
@@ -57,5 +65,7 @@ __all__ = [
     "run_analytics",
     "run_audit",
     "status_report",
+    "tenant_operations",
     "throughput",
+    "transition_buckets",
 ]

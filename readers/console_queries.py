@@ -3,8 +3,13 @@ filtered by failure class and time too, throughput from the transitions, the sto
 and the ledger rows of a replay's op keys. Read-only; each statement walks an index:
 
 - dead letters: ix_lapse_ledger_dead_letters (finished_at, op_key; dead letters only), the index
-  `lapse dlq list` walks, bounded by the time window and `limit`;
-- throughput: transitions by the state reached, ix_lapse_transitions_at over the window;
+  `lapse dlq list` walks, bounded by the time window and `limit`, paged by its keyset; their groups
+  and total walk the same index, at most GROUPED_CAP rows;
+- throughput: transitions by the state reached, ix_lapse_transitions_at over the window, and the
+  same counted per time bucket for the charts;
+- an operation by business id: ix_lapse_ledger_kind_subject (unique); a tenant's operations walk
+  that index within a kind (else the primary key), at most TENANT_SCAN rows a page, and keep those
+  of the tenant (there is no tenant index: a write on the hot path would pay for it);
 - daily reports: the primary key (report_key sorts by date), newest first;
 - an operator action, op keys' rows: the primary key.
 """
@@ -14,7 +19,7 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import Connection, func, select
+from sqlalchemy import ColumnElement, Connection, Integer, cast, func, literal, or_, select, tuple_
 
 from lapse.kernel.ledger import DEAD_LETTER
 from lapse.kernel.models import cleanup_ledger as L
@@ -24,26 +29,104 @@ from lapse.kernel.models import operator_actions as A
 
 # The windows the console's throughput is counted over.
 THROUGHPUT_WINDOWS = (timedelta(minutes=5), timedelta(minutes=60))
+# Dead letters a group count or total reads at most (the figures say when they stopped there).
+GROUPED_CAP = 50_000
+# Ledger rows one page of a tenant's operations walks at most.
+TENANT_SCAN = 20_000
 # The columns a dead letter is listed with (those of `lapse dlq list`, plus its correlation id).
 DEAD_LETTER_COLUMNS = (L.c.op_key, L.c.kind, L.c.tenant, L.c.subject_id, L.c.attempt, L.c.last_failure_class,
                        L.c.last_failure, L.c.replay_id, L.c.correlation_id, L.c.finished_at)
 
 
-def filtered_dead_letters(conn: Connection, *, kind: str | None = None, tenant: str | None = None,
-                          failure_class: str | None = None, since: datetime | None = None,
-                          until: datetime | None = None, limit: int = 100) -> list[dict[str, Any]]:
-    """Dead letters (replayed ones included) dead-lettered in [since, until), of `kind`, `tenant`
-    and `failure_class` where given, oldest first, at most `limit`."""
-    conds = [L.c.state == DEAD_LETTER]
-    for column, value in ((L.c.kind, kind), (L.c.tenant, tenant), (L.c.last_failure_class, failure_class)):
+def _dead_letter_conditions(kind: str | None, tenant: str | None, failure_class: str | None, reason: str | None,
+                            since: datetime | None, until: datetime | None,
+                            replayed: bool | None) -> list[ColumnElement[bool]]:
+    conds: list[ColumnElement[bool]] = [L.c.state == DEAD_LETTER]
+    for column, value in ((L.c.kind, kind), (L.c.tenant, tenant), (L.c.last_failure_class, failure_class),
+                          (L.c.last_failure, reason)):
         if value:
             conds.append(column == value)
     if since is not None:
         conds.append(L.c.finished_at >= since)
     if until is not None:
         conds.append(L.c.finished_at < until)
+    if replayed is not None:
+        conds.append(L.c.replay_id.is_not(None) if replayed else L.c.replay_id.is_(None))
+    return conds
+
+
+def filtered_dead_letters(conn: Connection, *, kind: str | None = None, tenant: str | None = None,
+                          failure_class: str | None = None, reason: str | None = None,
+                          since: datetime | None = None, until: datetime | None = None,
+                          replayed: bool | None = None, after: tuple[datetime, str] | None = None,
+                          limit: int = 100) -> list[dict[str, Any]]:
+    """Dead letters dead-lettered in [since, until), of `kind`, `tenant`, `failure_class` and last
+    failure `reason` where given (replayed ones too unless `replayed` says), oldest first, after
+    the keyset `after` (finished_at, op_key), at most `limit`."""
+    conds = _dead_letter_conditions(kind, tenant, failure_class, reason, since, until, replayed)
+    if after is not None:
+        conds.append(tuple_(L.c.finished_at, L.c.op_key) > tuple_(literal(after[0], L.c.finished_at.type),
+                                                                  literal(after[1])))
     stmt = select(*DEAD_LETTER_COLUMNS).where(*conds).order_by(L.c.finished_at, L.c.op_key).limit(limit)
     return [dict(row) for row in conn.execute(stmt).mappings()]
+
+
+def dead_letter_groups(conn: Connection, *, kind: str | None = None, tenant: str | None = None,
+                       failure_class: str | None = None, since: datetime | None = None,
+                       until: datetime | None = None, cap: int = GROUPED_CAP) -> dict[str, Any]:
+    """The dead letters under the filters grouped by kind, failure class and reason, the largest
+    group first, with the total: `groups` [{kind, failure_class, reason, count, first, last}],
+    `total`, and `capped` when GROUPED_CAP rows were read and more may match."""
+    conds = _dead_letter_conditions(kind, tenant, failure_class, None, since, until, None)
+    rows = (select(L.c.kind, L.c.last_failure_class, L.c.last_failure, L.c.finished_at).where(*conds)
+            .order_by(L.c.finished_at, L.c.op_key).limit(cap).subquery())
+    stmt = (select(rows.c.kind, rows.c.last_failure_class, rows.c.last_failure, func.count().label("n"),
+                   func.min(rows.c.finished_at), func.max(rows.c.finished_at))
+            .group_by(rows.c.kind, rows.c.last_failure_class, rows.c.last_failure))
+    groups = [{"kind": k, "failure_class": c, "reason": r, "count": n, "first": first, "last": last}
+              for k, c, r, n, first, last in conn.execute(stmt)]
+    groups.sort(key=lambda g: (-g["count"], g["kind"], g["failure_class"] or "", g["reason"] or ""))
+    total = sum(g["count"] for g in groups)
+    return {"groups": groups, "total": total, "capped": total >= cap}
+
+
+def operation_of_subject(conn: Connection, kind: str, subject_id: str) -> str | None:
+    """The op key of the ledger row of business row (`kind`, `subject_id`), None: none."""
+    stmt = select(L.c.op_key).where(L.c.kind == kind, L.c.subject_id == subject_id)
+    return conn.execute(stmt).scalar_one_or_none()
+
+
+TENANT_COLUMNS = (L.c.op_key, L.c.kind, L.c.subject_id, L.c.state, L.c.attempt, L.c.due_at, L.c.updated_at,
+                  L.c.last_failure_class)
+
+
+def tenant_operations(conn: Connection, tenant: str, *, kind: str | None = None, after: str | None = None,
+                      limit: int = 50, scan: int = TENANT_SCAN) -> dict[str, Any]:
+    """One page of `tenant`'s operations (of `kind` where given) in index order (subject id within
+    a kind, else op key) after the key `after`: at most `limit`, found among at most `scan` rows
+    walked along the index. `next` is the key the following page starts after (None: the end)."""
+    order = L.c.subject_id if kind else L.c.op_key
+    walked = select(*TENANT_COLUMNS, L.c.tenant, order.label("page_key"))
+    if kind:
+        walked = walked.where(L.c.kind == kind)
+    if after is not None:
+        walked = walked.where(order > after)
+    walk = walked.order_by(order).limit(scan).subquery()
+    counted = select(walk, func.count().over().label("walked"), func.max(walk.c.page_key).over().label("last")
+                     ).subquery()
+    stmt = (select(counted).where(or_(counted.c.tenant == tenant, counted.c.page_key == counted.c.last))
+            .order_by(counted.c.page_key).limit(limit + 1))
+    rows = [dict(row) for row in conn.execute(stmt).mappings()]
+    found = [r for r in rows if r["tenant"] == tenant]
+    if len(found) > limit:
+        found, more_after = found[:limit], found[limit - 1]["page_key"]
+    elif rows and rows[-1]["walked"] >= scan:
+        more_after = rows[-1]["last"]
+    else:
+        more_after = None
+    columns = [c.name for c in TENANT_COLUMNS]
+    return {"operations": [{c: r[c] for c in columns} for r in found], "next": more_after,
+            "walked": rows[-1]["walked"] if rows else 0}
 
 
 def throughput(conn: Connection, now: datetime) -> list[dict[str, Any]]:
@@ -58,6 +141,29 @@ def throughput(conn: Connection, now: datetime) -> list[dict[str, Any]]:
         by_state = {state: n for state, n in conn.execute(stmt)}
         out.append({"minutes": int(window.total_seconds() // 60), "by_state": dict(sorted(by_state.items())),
                     "transitions": sum(by_state.values())})
+    return out
+
+
+def transition_buckets(conn: Connection, since: datetime, until: datetime, step_s: int
+                       ) -> dict[int, dict[str, int]]:
+    """Transitions recorded in [since, until) counted per bucket of `step_s` seconds (keyed by the
+    bucket's start in epoch seconds): by the state reached, and under `out_of_dead_letter` those
+    that left a dead letter (a replay or a discard). One walk of ix_lapse_transitions_at."""
+    epoch: ColumnElement[Any]
+    if conn.dialect.name == "postgresql":
+        epoch = func.floor(func.extract("epoch", T.c.at) / step_s)
+    else:  # SQLite: whole seconds, integer division
+        epoch = cast(func.strftime("%s", T.c.at), Integer) / step_s
+    bucket = (epoch * step_s).label("bucket")
+    left = (T.c.from_state == DEAD_LETTER).label("left")
+    stmt = (select(bucket, T.c.to_state, left, func.count()).where(T.c.at >= since, T.c.at < until)
+            .group_by(bucket, T.c.to_state, left))
+    out: dict[int, dict[str, int]] = {}
+    for start, state, was_dead, n in conn.execute(stmt):
+        counts = out.setdefault(int(start), {})
+        counts[state] = counts.get(state, 0) + n
+        if was_dead:
+            counts["out_of_dead_letter"] = counts.get("out_of_dead_letter", 0) + n
     return out
 
 
@@ -84,5 +190,6 @@ def ledger_states(conn: Connection, op_keys: list[str]) -> dict[str, dict[str, A
     return {row["op_key"]: dict(row) for row in conn.execute(stmt).mappings()}
 
 
-__all__ = ["THROUGHPUT_WINDOWS", "daily_reports", "filtered_dead_letters", "ledger_states", "operator_action",
-           "throughput"]
+__all__ = ["GROUPED_CAP", "THROUGHPUT_WINDOWS", "daily_reports", "dead_letter_groups", "filtered_dead_letters",
+           "ledger_states", "operation_of_subject", "operator_action", "tenant_operations", "throughput",
+           "transition_buckets"]

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import difflib
 import ipaddress
+import math
 import os
 import re
 import socket
@@ -61,6 +62,34 @@ def bind_address(value: str) -> str:
     if not _HOST_NAME.fullmatch(value):
         raise ValueError("must be an IP address (127.0.0.1, 0.0.0.0, ::) or a host name")
     return value
+
+
+# A console token's floor: long enough and varied enough that guessing it through the sign-in's
+# rate limit is hopeless (`secrets.token_urlsafe(24)` gives 32 characters, about 190 bits).
+MIN_TOKEN_CHARS = 16
+MIN_TOKEN_BITS = 80
+MIN_TOKEN_DISTINCT = 6
+MIN_SECRET_KEY_CHARS = 32
+_CHARACTER_CLASSES = ((str.islower, 26), (str.isupper, 26), (str.isdigit, 10))
+
+
+def weak_token(token: str) -> str | None:
+    """Why `token` is too weak to guard the console (None: strong enough): shorter than
+    MIN_TOKEN_CHARS, spaces around it, fewer than MIN_TOKEN_DISTINCT different characters, or under
+    MIN_TOKEN_BITS by its length and the classes of characters it uses (lower, upper, digits, other)."""
+    if len(token) < MIN_TOKEN_CHARS:
+        return f"{len(token)} characters: a token needs at least {MIN_TOKEN_CHARS}"
+    if token != token.strip():
+        return "surrounded by spaces: a token has none"
+    if len(set(token)) < MIN_TOKEN_DISTINCT:
+        return f"made of {len(set(token))} different characters: a token needs at least {MIN_TOKEN_DISTINCT}"
+    pool = sum(size for test, size in _CHARACTER_CLASSES if any(test(c) and c.isascii() for c in token))
+    pool += 33 if any(not (c.isascii() and c.isalnum()) for c in token) else 0
+    bits = len(token) * math.log2(pool)
+    if bits < MIN_TOKEN_BITS:
+        return (f"about {bits:.0f} bits strong: a token needs {MIN_TOKEN_BITS} "
+                "(generate one: python -c 'import secrets; print(secrets.token_urlsafe(24))')")
+    return None
 
 
 def _path_text(path: Path | None) -> str | None:
@@ -323,7 +352,8 @@ class ConsoleSettings(_Section):
     """The operator console (`lapse console`): where it listens and who may use it. Without tokens it
     serves loopback only; a token's name is the actor recorded with each action taken through it."""
 
-    bind: str = Field(LOOPBACK, description="Address the console listens on (anything but loopback needs tokens).")
+    bind: str = Field(LOOPBACK, description="Address the console listens on (anything but loopback needs tokens "
+                                            "and TLS).")
     port: int = Field(8088, ge=1, le=65535, description="Port the console listens on.")
     viewer_tokens: dict[str, SecretStr] = Field(
         default_factory=dict, description="Tokens that may look, as a JSON object {name: token}.")
@@ -331,13 +361,50 @@ class ConsoleSettings(_Section):
         default_factory=dict, description="Tokens that may also replay dead letters, as a JSON object "
                                           "{name: token}; the name is recorded as the actor.")
     secret_key: SecretStr | None = Field(
-        None, description="Key that signs console sessions and form tokens (default: a random one per "
-                          "process, so sessions end when the console restarts).")
+        None, description="Key that signs console session cookies and form tokens (default: a random one "
+                          "per process); at least 32 characters. Sessions live in the console process, so "
+                          "they end when it restarts either way.")
+    allowed_hosts: tuple[str, ...] = Field(
+        (), description="Host names browsers reach the console by (`console.example.com`), besides its bind "
+                        "address, IP literals and `localhost`; a request naming any other `Host` is refused "
+                        "(421), so a DNS-rebinding page cannot read or post to the console.")
+    tls_cert: Path | None = Field(
+        None, description="PEM certificate (chain) the console serves HTTPS with; with `tls_key`. Needed to "
+                          "bind beyond loopback; session cookies are then `Secure`.")
+    tls_key: Path | None = Field(None, description="PEM private key of `tls_cert`.")
 
     @field_validator("bind")
     @classmethod
     def _bind_address(cls, value: str) -> str:
         return bind_address(value)
+
+    @field_validator("allowed_hosts", mode="before")
+    @classmethod
+    def _host_names(cls, value: Any) -> Any:
+        names = [value] if isinstance(value, str) else value
+        if isinstance(names, (list, tuple)):
+            return tuple(bind_address(str(name)).lower() for name in names)
+        return value
+
+    @field_validator("viewer_tokens", "operator_tokens")
+    @classmethod
+    def _strong_tokens(cls, tokens: dict[str, SecretStr]) -> dict[str, SecretStr]:
+        for name, token in tokens.items():
+            problem = weak_token(token.get_secret_value())
+            if problem:
+                raise ValueError(f"the token of {name!r} is {problem}")
+        return tokens
+
+    @model_validator(mode="after")
+    def _consistent(self) -> ConsoleSettings:
+        if (self.tls_cert is None) != (self.tls_key is None):
+            raise ValueError("tls_cert and tls_key go together: give both or neither")
+        values = [t.get_secret_value() for t in (*self.viewer_tokens.values(), *self.operator_tokens.values())]
+        if len(values) != len(set(values)):
+            raise ValueError("two console tokens are the same: each name needs its own token")
+        if self.secret_key is not None and len(self.secret_key.get_secret_value()) < MIN_SECRET_KEY_CHARS:
+            raise ValueError(f"secret_key must be at least {MIN_SECRET_KEY_CHARS} characters")
+        return self
 
 
 class DevSettings(_Section):

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import re
 import shutil
+import ssl
 import subprocess
 import tomllib
 from pathlib import Path
@@ -251,15 +252,20 @@ def test_database_roles_get_grants_table_by_table_and_nothing_more():
 
 
 def test_the_console_carries_its_tokens_and_session_key_and_the_report_its_volume(made_secrets):
-    """The console binds beyond loopback in its container, which it refuses without tokens: its
-    config file has an operator and a viewer token and a session key. The report writes its files
-    to a named volume."""
+    """The console binds beyond loopback in its container, which it refuses without tokens and TLS:
+    its config file has an operator and a viewer token, a session key and its certificate. The
+    report writes its files to a named volume."""
     compose = _compose()
     console = load_settings(made_secrets / "lapse-console.toml").console
     assert set(console.operator_tokens) == {"operator"} and set(console.viewer_tokens) == {"viewer"}
     tokens = [t.get_secret_value() for t in (*console.operator_tokens.values(), *console.viewer_tokens.values())]
     assert all(len(t) >= 32 for t in tokens) and len(set(tokens)) == 2
     assert console.secret_key is not None and len(console.secret_key.get_secret_value()) >= 32
+    # Beyond loopback the console needs TLS: its certificate from the compose CA, mounted as secrets.
+    assert (console.tls_cert, console.tls_key) == (Path("/run/secrets/console.crt"), Path("/run/secrets/console.key"))
+    ssl.create_default_context(cafile=str(made_secrets / "ca.pem"))  # the CA loads
+    ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER).load_cert_chain(made_secrets / "console.crt", made_secrets / "console.key")
+    assert set(console.allowed_hosts) == {"localhost", "console"}
     service = compose["services"]["console"]
     assert service["command"] == ["console", "--bind", "0.0.0.0", "--port", "8088"]
     assert service["ports"] == ["127.0.0.1:8088:8088"]

@@ -28,7 +28,7 @@ from tests.fixtures.topology import repo_topology
 
 NOW = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
 TOPOLOGY = repo_topology()  # what the `lapse dlq` commands use with no prefix set
-OPERATOR, VIEWER = ("alice", "op-token-7d2a"), ("victor", "view-token-3c9e")
+OPERATOR, VIEWER = ("alice", "op-token-7d2a5e91c04b"), ("victor", "view-token-3c9e80f1a62d")
 
 
 def bad_event(i: int, tenant: str) -> ExpiryEvent:

@@ -55,7 +55,7 @@ from tests.fixtures.topology import repo_topology
 from tests.fixtures.workers import process_until_done, running_workers
 
 FAILOVER_S = 15.0
-OPERATOR = ("alice", "op-token-7d2a")
+OPERATOR = ("alice", "op-token-7d2a5e91c04b")
 
 pytestmark = pytest.mark.slow
 

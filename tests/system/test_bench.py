@@ -84,8 +84,10 @@ def test_quick_bench_reports_every_stage_and_cleans_up(kafka_bootstrap, tmp_path
     # Every console page rendered (200) on a small seeded ledger; the 2,000,000-row figure is the full bench's.
     pages = out["console_pages"]
     assert pages["rows"] == 20_000 and pages["dead_letters"] > 0
-    assert set(pages["pages"]) == {"overview", "dead_letters", "dead_letters_filtered", "operation", "search_op_key",
-                                   "search_correlation_id", "activity"}
+    assert set(pages["pages"]) == {"overview", "overview_day", "dead_letters", "dead_letters_filtered",
+                                   "dead_letters_page_2", "operation", "search_op_key", "search_correlation_id",
+                                   "search_business_id", "tenant_operations", "activity", "api_overview",
+                                   "api_dead_letters"}
     assert all(isinstance(p["median_ms"], RATE) for p in pages["pages"].values())
     assert set(out["targets_met"]) >= {"lapse_vs_copy", "lapse_vs_naive", "lapse_vs_faust", "lapse_vs_batched_naive",
                                        "lapse_2w_vs_1w", "relay_vs_lapse", "latency_p99_ms", "console_page_ms"}

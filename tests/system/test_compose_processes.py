@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import json
 import os
+import ssl
 import subprocess
 import sys
 import time
@@ -132,14 +133,16 @@ def scrape(port: int) -> dict[tuple, float] | None:
             for family in text_string_to_metric_families(text) for s in family.samples}
 
 
-def get(url: str) -> tuple[int, str, dict[str, str]] | None:
-    """(status, body, headers) of a GET that follows no redirect; None while nothing listens."""
+def get(url: str, context: ssl.SSLContext | None = None) -> tuple[int, str, dict[str, str]] | None:
+    """(status, body, headers) of a GET that follows no redirect (over HTTPS trusting `context`);
+    None while nothing listens."""
     class NoRedirect(urllib.request.HTTPRedirectHandler):
         def redirect_request(self, *args, **kwargs):
             return None
 
     try:
-        with urllib.request.build_opener(NoRedirect).open(url, timeout=3) as resp:
+        with urllib.request.build_opener(NoRedirect, urllib.request.HTTPSHandler(context=context)).open(
+                url, timeout=3) as resp:
             return resp.status, resp.read().decode(errors="replace"), dict(resp.headers)
     except urllib.error.HTTPError as exc:
         return exc.code, exc.read().decode(errors="replace"), dict(exc.headers)
@@ -264,8 +267,9 @@ def test_compose_services_as_processes_run_a_workload_to_its_audit(three_brokers
                     page = get(f"http://127.0.0.1:{ports['web-port']}{VIEW_PATH}")
                     shown[process] = json.loads(page[1]) if page and page[0] == 200 else None
                 elif role.command == "console":
-                    shown[process] = (get(f"http://127.0.0.1:{ports['port']}/login"),
-                                      get(f"http://127.0.0.1:{ports['port']}/"))
+                    trust = ssl.create_default_context(cafile=str(stack.secrets / "ca.pem"))  # compose's CA
+                    shown[process] = (get(f"https://127.0.0.1:{ports['port']}/login", trust),
+                                      get(f"https://127.0.0.1:{ports['port']}/", trust))
             monitor, view = shown.get("monitor") or {}, shown.get("analytics") or {}
             reports = list(stack.container_path("report", "/app/.lapse/reports").iterdir())
             ok = (all(shown.values()) and monitor.get(("lapse_ledger_rows", (("state", "applied"),))) == APPLIED

@@ -8,7 +8,9 @@ import copy
 
 import pytest
 
+from lapse.kernel.settings import Settings
 from lapse.shell.console.verdict import DEGRADED, FAILING, HEALTHY, judge
+from lapse.shell.console.views import mark_judged
 
 QUIET = {
     "oldest_eligible_age_s": None,
@@ -59,3 +61,18 @@ def test_a_failing_signal_is_not_softened_by_a_later_degraded_one():
 def test_a_report_from_before_findings_were_kept_is_judged_without_them():
     old = {k: v for k, v in QUIET.items() if k != "findings"}
     assert judge(old).state == HEALTHY
+
+
+def test_lag_of_a_group_the_deployment_does_not_run_is_not_judged():
+    """Day one of `lapse run`: the analytics group was never started, so its lag (the whole
+    outcomes topic) says nothing about this deployment; the cleanup group's lag still counts."""
+    groups = Settings().topology.groups
+    never = {"group": groups.analytics, "topic": "o", "records": 500, "seconds": 86400.0,
+             "group_state": {"state": "dead", "members": 0}, "partitions": [{"committed": None}]}
+    cleanup = {**never, "group": groups.cleanup, "records": 0, "seconds": 0.0}
+    quiet = {**copy.deepcopy(QUIET), "lag": mark_judged(Settings(), [never, cleanup])}
+    assert judge(quiet).state == HEALTHY
+    started = {**never, "partitions": [{"committed": 3}]}
+    assert judge({**quiet, "lag": mark_judged(Settings(), [started, cleanup])}).state == FAILING
+    stalled = {**cleanup, "records": 9, "seconds": 1000.0}
+    assert judge({**quiet, "lag": mark_judged(Settings(), [never, stalled])}).state == FAILING

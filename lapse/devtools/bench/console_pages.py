@@ -105,18 +105,28 @@ def time_pages(settings: Settings, rows: int, newest: datetime) -> dict[str, Any
         "dead_letters": "/dead-letters",
         "dead_letters_filtered": "/dead-letters?" + urlencode(
             {"kind": KIND, "tenant": f"tenant-{g % 7}", "failure_class": "transient", "since": since}),
+        "overview_day": "/?window=day",
+        "dead_letters_page_2": "/dead-letters?" + urlencode(
+            {"after_at": (newest - timedelta(hours=12)).isoformat(), "after_key": f"{KIND}:console-0"}),
         "operation": f"/operations/{quote(op_key, safe='')}",
         "search_op_key": "/search?" + urlencode({"q": op_key}),
         "search_correlation_id": "/search?" + urlencode({"q": _md5(g)}),
+        "search_business_id": "/search?" + urlencode({"kind": KIND, "subject": f"console-{g}"}),
+        "tenant_operations": "/search?" + urlencode({"tenant": f"tenant-{g % 7}", "kind": KIND}),
         "activity": "/activity",
+        "api_overview": "/api/v1/overview",
+        "api_dead_letters": "/api/v1/dead-letters",
     }
+
     # function-local: the console is the optional `console` extra; only this stage needs it
     from starlette.testclient import TestClient
 
     from lapse.shell.console.app import create_app
 
     timed: dict[str, dict[str, Any]] = {}
-    with TestClient(create_app(settings.with_(console={"bind": "127.0.0.1"}))) as client:
+    # No sampling thread: the first overview reads the day's transitions itself (its cold figure).
+    app = create_app(settings.with_(console={"bind": "127.0.0.1"}), sample_every_s=0)
+    with TestClient(app, base_url="http://127.0.0.1") as client:
         for name, path in pages.items():
             runs = []
             for _ in range(RENDERS + 1):

@@ -37,13 +37,16 @@ def _age(verdict: Verdict, what: str, age: float | None, limits: tuple[float, fl
 
 
 def judge(report: dict[str, Any]) -> Verdict:
-    """The verdict of a status report: lag that cannot be read, ages past the failing limits and a
-    broken last audit fail it; dead letters waiting, expired claims, ages past the degraded limits,
-    open dead-letter circuits, an incomplete audit and reconciler anomalies degrade it."""
+    """The verdict of a status report (lag only of the rows marked judged, or not marked): lag that
+    cannot be read, ages past the failing limits and a broken last audit fail it; dead letters
+    waiting, expired claims, ages past the degraded limits, open dead-letter circuits, an
+    incomplete audit and reconciler anomalies degrade it."""
     verdict = Verdict()
     _age(verdict, "the oldest eligible unfinished operation", report.get("oldest_eligible_age_s"), ELIGIBLE_AGE_S)
     _age(verdict, "the oldest unsent outbox row", report["outbox"].get("oldest_unsent_age_s"), OUTBOX_AGE_S)
     for row in report.get("lag", []):
+        if not row.get("judged", True):
+            continue  # a group this deployment does not run (see views.mark_judged)
         if "error" in row:
             verdict.add(FAILING, f"lag of {row['group']} on {row['topic']} unreadable: {row['error']}")
         else:

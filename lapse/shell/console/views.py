@@ -7,12 +7,13 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from sqlalchemy import Engine
+from sqlalchemy import Connection, Engine
 from sqlalchemy.exc import DBAPIError
 
 from lapse.kernel.ledger import InvalidOpKey, Selection, parse_op_key
@@ -41,42 +42,78 @@ SEARCH_LIMIT = 20
 # The most dead letters one console replay releases (the CLI's --limit, bounded for a page).
 REPLAY_LIMIT = 500
 LIST_LIMIT = 200
-# How long one reading of the consumer lag serves the overview (its figures are seconds old at most).
-LAG_FRESH_S = 5.0
-_lag_lock = threading.Lock()
-_lag_kept: dict[int, tuple[Settings, float, list[dict[str, Any]]]] = {}
+# How long one reading of the broker serves the pages (its figures are seconds old at most): the
+# consumer lag, and the poison records of the DLQ topic (a read of the whole topic to its end).
+FRESH_S = 5.0
 
 
-def overview(settings: Settings, engine: Engine, now: datetime) -> dict[str, Any]:
-    """The status report (`lapse status --json`'s figures), its verdict and the throughput. With
-    the broker away the ledger's figures are still shown, and the lag as unreadable (failing).
-    The broker's lag (kept LAG_FRESH_S: see fresh_lag), the ledger's figures and the throughput
-    are read at once, each on its own connection: the page takes the slowest of the three."""
-    with ThreadPoolExecutor(3, thread_name_prefix="console-overview") as pool:
+class Recent:
+    """Readings of the broker kept FRESH_S per settings and key: pages opened together, or
+    reloaded, the sampler and the live updates share one. A reading that failed is not kept."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._kept: dict[tuple[int, str], tuple[Settings, float, Any]] = {}
+
+    def get(self, settings: Settings, key: str, read: Callable[[], Any]) -> Any:
+        with self._lock:
+            kept = self._kept.get((id(settings), key))
+            if kept is not None and kept[0] is settings and time.monotonic() - kept[1] < FRESH_S:
+                return kept[2]
+        value = read()
+        with self._lock:
+            self._kept[(id(settings), key)] = (settings, time.monotonic(), value)
+        return value
+
+
+_recent = Recent()
+
+
+def overview_report(settings: Settings, engine: Engine, now: datetime) -> dict[str, Any]:
+    """The status report (`lapse status --json`'s figures) with its lag rows marked `judged`. With
+    the broker away the ledger's figures are still given, and the lag as unreadable. The broker's
+    lag (kept FRESH_S: see fresh_lag) and the ledger's figures are read at once."""
+    with ThreadPoolExecutor(1, thread_name_prefix="console-lag") as pool:
         lag = pool.submit(fresh_lag, settings, now)
-        rates = pool.submit(_throughput, engine, now)
         report = status_report(settings, engine, now, lag=False)
         try:
-            report["lag"] = lag.result()  # what status_report(lag=True) would add
+            report["lag"] = mark_judged(settings, lag.result())  # what status_report(lag=True) would add
         except Exception as exc:
             if not is_transient(exc):
                 raise
-            report["lag"] = [{"group": "every group", "topic": "every topic", "error": error_line(exc, settings)}]
+            report["lag"] = [{"group": "every group", "topic": "every topic", "judged": True,
+                              "error": error_line(exc, settings)}]
+    return report
+
+
+def mark_judged(settings: Settings, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The lag rows, each marked `judged`: whether its group counts in the verdict. The groups of
+    the roles `lapse run` runs (cleanup, delay) always do; another declared group (analytics) only
+    once it runs here: it has members, or committed offsets on some partition. A group nobody
+    started is shown, never judged: its lag says nothing about this deployment."""
+    ran = {settings.topology.groups.cleanup, settings.topology.groups.delay}
+    started: set[str] = set()
+    for row in rows:
+        members = (row.get("group_state") or {}).get("members") or 0
+        if members or any(p.get("committed") is not None for p in row.get("partitions", [])):
+            started.add(row["group"])
+    return [{**row, "judged": row["group"] in ran or row["group"] in started} for row in rows]
+
+
+def overview(settings: Settings, engine: Engine, now: datetime) -> dict[str, Any]:
+    """The overview's figures: the status report, its verdict and the throughput, the throughput
+    read on its own connection while the status is."""
+    with ThreadPoolExecutor(1, thread_name_prefix="console-overview") as pool:
+        rates = pool.submit(_throughput, engine, now)
+        report = overview_report(settings, engine, now)
         return {"status": report, "verdict": asdict(judge(report)), "throughput": rates.result()}
 
 
 def fresh_lag(settings: Settings, now: datetime) -> list[dict[str, Any]]:
-    """`lag_status` read at most once per LAG_FRESH_S for these settings: each declared group and
+    """`lag_status` read at most once per FRESH_S for these settings: each declared group and
     topic takes the broker a round of requests (about 300 ms for the six of the default topology),
-    the most of an overview; pages opened together, or reloaded, share one reading. A reading
-    that failed is not kept."""
-    with _lag_lock:
-        kept = _lag_kept.get(id(settings))
-        if kept is not None and kept[0] is settings and time.monotonic() - kept[1] < LAG_FRESH_S:
-            return kept[2]
-    lag = lag_status(settings, now)
-    with _lag_lock:
-        _lag_kept[id(settings)] = (settings, time.monotonic(), lag)
+    the most of an overview."""
+    lag: list[dict[str, Any]] = _recent.get(settings, "lag", lambda: lag_status(settings, now))
     return lag
 
 
@@ -87,15 +124,18 @@ def _throughput(engine: Engine, now: datetime) -> list[dict[str, Any]]:
 
 @dataclass(frozen=True)
 class DeadLetterFilter:
-    """The dead-letter list's filters, from the page's query string; `problems` names what was
-    refused (an unparsable time)."""
+    """The dead-letter list's filters and page, from the page's query string (`after_at` and
+    `after_key`: the keyset of the last row of the page before); `problems` names what was refused
+    (an unparsable time)."""
 
     kind: str | None = None
     tenant: str | None = None
     failure_class: str | None = None
+    reason: str | None = None
     since: datetime | None = None
     until: datetime | None = None
     poison: bool = True
+    after: tuple[datetime, str] | None = None
     problems: tuple[str, ...] = field(default=())
 
     @classmethod
@@ -105,39 +145,62 @@ class DeadLetterFilter:
 
         times: dict[str, datetime | None] = {}
         problems = []
-        for name in ("since", "until"):
+        for name in ("since", "until", "after_at"):
             value = text(name)
             try:
                 times[name] = parse_timestamp(value) if value else None
             except ValueError as exc:
                 problems.append(f"{name}: {exc}")
                 times[name] = None
-        return cls(text("kind"), text("tenant"), text("failure_class"), times["since"], times["until"],
-                   query.get("poison", "1") != "0", tuple(problems))
+        after_key = text("after_key")
+        after = (times["after_at"], after_key) if times["after_at"] and after_key else None
+        return cls(text("kind"), text("tenant"), text("failure_class"), text("reason"), times["since"],
+                   times["until"], query.get("poison", "1") != "0", after, tuple(problems))
 
     @property
     def wants_poison(self) -> bool:
-        """Poison records have no tenant and no time in the ledger: listed unless those filter."""
-        return self.poison and not self.tenant and self.failure_class in (None, "poison")
+        """Poison records have no tenant, reason or time in the ledger: listed on the first page
+        unless those filter."""
+        return (self.poison and not self.tenant and not self.reason and self.after is None
+                and self.failure_class in (None, "poison"))
+
+    def query(self, **changes: Any) -> dict[str, str]:
+        """The query string of these filters (without the page), with `changes`."""
+        out = {name: value for name, value in (
+            ("kind", self.kind), ("tenant", self.tenant), ("failure_class", self.failure_class),
+            ("reason", self.reason), ("since", self.since.isoformat() if self.since else None),
+            ("until", self.until.isoformat() if self.until else None)) if value}
+        if not self.poison:
+            out["poison"] = "0"
+        for name, value in changes.items():
+            if value is None:
+                out.pop(name, None)
+            else:
+                out[name] = str(value)
+        return out
+
+    def rows(self, conn: Connection, *, limit: int, replayed: bool | None = None,
+             paged: bool = True) -> list[dict[str, Any]]:
+        """The ledger's dead letters under these filters (from this page on, when `paged`)."""
+        return filtered_dead_letters(conn, kind=self.kind, tenant=self.tenant, failure_class=self.failure_class,
+                                     reason=self.reason, since=self.since, until=self.until, replayed=replayed,
+                                     after=self.after if paged else None, limit=limit)
 
 
-def dead_letter_list(settings: Settings, engine: Engine, flt: DeadLetterFilter) -> dict[str, Any]:
-    """The ledger's dead letters under `flt`, then the poison records of the DLQ topic."""
-    rows: list[dict[str, Any]] = []
-    if flt.failure_class != "poison":
-        with engine.connect() as conn:
-            rows = filtered_dead_letters(conn, kind=flt.kind, tenant=flt.tenant, failure_class=flt.failure_class,
-                                         since=flt.since, until=flt.until, limit=LIST_LIMIT)
-    poison: list[dict[str, Any]] = []
-    poison_error = None
-    if flt.wants_poison:
-        try:
-            poison = poison_records(settings, flt.kind, None, LIST_LIMIT)
-        except Exception as exc:  # the broker away: the ledger's dead letters are still shown
-            if not is_transient(exc) or isinstance(exc, DBAPIError):
-                raise
-            poison_error = error_line(exc, settings)
-    return {"dead_letters": rows, "poison": poison, "poison_error": poison_error}
+def poison_of(settings: Settings, flt: DeadLetterFilter) -> tuple[list[dict[str, Any]], str | None]:
+    """The poison records of the DLQ topic under `flt` (none unless it wants them; read at most once
+    per FRESH_S), or the one line saying why they could not be read (the broker away: the ledger's
+    dead letters are still shown)."""
+    if not flt.wants_poison:
+        return [], None
+    try:
+        found: list[dict[str, Any]] = _recent.get(settings, f"poison:{flt.kind or ''}",
+                                                  lambda: poison_records(settings, flt.kind, None, LIST_LIMIT))
+        return found, None
+    except Exception as exc:
+        if not is_transient(exc) or isinstance(exc, DBAPIError):
+            raise
+        return [], error_line(exc, settings)
 
 
 def with_timeline(h: dict[str, Any] | None) -> dict[str, Any] | None:
@@ -205,5 +268,5 @@ def error_line(exc: BaseException, settings: Settings) -> str:
     return diagnose(exc, settings).line.removeprefix("lapse: ").removesuffix(" (run with --debug for the traceback)")
 
 
-__all__ = ["DeadLetterFilter", "action_progress", "activity", "dead_letter_list", "history", "now_utc", "overview",
-           "replay_selection", "search"]
+__all__ = ["DeadLetterFilter", "action_progress", "activity", "history", "mark_judged", "now_utc", "overview",
+           "overview_report", "poison_of", "replay_selection", "search"]

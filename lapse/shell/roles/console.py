@@ -1,5 +1,5 @@
 """The console role: the operator console in the browser until stopped (`lapse console`, `lapse run
---console`). Without tokens it serves loopback only: another bind is a ValueError when built."""
+--console`). Beyond loopback it needs tokens and TLS: without, it is a ValueError when built."""
 
 from __future__ import annotations
 
@@ -17,9 +17,9 @@ class ConsoleRole(Role[None]):
     def __init__(self, settings: Settings, *, stop: threading.Event | None = None) -> None:
         super().__init__(settings, stop=stop)
         # function-local: the console's web stack (starlette, uvicorn) is the optional `console` extra
-        from lapse.shell.console.access import Access
+        from lapse.shell.console.server import check_start
 
-        Access(settings.console).check_bind(settings.console.bind)
+        check_start(settings)
 
     def run(self) -> None:
         # function-local: the console's web stack (starlette, uvicorn) is the optional `console` extra
