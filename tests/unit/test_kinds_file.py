@@ -371,6 +371,7 @@ REFUSED = [
     ({"ok": {"table": "lapse.orders", "id": "id", "due": "expires_at", "effect": {"delete": {}}}},
      "kind 'ok': table: 'lapse.orders' is in Lapse's own schema"),
     (expire(table="pg_catalog.pg_class"), "table: 'pg_catalog.pg_class' is in a system schema"),
+    (expire(table="lapse_ledger"), "table: 'lapse_ledger' is one of Lapse's own tables"),
 ]
 
 
