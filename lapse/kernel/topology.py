@@ -17,7 +17,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-import yaml
+from lapse.kernel.yaml_files import YamlFileError, load_file
 
 _NAME = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
 _DURATION = re.compile(r"^(\d+)\s*(ms|s|m|h|d)$")
@@ -151,16 +151,9 @@ def _retention_ms(path: Path, where: str, value: Any) -> str:
 
 def _read(path: Path) -> dict[str, Any]:
     try:
-        text = path.read_text()
-    except OSError as exc:
-        raise TopicsFileError(f"{path}: cannot read topics file ({exc.strerror})") from None
-    try:
-        doc = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        line = f"line {mark.line + 1}: " if mark else ""
-        problem = getattr(exc, "problem", None) or "parse error"
-        raise TopicsFileError(f"{path}: not valid YAML ({line}{problem})") from None
+        doc = load_file(path, "topics file")
+    except YamlFileError as exc:
+        raise TopicsFileError(str(exc)) from None
     if not isinstance(doc, dict):
         raise TopicsFileError(f"{path}: must be a mapping with a 'topics' key")
     unknown = set(doc) - {"defaults", "groups", "topics", "principals"}
