@@ -8,6 +8,7 @@ import itertools
 import json
 import os
 import re
+import stat
 import string
 import tomllib
 from pathlib import Path
@@ -302,3 +303,38 @@ def test_init_refuses_to_overwrite_without_force(clean_env: Path) -> None:
     assert forced.exit_code == 0, forced.output
     assert (clean_env / "lapse.toml").read_text().startswith("# Lapse configuration")
     assert (clean_env / "kinds.yaml").read_bytes() == package_files.starter_kinds_file().read_bytes()
+
+
+def test_init_writes_what_can_hold_secrets_for_its_owner_only(clean_env: Path) -> None:
+    before = os.umask(0o022)  # a usual umask: files would be world-readable unless written otherwise
+    try:
+        assert _invoke("init").exit_code == 0
+    finally:
+        os.umask(before)
+    modes = {name: stat.S_IMODE((clean_env / name).stat().st_mode)
+             for name in ("lapse.toml", "kinds.yaml", "topics.yaml")}
+    assert modes == {"lapse.toml": 0o600, "kinds.yaml": 0o600, "topics.yaml": 0o644}
+    (clean_env / "lapse.toml").chmod(0o644)
+    assert _invoke("init", "--force").exit_code == 0
+    assert stat.S_IMODE((clean_env / "lapse.toml").stat().st_mode) == 0o600  # rewritten, not kept
+    assert [p.name for p in clean_env.iterdir() if p.name.startswith(".")] == []  # no temporary file left
+
+
+@pytest.mark.parametrize("force", [False, True])
+@pytest.mark.parametrize("target", ["dangling", "existing"])
+def test_init_never_writes_through_a_symbolic_link(clean_env: Path, tmp_path: Path, force: bool, target: str) -> None:
+    elsewhere = tmp_path / "elsewhere.toml"
+    if target == "existing":
+        elsewhere.write_text("# someone else's file\n")
+    (clean_env / "lapse.toml").symlink_to(elsewhere)
+
+    refused = _invoke("init", *(["--force"] if force else []))
+
+    assert refused.exit_code == 3
+    assert _last_line(refused) == (f"lapse: {clean_env / 'lapse.toml'} is a symbolic link; lapse init never "
+                                   "writes through one: remove it first")
+    if target == "existing":
+        assert elsewhere.read_text() == "# someone else's file\n"
+    else:
+        assert not elsewhere.exists()
+    assert sorted(p.name for p in clean_env.iterdir()) == ["lapse.toml"]  # nothing else written either
