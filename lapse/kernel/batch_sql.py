@@ -16,7 +16,23 @@ from collections.abc import Sequence
 from datetime import date, datetime
 from typing import Any
 
-from sqlalchemy import ColumnElement, Connection, Row, Table, Text, bindparam, cast, func, insert, select, text
+from sqlalchemy import (
+    ColumnElement,
+    Connection,
+    Enum,
+    Float,
+    Numeric,
+    Row,
+    String,
+    Table,
+    Text,
+    bindparam,
+    cast,
+    func,
+    insert,
+    select,
+    text,
+)
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.types import TypeEngine
 
@@ -33,13 +49,24 @@ def _array_literal(values: Sequence[Any]) -> str:
     return '{"' + '","'.join(quoted) + '"}'
 
 
+def _unbounded(type_: TypeEngine[Any]) -> TypeEngine[Any]:
+    """`type_` without the length or precision a cast would shorten or round a value to (CAST AS
+    VARCHAR(4)[] makes 'abcdX' the 'abcd' of another row): text for a string, numeric for a decimal."""
+    if isinstance(type_, String) and not isinstance(type_, Enum):
+        return Text()
+    if isinstance(type_, Numeric) and not isinstance(type_, Float):
+        return Numeric()
+    return type_
+
+
 def any_of(conn: Connection, column: ColumnElement[Any], values: Sequence[Any],
            element_type: TypeEngine[Any] | None = None) -> ColumnElement[bool]:
     """`column IN (SELECT unnest(CAST(:literal AS type[])))` on PostgreSQL, `column IN (…)`
     elsewhere. The subquery is evaluated once, even under a generic plan, and joins on the index;
-    a bare `= ANY(CAST(…))` may be re-cast for every row scanned."""
+    a bare `= ANY(CAST(…))` may be re-cast for every row scanned. The cast is to the column's type
+    without its length or precision, so no value is shortened or rounded into another one."""
     if conn.dialect.name == "postgresql":
-        array = postgresql.ARRAY(element_type if element_type is not None else column.type)
+        array = postgresql.ARRAY(_unbounded(element_type if element_type is not None else column.type))
         literal = bindparam(None, _array_literal(values), type_=Text)
         return column.in_(select(func.unnest(cast(literal, array))).scalar_subquery())
     return column.in_(list(values))
@@ -61,25 +88,31 @@ def _to_json(rows: Any) -> str:
     return json.dumps(rows, default=default)
 
 
-def _recordset_select(name: str, cols: tuple[str, ...], param: str) -> str:
-    """INSERT INTO `name` (cols) SELECT cols FROM the JSON array parameter `param`."""
-    names = ", ".join(cols)
+def _names(conn: Connection, cols: Sequence[str]) -> str:
+    """Column names for SQL text, each quoted as the dialect needs (a name is never pasted as is)."""
+    return ", ".join(conn.dialect.identifier_preparer.quote(col) for col in cols)
+
+
+def _recordset_select(conn: Connection, name: str, cols: tuple[str, ...], param: str) -> str:
+    """INSERT INTO `name` (cols) SELECT cols FROM the JSON array parameter `param` (its keys are the
+    column names as they are, which json_populate_recordset matches to the row type's fields)."""
+    names = _names(conn, cols)
     return (f"INSERT INTO {name} ({names}) SELECT {names} "
             f"FROM json_populate_recordset(NULL::{name}, CAST(:{param} AS json))")
 
 
-def _recordset_insert_sql(name: str, cols: tuple[str, ...], ignore_conflicts: bool,
+def _recordset_insert_sql(conn: Connection, name: str, cols: tuple[str, ...], ignore_conflicts: bool,
                           returning: tuple[str, ...]) -> str:
     """The INSERT … SELECT … FROM json_populate_recordset text for the table called `name` (quoted
     and schema-qualified as the connection sees it: the table's row type has the same name)."""
     key = (name, cols, ignore_conflicts, returning)
     sql = _TEMPLATES.get(key)
     if sql is None:
-        sql = _recordset_select(name, cols, "rows")
+        sql = _recordset_select(conn, name, cols, "rows")
         if ignore_conflicts:
             sql += " ON CONFLICT DO NOTHING"
         if returning:
-            sql += f" RETURNING {', '.join(returning)}"
+            sql += f" RETURNING {_names(conn, returning)}"
         _TEMPLATES[key] = sql
     return sql
 
@@ -98,7 +131,7 @@ def bulk_insert_together(conn: Connection, batches: Sequence[tuple[Table, Sequen
     key = ("+".join(names), tuple(c for _, rows in batches for c in (*rows[0], "|")), False, ())
     sql = _TEMPLATES.get(key)
     if sql is None:
-        parts = [_recordset_select(name, tuple(rows[0]), f"rows{i}")
+        parts = [_recordset_select(conn, name, tuple(rows[0]), f"rows{i}")
                  for i, (name, (_, rows)) in enumerate(zip(names, batches, strict=True))]
         ctes = ", ".join(f"w{i} AS ({part})" for i, part in enumerate(parts[:-1]))
         sql = _TEMPLATES[key] = f"WITH {ctes} {parts[-1]}"
@@ -121,7 +154,7 @@ def bulk_insert(conn: Connection, table: Table, rows: Sequence[dict[str, Any]], 
             return list(conn.execute(stmt.returning(*(table.c[r] for r in returning)), list(rows)).all())
         conn.execute(stmt, list(rows))
         return []
-    sql = _recordset_insert_sql(qualified_name(conn, table), tuple(rows[0]), ignore_conflicts,
+    sql = _recordset_insert_sql(conn, qualified_name(conn, table), tuple(rows[0]), ignore_conflicts,
                                 tuple(returning))
     result = conn.execute(text(sql), {"rows": _to_json(rows)})
     return list(result.all()) if returning else []

@@ -15,9 +15,11 @@ import ssl
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
 
 from pydantic import SecretStr
 
+from lapse.kernel.logs import get_logger
 from lapse.kernel.schema_registry import SchemaRegistryClient, auth_config
 from lapse.kernel.settings import DatabaseSettings, KafkaSettings, ReportSettings, SchemaSettings
 
@@ -30,6 +32,10 @@ FAUST_MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
 HOSTNAME_CHECK_KEY = "ssl.endpoint.identification.algorithm"
 # libpq's sslmodes that check the server's certificate against a root certificate.
 VERIFYING_SSLMODES = ("verify-ca", "verify-full")
+# The http:// registries this process has warned about (credentials in clear), each once.
+_WARNED_PLAIN_REGISTRIES: set[str] = set()
+
+log = get_logger("connections")
 
 
 class ConnectionRefused(ValueError):
@@ -204,7 +210,8 @@ def registry_config(schemas: SchemaSettings) -> dict[str, Any]:
     `basic.auth.user.info`, a bearer token as a static token, the CA, client certificate, key and key
     password as `ssl.*` (the system's CAs when no CA is set). The CA and client certificate are loaded
     here first, so a wrong path or key password is refused in one line. Refused also: basic auth and
-    a bearer token together, and a CA or client certificate for a registry that is not https."""
+    a bearer token together, and a CA or client certificate for a registry that is not https.
+    Credentials for an http:// registry on another host are warned about, once."""
     what = "schema registry"
     if schemas.registry_auth is not None and schemas.registry_bearer_token is not None:
         raise ConnectionRefused(f"{what}: set schemas.registry_auth or schemas.registry_bearer_token, not both")
@@ -214,6 +221,8 @@ def registry_config(schemas: SchemaSettings) -> dict[str, Any]:
     if any(path is not None for path in (ca, certificate, key)) and not https:
         raise ConnectionRefused(f"{what}: a CA or client certificate needs an https:// schemas.registry_url")
     auth, token = schemas.registry_auth, schemas.registry_bearer_token
+    if (auth is not None or token is not None) and not https:
+        warn_plain_registry_credentials(schemas.registry_url or "")
     config: dict[str, Any] = auth_config(auth.get_secret_value() if auth else None,
                                          token.get_secret_value() if token else None)
     if https:
@@ -229,3 +238,15 @@ def registry_config(schemas: SchemaSettings) -> dict[str, Any]:
         if schemas.registry_key_password is not None:
             config["ssl.key.password"] = schemas.registry_key_password.get_secret_value()
     return config
+
+
+def warn_plain_registry_credentials(url: str) -> None:
+    """Warn, once per process and registry, that its credentials cross the network in clear: an
+    http:// registry on another host (compose's, inside its own network, is one). Not refused, so
+    such a deployment keeps working; the warning names the fix."""
+    host = urlsplit(url).hostname or ""
+    if is_loopback(host) or url in _WARNED_PLAIN_REGISTRIES:
+        return
+    _WARNED_PLAIN_REGISTRIES.add(url)
+    log.warning("schema registry credentials are sent in clear over http:// to another host; "
+                "use an https:// schemas.registry_url", extra={"registry": url})

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 from sqlalchemy import Connection, Engine, Table, create_engine, event, inspect, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.engine.interfaces import DBAPIConnection
+from sqlalchemy.exc import NoSuchModuleError
 from sqlalchemy.pool import ConnectionPoolEntry
 
 from lapse.kernel import package_files
@@ -78,6 +79,11 @@ def make_engine(url: str, *, schema: str = DEFAULT_SCHEMA, pool_size: int = 5,
     more libpq connection parameters (the TLS ones of `connect_args(settings)`)."""
     options = {"schema_translate_map": {SCHEMA: effective_schema(url, schema)}}
     parsed = make_url(url)
+    try:
+        parsed.get_dialect().import_dbapi()
+    except ImportError as exc:  # a dialect SQLAlchemy knows whose driver is not installed: the URL is wrong here
+        raise NoSuchModuleError(f"the database URL's driver {parsed.drivername} is not installed "
+                                f"({exc}); use postgresql+psycopg://") from None
     if parsed.get_backend_name() == "sqlite":
         if parsed.database and parsed.database != ":memory:":
             Path(parsed.database).parent.mkdir(parents=True, exist_ok=True)

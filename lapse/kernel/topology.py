@@ -17,9 +17,10 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-import yaml
+from lapse.kernel.yaml_files import YamlFileError, load_file
 
 _NAME = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
+MAX_INT32, MAX_INT16 = 2**31 - 1, 2**15 - 1
 _DURATION = re.compile(r"^(\d+)\s*(ms|s|m|h|d)$")
 _UNIT_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
 _TOPIC_KEYS = {"role", "partitions", "replication_factor", "retention", "config", "groups",
@@ -115,9 +116,11 @@ def _fail(path: Path, where: str, problem: str) -> TopicsFileError:
     return TopicsFileError(f"{path}: {where}: {problem}")
 
 
-def _positive_int(path: Path, where: str, value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise _fail(path, where, f"must be a positive integer, got {value!r}")
+def _positive_int(path: Path, where: str, value: Any, maximum: int = MAX_INT32) -> int:
+    """A positive integer of at most `maximum` (Kafka's own field sizes: int32, int16 for a
+    replication factor), so no count can overflow the client that sends it."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= maximum:
+        raise _fail(path, where, f"must be a positive integer of at most {maximum}, got {value!r}")
     return value
 
 
@@ -151,16 +154,9 @@ def _retention_ms(path: Path, where: str, value: Any) -> str:
 
 def _read(path: Path) -> dict[str, Any]:
     try:
-        text = path.read_text()
-    except OSError as exc:
-        raise TopicsFileError(f"{path}: cannot read topics file ({exc.strerror})") from None
-    try:
-        doc = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        line = f"line {mark.line + 1}: " if mark else ""
-        problem = getattr(exc, "problem", None) or "parse error"
-        raise TopicsFileError(f"{path}: not valid YAML ({line}{problem})") from None
+        doc = load_file(path, "topics file")
+    except YamlFileError as exc:
+        raise TopicsFileError(str(exc)) from None
     if not isinstance(doc, dict):
         raise TopicsFileError(f"{path}: must be a mapping with a 'topics' key")
     unknown = set(doc) - {"defaults", "groups", "topics", "principals"}
@@ -190,7 +186,7 @@ def _topic(path: Path, declared: Any, body: Any, prefix: str, default_rf: int,
         raise _fail(path, f"{where}.role", f"must be one of {', '.join(TOPIC_ROLES)}, got {role!r}")
     partitions = _positive_int(path, f"{where}.partitions", body["partitions"])
     rf = replication_factor or _positive_int(
-        path, f"{where}.replication_factor", body.get("replication_factor", default_rf))
+        path, f"{where}.replication_factor", body.get("replication_factor", default_rf), MAX_INT16)
     config = {**default_config, **_config(path, f"{where}.config", body.get("config"))}
     if "retention" in body:
         if "retention.ms" in config and "retention.ms" not in default_config:
@@ -271,10 +267,10 @@ def load_topology(path: Path, prefix: str = "", replication_factor: int | None =
     defaults = doc.get("defaults") or {}
     if not isinstance(defaults, dict) or set(defaults) - {"replication_factor", "config"}:
         raise _fail(path, "defaults", "may only hold replication_factor and config")
-    default_rf = _positive_int(path, "defaults.replication_factor", defaults.get("replication_factor", 1))
+    default_rf = _positive_int(path, "defaults.replication_factor", defaults.get("replication_factor", 1), MAX_INT16)
     default_config = _config(path, "defaults.config", defaults.get("config"))
     if replication_factor is not None:
-        _positive_int(path, "replication factor override", replication_factor)
+        _positive_int(path, "replication factor override", replication_factor, MAX_INT16)
     groups, retired = _groups(path, doc, prefix)
     specs = [_topic(path, declared, body, prefix, default_rf, default_config, replication_factor)
              for declared, body in doc["topics"].items()]

@@ -13,6 +13,7 @@ import sys
 import typing
 from collections.abc import Callable
 from typing import Any, TypeVar
+from urllib.parse import parse_qsl, urlsplit
 
 import click
 from pydantic import ValidationError
@@ -47,6 +48,34 @@ _FLAGS = {
 }
 
 
+# Flags whose value is a URL that could carry a password: refused when it does, since every user of
+# the machine can read a process's arguments (`ps`). What to use instead, per flag.
+_NO_PASSWORD_FLAGS = {
+    "database.url": f"{env_var('database.url')}, database.url in the config file, or a ~/.pgpass entry",
+    "schemas.registry_url": f"{env_var('schemas.registry_auth')} or schemas.registry_auth in the config file",
+}
+_PASSWORD_QUERY_KEYS = ("password", "sslpassword")
+
+
+def _refuse_password(path: str) -> Callable[[click.Context, click.Parameter, Any], Any]:
+    """A click callback refusing a URL with a password (in its user info or its query) for `path`."""
+
+    def check(_ctx: click.Context, param: click.Parameter, value: Any) -> Any:
+        if isinstance(value, str):
+            try:
+                parts = urlsplit(value)
+                secret = parts.password is not None or any(
+                    key.lower() in _PASSWORD_QUERY_KEYS for key, _ in parse_qsl(parts.query))
+            except ValueError:
+                secret = False  # not a URL: the setting's own validation says so
+            if secret:
+                raise click.BadParameter(f"holds a password, which every user of this machine can read in the "
+                                         f"process list; set it in {_NO_PASSWORD_FLAGS[path]}", param=param)
+        return value
+
+    return check
+
+
 def _field_type(annotation: Any) -> Any:
     """int or float for `int`, `float` and their optional forms; None for anything else."""
     if annotation in _CLICK_TYPES:
@@ -72,6 +101,8 @@ def setting_option(path: str, *decls: str, **kwargs: Any) -> Callable[[F], F]:
         kwargs.setdefault("type", _CLICK_TYPES[number])
     default = info.get_default(call_default_factory=False)
     shown = f"default: {default}; " if isinstance(default, (int, float, str)) and default != "" else ""
+    if path in _NO_PASSWORD_FLAGS:
+        kwargs.setdefault("callback", _refuse_password(path))
     return click.option(
         *decls, _param(path), help=f"{help_text} [{shown}env: {env_var(path)}]", show_default=False, **kwargs
     )

@@ -137,6 +137,17 @@ _KAFKA_CONFIG = ("_AUTHENTICATION", "SASL_AUTHENTICATION_FAILED", "_SSL", "TOPIC
 _PG_CONFIG = {"28P01": "", "28000": "", "3D000": "", "42501": "",
               "42P01": "run `lapse db upgrade`", "3F000": "run `lapse db upgrade`"}
 _PG_TIMEOUT = {"57014"}  # query_canceled: statement_timeout
+# A connection that failed with no SQLSTATE (libpq reports it as text only) because the server
+# refused what the configuration says (credentials, database, role, TLS files) or libpq refused
+# the URL itself: the server was reached, or there is nothing to reach, so this is not an outage.
+# libpq's and the server's English messages (a server or client with other lc_messages falls back
+# to "unreachable").
+_PG_CONNECT_CONFIG = re.compile(
+    r"password authentication failed|no password supplied|authentication failed for user"
+    r'|(database|role) "[^"]*" does not exist|no pg_hba\.conf entry|permission denied for database'
+    r"|invalid (port number|sslmode value|connection option|integer value|value for parameter)"
+    r"|could not (read|load) (root certificate|certificate|private key)"
+    r"|server does not support SSL, but SSL was required|certificate verify failed", re.IGNORECASE)
 
 
 def _kafka(exc: BaseException, settings: Settings | None) -> tuple[ExitCode, str, str] | None:
@@ -192,6 +203,10 @@ def _database(exc: BaseException, settings: Settings | None) -> tuple[ExitCode, 
         return ExitCode.CONFIG, where, f"{why}; {hint}" if hint else why
     if state in _PG_TIMEOUT:
         return ExitCode.INTERRUPTED, f"{where} timed out", why
+    if state is None and isinstance(orig, psycopg.Error) and _PG_CONNECT_CONFIG.search(str(orig)):
+        return ExitCode.CONFIG, where, why
+    if isinstance(orig, sqlite3.OperationalError) and why == "unable to open database file":
+        return ExitCode.CONFIG, where, f"{why}: the file's folder or the file cannot be opened"
     away = (sa.OperationalError, sa.InterfaceError, psycopg.OperationalError, psycopg.InterfaceError,
             sqlite3.OperationalError)
     if isinstance(exc, away) or isinstance(orig, away):

@@ -10,10 +10,11 @@ Partition counts and replication factors are never changed here: adding partitio
 topic moves keys to other partitions (breaking per-key order), so a mismatch is reported as drift.
 
 ACLs (`plan_acls`): the bindings the topology's principals need (`lapse.shell.acls`) are created
-when missing; an ACL on this environment's topics or groups that the topology does not declare is
+when missing; an ALLOW on this environment's topics or groups that the topology does not declare is
 reported as drift. Removing it is destructive: `removals` turns that drift into removals, which
-`apply` carries out only when told `allow_destructive`. A broker without an authorizer has no ACLs
-to manage.
+`apply` carries out only when told `allow_destructive`. A wider ALLOW that also reaches them (the
+`*` wildcard, a shorter prefix) is drift too, never removed here; a DENY is an operator's own,
+never drift and never removed. A broker without an authorizer has no ACLs to manage.
 """
 
 from __future__ import annotations
@@ -313,21 +314,43 @@ def _all_acls(admin: AdminClient, timeout: float) -> list[AclBinding]:
 
 def plan_acls(admin: AdminClient, topology: Topology, timeout: float = 10.0) -> list[Action]:
     """What `apply` would do to the cluster's ACLs: create each declared binding that is missing;
-    report each undeclared binding on this environment's own resources as drift (never removed).
-    NoAuthorizer when the broker has no ACLs to manage."""
+    report each undeclared ALLOW that reaches this environment's own resources as drift: one on
+    them alone (removable with `removals`), or a wider one, a wildcard or a prefix that also covers
+    them (reported only: it reaches beyond this environment). A DENY is an operator's restriction
+    Lapse never creates: neither drift nor ever removed. NoAuthorizer when the broker has no ACLs."""
     current = existing_acls(admin, timeout)
     have = {_key(acl) for acl in current}
     wanted = [binding(grant) for grant in declared_grants(topology)]
     actions = [Action(CREATE_ACL, _where(acl), f"allow {acl.principal} {_name(acl.operation)} from any host",
                       acl=acl) for acl in wanted if _key(acl) not in have]
     declared = {_key(acl) for acl in wanted}
-    owned = {(_name(_RESOURCE[r]), name, _name(_PATTERN[p])) for r, name, p in owned_resources(topology)}
+    owned = [(_name(_RESOURCE[r]), name, _name(_PATTERN[p])) for r, name, p in sorted(owned_resources(topology))]
     for acl in sorted(current, key=_key):
-        if _key(acl)[:3] in owned and _key(acl) not in declared:
+        if _key(acl) in declared or _name(acl.permission_type) != "ALLOW":
+            continue
+        resource = _key(acl)[:3]
+        reached = [mine for mine in owned if _covers(resource, mine)]
+        if any(_covers(mine, resource) for mine in owned):  # on this environment's resources alone
             actions.append(Action(DRIFT, _where(acl), (
                 f"{_text(acl)} is not declared in the topics file; ACLs are never removed automatically"),
                 acl=acl))
+        elif reached:
+            restype, name, pattern = reached[0]
+            actions.append(Action(DRIFT, _where(acl), (
+                f"{_text(acl)} reaches {restype.lower()} {name}{'*' if pattern == 'PREFIXED' else ''} and is not "
+                "declared in the topics file; it reaches beyond this environment, so it is never removed here")))
     return actions
+
+
+def _covers(wide: tuple[str, str, str], narrow: tuple[str, str, str]) -> bool:
+    """Whether the ACL resource pattern `wide` (type, name, LITERAL or PREFIXED) matches every name
+    `narrow` matches (the literal `*` matches every name of its type)."""
+    (wide_type, wide_name, wide_pattern), (narrow_type, narrow_name, narrow_pattern) = wide, narrow
+    if wide_type != narrow_type:
+        return False
+    if wide_pattern == "LITERAL":
+        return wide_name == "*" or (narrow_pattern == "LITERAL" and narrow_name == wide_name)
+    return narrow_name.startswith(wide_name) and not (narrow_pattern == "LITERAL" and narrow_name == "*")
 
 
 def _text(acl: AclBinding) -> str:

@@ -30,7 +30,7 @@ from lapse.processors.failures import (
 def render_url(template: str, call: EffectCall) -> str:
     """The template filled from op_key, subject_id, tenant and the row's columns
     (`lapse.kernel.kinds.effects.http.fill_url`, which the preview shows too); a name with no
-    value makes the call invalid."""
+    value, or a value that would make a path segment empty, `.` or `..`, makes the call invalid."""
     values: Mapping[str, Any] = {**call.target, "op_key": call.op_key, "subject_id": call.subject_id,
                                  "tenant": call.tenant}
     try:

@@ -7,7 +7,10 @@ effect but before its completion was recorded makes the next holder call delete 
 
 from __future__ import annotations
 
+import contextlib
+import os
 import random
+import stat
 import threading
 from pathlib import Path, PurePosixPath
 from typing import Any, Protocol
@@ -49,36 +52,93 @@ def object_key(prefix: str, value: Any) -> str:
     return key
 
 
+class OutsideTheFolder(Exception):
+    """A key whose path passes through a symbolic link: it could lead out of the store's folder."""
+
+
 class FilesystemObjectStore:
-    """Objects are files under `root`; keys are relative POSIX paths without `..`."""
+    """Objects are files under `root`; keys are relative POSIX paths without `..`, walked one name
+    at a time from the folder without following a symbolic link, so no key reaches outside it."""
 
     def __init__(self, root: Path | str) -> None:
         self.root = Path(root)
         self.removed = 0  # deletes that really removed a file
         self._lock = threading.Lock()
 
-    def path(self, key: str) -> Path:
+    def parts(self, key: str) -> tuple[str, ...]:
         key = object_key("", key)
         parts = PurePosixPath(key).parts
         if key.startswith("/") or ".." in parts:
             raise EffectFailure(INVALID, f"object key {key[:80]!r} is not a relative path")
-        return self.root.joinpath(*parts)
+        return parts
+
+    def _folder(self, names: tuple[str, ...], *, create: bool = False) -> int:
+        """A descriptor of the folder `names` under the root, opened name by name with O_NOFOLLOW
+        (made where missing with `create`); OutsideTheFolder when one of them is a symbolic link."""
+        fd = os.open(self.root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            for name in names:
+                if create:
+                    with contextlib.suppress(FileExistsError):
+                        os.mkdir(name, dir_fd=fd)
+                try:
+                    inner = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
+                except NotADirectoryError:  # a file, or a link O_NOFOLLOW would not follow
+                    if stat.S_ISLNK(os.stat(name, dir_fd=fd, follow_symlinks=False).st_mode):
+                        raise OutsideTheFolder(name) from None
+                    raise
+                os.close(fd)
+                fd = inner
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd
 
     def put(self, key: str, data: bytes = b"") -> None:
-        path = self.path(key)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_bytes(data)
+        *names, name = self.parts(key)
+        self.root.mkdir(parents=True, exist_ok=True)
+        folder = self._folder(tuple(names), create=True)
+        try:
+            fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644,
+                         dir_fd=folder)
+        finally:
+            os.close(folder)
+        with os.fdopen(fd, "wb") as file:
+            file.write(data)
 
     def exists(self, key: str) -> bool:
-        return self.path(key).exists()
+        *names, name = self.parts(key)
+        try:
+            folder = self._folder(tuple(names))
+        except (FileNotFoundError, NotADirectoryError, OutsideTheFolder):
+            return False
+        try:
+            os.stat(name, dir_fd=folder, follow_symlinks=False)
+        except FileNotFoundError:
+            return False
+        finally:
+            os.close(folder)
+        return True
 
     def delete(self, key: str) -> bool:
+        *names, name = self.parts(key)
         try:
-            self.path(key).unlink()
+            folder = self._folder(tuple(names))
+        except (FileNotFoundError, NotADirectoryError):
+            return False  # no such folder: the object is absent
+        except OutsideTheFolder as link:
+            raise EffectFailure(INVALID, f"object key {key[:80]!r} passes through the symbolic link "
+                                         f"{str(link)[:80]!r}, which could lead out of the store's folder") from None
+        except OSError as exc:
+            raise EffectFailure(TEMPORARY, f"cannot delete {key[:80]!r}: {exc.strerror}") from None
+        try:
+            os.unlink(name, dir_fd=folder)  # a link itself is removed, never what it points to
         except FileNotFoundError:
             return False
         except OSError as exc:
             raise EffectFailure(TEMPORARY, f"cannot delete {key[:80]!r}: {exc.strerror}") from None
+        finally:
+            os.close(folder)
         with self._lock:
             self.removed += 1
         return True

@@ -12,7 +12,14 @@ import json
 import pytest
 import yaml
 from click.testing import CliRunner, Result
-from confluent_kafka.admin import AclBinding, AclOperation, AclPermissionType, ResourcePatternType, ResourceType
+from confluent_kafka.admin import (
+    AclBinding,
+    AclBindingFilter,
+    AclOperation,
+    AclPermissionType,
+    ResourcePatternType,
+    ResourceType,
+)
 from sqlalchemy import select
 
 from lapse.kernel.database import make_engine
@@ -156,3 +163,42 @@ def test_an_effect_topic_is_created_and_granted_to_the_process_principal_only(se
     records = [(m.key(), dict(m.headers())["lapse-attempt"]) for m in read_topic(
         secure_kafka.bootstrap, topic, extra={**secure_kafka.client_config(), "isolation.level": "read_committed"})]
     assert records == [(b"erase:1", b"1")]
+
+
+def test_an_operators_deny_is_kept_and_a_wider_allow_is_drift_that_is_never_removed(secure_kafka, unique, pg_url):
+    prefix = unique("t") + "."
+    topology = load_topology(TOPICS_FILE, prefix, replication_factor=1)
+    assert apply(secure_kafka, prefix).exit_code == 0
+    deny = AclBinding(ResourceType.TOPIC, topology.expiry, ResourcePatternType.LITERAL, "User:lapse-sweep", "*",
+                      AclOperation.WRITE, AclPermissionType.DENY)  # an operator stops the sweep for a while
+    everything = AclBinding(ResourceType.TOPIC, "*", ResourcePatternType.LITERAL, "User:intruder", "*",
+                            AclOperation.READ, AclPermissionType.ALLOW)
+    wider = AclBinding(ResourceType.GROUP, prefix[:-1], ResourcePatternType.PREFIXED, "User:intruder", "*",
+                       AclOperation.READ, AclPermissionType.ALLOW)
+    admin = secure_kafka.server.admin()
+    for future in admin.create_acls([deny, everything, wider]).values():
+        future.result(30)
+    try:
+        drift = apply(secure_kafka, prefix, "--json")
+        assert drift.exit_code == 1, drift.output
+        reported = sorted((a["kind"], a["topic"], a["detail"]) for a in json.loads(drift.stdout)["actions"])
+        beyond = "is not declared in the topics file; it reaches beyond this environment, so it is never removed here"
+        assert [(kind, where) for kind, where, _ in reported] == [
+            ("drift", f"group {prefix[:-1]}*"), ("drift", "topic *")]
+        for (_, where, detail) in reported:  # naming one of this environment's resources it reaches
+            assert detail.startswith(f"allow User:intruder READ from any host reaches {where.split()[0]} {prefix}")
+            assert detail.endswith(beyond)
+
+        allowed = ["--allow-destructive", "--reason", "tidy up", "--actor", "alice", "--database-url", pg_url, "--json"]
+        tidied = apply(secure_kafka, prefix, *allowed)
+        assert tidied.exit_code == 1, tidied.output
+        assert {a["status"] for a in json.loads(tidied.stdout)["actions"]} == {"not fixed"}
+        left = {(acl.restype.name, acl.name, acl.principal, acl.permission_type.name)
+                for acl in existing_acls(admin)}
+        assert {("TOPIC", topology.expiry, "User:lapse-sweep", "DENY"), ("TOPIC", "*", "User:intruder", "ALLOW"),
+                ("GROUP", prefix[:-1], "User:intruder", "ALLOW")} <= left
+    finally:
+        for acl in (deny, everything, wider):
+            exact = AclBindingFilter(acl.restype, acl.name, acl.resource_pattern_type, acl.principal, acl.host,
+                                     acl.operation, acl.permission_type)
+            admin.delete_acls([exact])[exact].result(30)

@@ -9,9 +9,11 @@ import sys
 import pytest
 from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
 
-from lapse.devtools.brokers import ApacheKafkaServer, BrokerUnavailable, find_kafka_jars
+from lapse.devtools.brokers import ApacheKafkaServer, BrokerUnavailable, UnsafeProperty, find_kafka_jars
+from lapse.devtools.brokers.secured import SecuredKafkaServer
 from tests.fixtures.kafka import admin, broker_tools, create_topics
 from tests.fixtures.polling import eventually
+from tests.fixtures.processes import run_lapse
 
 
 def _produce(bootstrap: str, topic: str, key: bytes, value: bytes) -> None:
@@ -77,6 +79,24 @@ def test_a_broker_that_cannot_start_says_why(tmp_path):
         server.start()
     assert "num.partitions" in str(err.value) and "\n" not in str(err.value)
     assert server.proc is None
+
+
+INJECTED = "\nauthorizer.class.name=org.example.Anything\nsuper.users=User:ANONYMOUS"
+
+
+@pytest.mark.parametrize("kind", [ApacheKafkaServer, SecuredKafkaServer])
+def test_a_data_dir_that_would_add_lines_to_server_properties_is_refused_before_anything(tmp_path, kind):
+    server = kind(tmp_path / f"data{INJECTED}", **broker_tools())
+    with pytest.raises(UnsafeProperty, match=r"^log\.dirs = .* cannot go into a properties file"):
+        server.prepare()
+    assert not any(path.name.startswith("data") for path in tmp_path.iterdir())
+    assert server.proc is None
+
+    (done,) = run_lapse(["broker", "--kind", "apache", "--data-dir", str(tmp_path / f"cli{INJECTED}")],
+                        env={}, cwd=tmp_path, bound_s=60)
+    assert (done.code, len(done.stderr)) == (2, 1), done.stderr
+    assert done.stderr[0].startswith("lapse: broker: log.dirs = ")
+    assert not any(path.name.startswith("cli") for path in tmp_path.iterdir())
 
 
 @pytest.mark.embedded

@@ -182,6 +182,37 @@ def test_a_kind_without_a_due_index_is_refused_with_the_create_index_and_nothing
     assert sorted(load_kinds(settings, shop)) == ["expire-order", "purge-log", "purge-session"]
 
 
+LEDGER_KIND = """
+kinds:
+  purge-ledger:
+    table: {table}
+    id: op_key
+    due: claim_until
+    effect:
+      delete: {{}}
+"""
+
+
+@pytest.mark.parametrize("table", ["lapse_ledger", "lapse.lapse_ledger"])
+def test_lapses_own_table_is_refused_whichever_name_the_search_path_resolves(pg_url, tmp_path, table):
+    """The test role is named like Lapse's schema, so the default search path (`"$user", public`)
+    resolves the bare name to Lapse's ledger: the guard checks the table found, not the name given."""
+    engine = make_engine(pg_url)
+    try:
+        with engine.connect() as conn:
+            assert conn.exec_driver_sql("SELECT relnamespace::regnamespace::text FROM pg_class "
+                                        "WHERE oid = to_regclass('lapse_ledger')").scalar() == "lapse"
+        path = tmp_path / "kinds.yaml"
+        path.write_text(LEDGER_KIND.format(table=table))
+        settings = load_settings(database={"url": pg_url}, kinds={"file": path})
+        with pytest.raises(KindsFileError) as caught:
+            load_kinds(settings, engine)
+        assert str(caught.value) == (f"{path}: kind 'purge-ledger': table: '{table}' is in Lapse's own schema; "
+                                     "kinds clean up business tables")
+    finally:
+        engine.dispose()
+
+
 def kinds_cli(args: list[str], url: str, path: Path):
     env = {env_var("database.url"): url, env_var("kinds.file"): str(path)}
     return CliRunner().invoke(main, ["kinds", *args], env=env)

@@ -192,17 +192,38 @@ def test_a_timeout_on_an_effect_that_is_not_idempotent_is_dead_lettered_for_a_pe
     assert [r.headers["lapse-attempt"] for r in http_server.requests_for(event.op_key)] == ["1"]
 
 
+def add_hook_of(engine, tenant: str) -> ExpiryEvent:
+    """The table, one open hook of `tenant` (id 1, script ok, due an hour ago) and its sweep event."""
+    hooks.create(engine)
+    with engine.begin() as conn:
+        conn.execute(hooks.insert(), [{"id": 1, "tenant": tenant, "script": "ok", "status": "open",
+                                       "due_at": T0 - timedelta(hours=1)}])
+    return expiry_event(KIND, 1, tenant, T0 - timedelta(hours=1), source="sweep", correlation_id="c1")
+
+
 def test_url_placeholders_are_url_encoded(engine, http_server, tmp_path):
     """A placeholder value is URL-encoded: a tenant `a/b c?` cannot add a path segment or a query."""
     http_server.script("ok", Answer(200))
-    hooks.create(engine)
-    with engine.begin() as conn:
-        conn.execute(hooks.insert(), [{"id": 1, "tenant": "a/b c?", "script": "ok", "status": "open",
-                                       "due_at": T0 - timedelta(hours=1)}])
-    event = expiry_event(KIND, 1, "a/b c?", T0 - timedelta(hours=1), source="sweep", correlation_id="c1")
+    event = add_hook_of(engine, "a/b c?")
     kind = hook_kind(engine, tmp_path, http_server.url + "/hooks/{script}/{tenant}")
 
     run_until_terminal(engine, kind, [event])
 
     assert ledger(engine)[event.op_key]["state"] == "applied"
     assert [r.path for r in http_server.received] == ["/hooks/ok/a%2Fb%20c%3F"]
+
+
+def test_a_value_that_would_climb_a_path_segment_is_dead_lettered_and_nothing_is_sent(engine, http_server, tmp_path):
+    """A tenant `..` in `/hooks/{script}/{tenant}/release` would make the request `/hooks/release`
+    (clients and servers remove dot segments), the static Authorization header included: refused."""
+    http_server.script("ok", Answer(200))
+    event = add_hook_of(engine, "..")
+    kind = hook_kind(engine, tmp_path, http_server.url + "/hooks/{script}/{tenant}/release")
+
+    run_until_terminal(engine, kind, [event])
+
+    row = ledger(engine)[event.op_key]
+    assert (row["state"], row["last_failure_class"]) == ("dead_letter", "invalid")
+    assert "URL placeholder {tenant} makes the path segment '..'" in row["last_failure"]
+    assert http_server.received == []
+    assert business(engine) == {1: "open"}

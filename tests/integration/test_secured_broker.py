@@ -9,6 +9,9 @@ from __future__ import annotations
 import json
 import logging
 import os
+import socket
+import ssl
+import struct
 import subprocess
 import sys
 from collections import Counter
@@ -229,3 +232,37 @@ def test_a_principal_without_write_on_the_expiry_topic_cannot_produce_to_it(secu
     assert fatal.value.permanent and "\n" not in str(fatal.value)
     admin = settings_as(secure_kafka, pg_url, prefix, None)
     assert len(list(read_to_end(admin, admin.topology.expiry))) == 1  # the sweep's record alone
+
+
+def answers_kafka(sock: socket.socket) -> bool:
+    """Whether the listener answers an ApiVersions v0 request (correlation id 7) on `sock` with a
+    Kafka response, rather than closing, resetting, refusing the TLS handshake or sending a TLS alert."""
+    client = b"lapse-test"
+    request = struct.pack(">hhih", 18, 0, 7, len(client)) + client
+    try:
+        if isinstance(sock, ssl.SSLSocket):
+            sock.do_handshake()
+        sock.sendall(struct.pack(">i", len(request)) + request)
+        head = sock.recv(8)
+    except OSError:  # ssl.SSLError and timeouts included
+        return False
+    return len(head) == 8 and struct.unpack(">i", head[4:]) == (7,)
+
+
+def test_the_controller_listener_takes_only_tls_with_a_certificate_of_the_test_ca(secure_kafka):
+    server = secure_kafka.server
+    certs = server.certificates
+    address = ("127.0.0.1", server.controller_port)
+
+    def over_tls(context: ssl.SSLContext) -> bool:
+        with socket.create_connection(address, timeout=10) as raw, context.wrap_socket(
+                raw, server_hostname="localhost", do_handshake_on_connect=False) as wrapped:
+            return answers_kafka(wrapped)
+
+    with socket.create_connection(address, timeout=10) as plain:
+        assert not answers_kafka(plain)  # no PLAINTEXT
+    assert not over_tls(ssl.create_default_context(cafile=str(certs.ca)))  # no TLS without a client certificate
+    with_certificate = ssl.create_default_context(cafile=str(certs.ca))
+    with_certificate.load_cert_chain(certs.client_cert, certs.client_key, certs.key_password)
+    assert over_tls(with_certificate)  # the listener itself works
+    assert "ANONYMOUS" not in server.properties()["super.users"]

@@ -31,6 +31,26 @@ def test_each_role_process_is_its_own_claim_owner(tmp_path):
     assert all(owner.startswith("host-1/process-") for owner in owners)
 
 
+def write_command_line(settings, *, out: str) -> None:
+    """What `ps` shows of this role process, and the database URL it was given."""
+    Path(out).write_text(Path("/proc/self/cmdline").read_bytes().replace(b"\0", b" ").decode()
+                         + "\n" + settings.database.url_plain())
+
+
+def test_a_role_process_gets_the_settings_through_a_pipe_not_its_command_line(tmp_path):
+    """`lapse run` spawns its roles: the settings, secrets included, travel pickled through a pipe,
+    so a role's command line (what every user sees in `ps`) holds none of them."""
+    url = "postgresql+psycopg://lapse:role-s3cret-77@db.example:5432/lapse"
+    roles = [Child("process-0", partial(write_command_line, out=str(tmp_path / "seen.txt")))]
+    sup = Supervisor(load_settings(database={"url": url}), roles)
+    sup.start()
+    sup.watch(until=lambda: all(not p.is_alive() for p in sup.procs.values()), poll_s=0.1)
+    sup.shutdown()
+    command_line, given = (tmp_path / "seen.txt").read_text().split("\n")
+    assert given == url and "--multiprocessing-fork" in command_line
+    assert "role-s3cret-77" not in command_line
+
+
 def stop_on_sigterm(settings, *, ready: str) -> None:
     stop = stop_on_signals()
     Path(ready).write_text("ready")

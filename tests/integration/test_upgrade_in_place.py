@@ -205,8 +205,9 @@ def test_a_fresh_install_leaves_a_users_outbox_and_another_apps_alembic_version_
     finally:
         engine.dispose()
 
-    first = CliRunner().invoke(main, ["db", "upgrade", "--database-url", empty_url])
-    second = CliRunner().invoke(main, ["db", "upgrade", "--database-url", empty_url])
+    # By variable: a password on the command line is refused (every user could read it in `ps`).
+    first = CliRunner().invoke(main, ["db", "upgrade"], env={"LAPSE_DATABASE__URL": empty_url})
+    second = CliRunner().invoke(main, ["db", "upgrade"], env={"LAPSE_DATABASE__URL": empty_url})
 
     assert first.exit_code == 0, first.output
     assert f"none → {HEAD}" in first.output

@@ -8,6 +8,7 @@ import itertools
 import json
 import os
 import re
+import stat
 import string
 import tomllib
 from pathlib import Path
@@ -217,8 +218,8 @@ def test_no_secret_value_ever_shows(clean_env: Path, secrets: list[str], extra_k
     (clean_env / "lapse.toml").write_text(
         f'[kafka]\nssl_key_password = "{key_pw}"\nextra = {{ "{extra_key}" = "{extra}", "client.rack" = "r1" }}\n'
         f'[schemas]\nregistry_auth = "user:{registry}"\n')
-    env = {"LAPSE_KAFKA__SASL_PASSWORD": sasl}
     url = f"postgresql+psycopg://lapse:{db_pw}@db.example:5432/lapse?sslpassword={query}"
+    env = {"LAPSE_KAFKA__SASL_PASSWORD": sasl, "LAPSE_DATABASE__URL": url}
 
     # The secrets are in effect ...
     loaded = _load_with_env(env, database={"url": url})
@@ -228,14 +229,15 @@ def test_no_secret_value_ever_shows(clean_env: Path, secrets: list[str], extra_k
     assert loaded.schemas.registry_auth is not None and registry in loaded.schemas.registry_auth.get_secret_value()
     assert loaded.database.url_plain() == url
     # ... and never printed, as text or JSON.
-    as_json = _invoke("config", "show", "--json", "--database-url", url, env=env)
-    as_text = _invoke("config", "show", "--database-url", url, env=env)
+    as_json = _invoke("config", "show", "--json", env=env)
+    as_text = _invoke("config", "show", env=env)
     for result in (as_json, as_text):
         assert result.exit_code == 0, result.output
         assert [s for s in secrets if s in result.output] == []
     shown = json.loads(as_json.output)["settings"]
     assert shown["database"]["url"] == {
-        "value": "postgresql+psycopg://lapse:********@db.example:5432/lapse?sslpassword=********", "origin": "flag"}
+        "value": "postgresql+psycopg://lapse:********@db.example:5432/lapse?sslpassword=********",
+        "origin": "env LAPSE_DATABASE__URL"}
     assert shown["kafka"]["extra"]["value"] == {extra_key: "********", "client.rack": "r1"}
     assert shown["kafka"]["sasl_password"] == {"value": "********", "origin": "env LAPSE_KAFKA__SASL_PASSWORD"}
     assert shown["kafka"]["ssl_key_password"] == {"value": "********", "origin": "file lapse.toml"}
@@ -302,3 +304,58 @@ def test_init_refuses_to_overwrite_without_force(clean_env: Path) -> None:
     assert forced.exit_code == 0, forced.output
     assert (clean_env / "lapse.toml").read_text().startswith("# Lapse configuration")
     assert (clean_env / "kinds.yaml").read_bytes() == package_files.starter_kinds_file().read_bytes()
+
+
+@pytest.mark.parametrize(("command", "flag", "value", "instead"), [
+    (["status"], "--database-url", "postgresql+psycopg://lapse:{secret}@db.example:5432/lapse", "LAPSE_DATABASE__URL"),
+    (["db", "current"], "--database-url", "postgresql+psycopg://lapse:@db.example/lapse", "LAPSE_DATABASE__URL"),
+    (["dlq", "list"], "--database-url", "postgresql+psycopg://lapse@db.example/lapse?sslmode=require&PASSWORD={secret}",
+     "~/.pgpass"),
+    (["config", "show"], "--database-url", "postgresql+psycopg://lapse@db.example/lapse?sslpassword={secret}",
+     "database.url in"),
+    (["status"], "--schema-registry-url", "https://reader:{secret}@registry.example", "LAPSE_SCHEMAS__REGISTRY_AUTH"),
+])
+def test_a_password_in_a_url_flag_is_refused_as_every_user_could_read_it(
+        clean_env: Path, command: list[str], flag: str, value: str, instead: str) -> None:
+    secret = "flag-s3cret-4b1d"
+    result = _invoke(*command, flag, value.format(secret=secret))
+    assert result.exit_code == 2, result.output
+    assert _last_line(result).startswith(f"lapse: {' '.join(command)}: Invalid value for '{flag}': holds a "
+                                         "password, which every user of this machine can read in the process list")
+    assert instead in _last_line(result) and result.output.count("\n") == 1
+    assert secret not in result.output
+
+
+def test_init_writes_what_can_hold_secrets_for_its_owner_only(clean_env: Path) -> None:
+    before = os.umask(0o022)  # a usual umask: files would be world-readable unless written otherwise
+    try:
+        assert _invoke("init").exit_code == 0
+    finally:
+        os.umask(before)
+    modes = {name: stat.S_IMODE((clean_env / name).stat().st_mode)
+             for name in ("lapse.toml", "kinds.yaml", "topics.yaml")}
+    assert modes == {"lapse.toml": 0o600, "kinds.yaml": 0o600, "topics.yaml": 0o644}
+    (clean_env / "lapse.toml").chmod(0o644)
+    assert _invoke("init", "--force").exit_code == 0
+    assert stat.S_IMODE((clean_env / "lapse.toml").stat().st_mode) == 0o600  # rewritten, not kept
+    assert [p.name for p in clean_env.iterdir() if p.name.startswith(".")] == []  # no temporary file left
+
+
+@pytest.mark.parametrize("force", [False, True])
+@pytest.mark.parametrize("target", ["dangling", "existing"])
+def test_init_never_writes_through_a_symbolic_link(clean_env: Path, tmp_path: Path, force: bool, target: str) -> None:
+    elsewhere = tmp_path / "elsewhere.toml"
+    if target == "existing":
+        elsewhere.write_text("# someone else's file\n")
+    (clean_env / "lapse.toml").symlink_to(elsewhere)
+
+    refused = _invoke("init", *(["--force"] if force else []))
+
+    assert refused.exit_code == 3
+    assert _last_line(refused) == (f"lapse: {clean_env / 'lapse.toml'} is a symbolic link; lapse init never "
+                                   "writes through one: remove it first")
+    if target == "existing":
+        assert elsewhere.read_text() == "# someone else's file\n"
+    else:
+        assert not elsewhere.exists()
+    assert sorted(p.name for p in clean_env.iterdir()) == ["lapse.toml"]  # nothing else written either

@@ -22,7 +22,8 @@ def _invoke(*args: str):
 
 
 def test_upgrade_sql_prints_a_fresh_install_in_the_schema_without_connecting():
-    result = _invoke("db", "upgrade", "--sql", "--database-url", NOWHERE, "--schema-name", "lapse_alt")
+    result = CliRunner(env={"LAPSE_DATABASE__URL": NOWHERE}).invoke(
+        main, ["db", "upgrade", "--sql", "--schema-name", "lapse_alt"])
 
     assert result.exit_code == 0, result.output
     sql = result.output

@@ -23,7 +23,7 @@ def test_which_brokers_and_databases_are_on_this_machine():
 
 @pytest.mark.parametrize(("flags", "named"), [
     (["--bootstrap-servers", "kafka.example.com:9092"], "broker kafka.example.com:9092"),
-    (["--database-url", "postgresql+psycopg://lapse:s3cret@db.example.com:5432/prod"], "database host db.example.com"),
+    (["--database-url", "postgresql+psycopg://lapse@db.example.com:5432/prod"], "database host db.example.com"),
 ])
 def test_demo_refuses_what_is_not_on_this_machine_before_anything(flags, named, tmp_path):
     state = tmp_path / "state"

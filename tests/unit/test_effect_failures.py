@@ -201,6 +201,29 @@ def test_filesystem_store_refuses_paths_outside_its_folder_and_deletes_if_presen
     assert store.delete("a/b.csv") is True and store.delete("a/b.csv") is False and store.removed == 1
 
 
+def test_filesystem_store_never_follows_a_symbolic_link_out_of_its_folder(tmp_path):
+    outside = tmp_path / "outside"
+    (outside / "deep").mkdir(parents=True)
+    for victim in ("victim.csv", "deep/victim.csv"):
+        (outside / victim).write_text("keep me")
+    store = FilesystemObjectStore(tmp_path / "objects")
+    store.put("a/real.csv")
+    (store.root / "up").symlink_to(outside)
+    (store.root / "a" / "abs").symlink_to(outside.resolve())
+    (store.root / "file-link.csv").symlink_to(outside / "victim.csv")
+
+    for key in ("up/victim.csv", "up/deep/victim.csv", "a/abs/victim.csv"):
+        with pytest.raises(EffectFailure) as info:
+            store.delete(key)
+        assert info.value.failure_class == INVALID and "symbolic link" in info.value.reason, key
+        assert store.exists(key) is False
+    assert store.delete("file-link.csv") is True  # the link is the object: it goes, what it names stays
+    assert store.delete("a/real.csv/x") is False and store.delete("nowhere/x") is False
+    assert store.delete("a/real.csv") is True
+    assert sorted(str(p.relative_to(outside)) for p in outside.rglob("*.csv")) == ["deep/victim.csv", "victim.csv"]
+    assert sorted(str(p.relative_to(store.root)) for p in store.root.rglob("*")) == ["a", "a/abs", "up"]
+
+
 def _call(target: dict) -> EffectCall:
     return EffectCall("notify", "notify:7", 2, "7", "t 1", target)
 

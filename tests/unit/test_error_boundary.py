@@ -211,8 +211,10 @@ def test_secrets_of_the_settings_are_masked_wherever_they_show() -> None:
     (["status"], {"LAPSE_PROCESSOR__BATCH_SIZE": "0"}, ExitCode.CONFIG, "lapse: invalid setting processor.batch_size"),
     (["status"], {"LAPSE_PROCESOR__BATCH_SIZE": "10"}, ExitCode.CONFIG, "lapse: unknown setting LAPSE_PROCESOR"),
     (["--config", "nowhere.toml", "status"], {}, ExitCode.CONFIG, "lapse: config file nowhere.toml does not exist"),
-    (["status", "--database-url", f"postgresql+psycopg://lapse:{SECRET}@127.0.0.1:{closed_port()}/x"], {},
+    (["status"], {"LAPSE_DATABASE__URL": f"postgresql+psycopg://lapse:{SECRET}@127.0.0.1:{closed_port()}/x"},
      ExitCode.UNREACHABLE, "lapse: database postgresql+psycopg://lapse:********@127.0.0.1"),
+    (["status", "--database-url", f"postgresql+psycopg://lapse:{SECRET}@127.0.0.1:{closed_port()}/x"], {},
+     ExitCode.USAGE, "lapse: status: Invalid value for '--database-url': holds a password, which every user"),
 ])
 def test_the_command_line_ends_in_one_line_and_its_code(args, env, code, start) -> None:
     result = CliRunner().invoke(main, args, env=env)

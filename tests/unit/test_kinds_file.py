@@ -353,6 +353,14 @@ REFUSED = [
     (expire(effect={"http": {"url": "https://x/{ident}"}}), "effect.http.url: no column 'ident' in orders"),
     (expire(effect={"http": {"url": "https://x/{id!r}"}}), "effect.http.url: placeholder 'id' takes no format"),
     (expire(effect={"http": {"url": "https://x/{id"}}), "effect.http.url: not a URL template"),
+    (expire(effect={"http": {"url": "https://{tenant_id}.partner.example/{id}"}}),
+     "effect.http.url: placeholder 'tenant_id' is in the URL's authority; placeholders go in path segments"),
+    (expire(effect={"http": {"url": "https://partner.example{note}/{id}"}}),
+     "effect.http.url: placeholder 'note' is in the URL's authority"),
+    (expire(effect={"http": {"url": "https://partner.example:{id}/"}}),
+     "effect.http.url: placeholder 'id' is in the URL's authority"),
+    (expire(effect={"http": {"url": "https://x/holds?{note}=1"}}), "placeholder 'note' is in the URL's query key"),
+    (expire(effect={"http": {"url": "https://x/holds#{id}"}}), "placeholder 'id' is in the URL's fragment"),
     (expire(effect={"http": {"url": "https://x/", "verb": "GET"}}), "effect.http.verb: Extra inputs"),
     (expire(effect={"object-store": {"url": "s3://b"}}), "effect.object-store.key_column: Field required"),
     (expire(effect={"object-store": {"url": "gs://b", "key_column": "note"}}),
@@ -371,6 +379,7 @@ REFUSED = [
     ({"ok": {"table": "lapse.orders", "id": "id", "due": "expires_at", "effect": {"delete": {}}}},
      "kind 'ok': table: 'lapse.orders' is in Lapse's own schema"),
     (expire(table="pg_catalog.pg_class"), "table: 'pg_catalog.pg_class' is in a system schema"),
+    (expire(table="lapse_ledger"), "table: 'lapse_ledger' is one of Lapse's own tables"),
 ]
 
 

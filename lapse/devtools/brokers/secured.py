@@ -4,8 +4,10 @@ with no access unless an ACL grants it, and certificates made here (a CA, a serv
 127.0.0.1/localhost, a client certificate whose key is encrypted with a password).
 
 The broker principal `User:<admin_user>` (created at format time, also used broker to broker) is a
-super user; so is the controller listener's `User:ANONYMOUS`, which stays PLAINTEXT on loopback.
-Other users are added with `add_users` and get only the ACLs someone creates for them.
+super user, and so is the node's own certificate (`User:CN=localhost`), with which it reaches its
+controller: the controller listener takes TLS with a client certificate signed by the test CA, and
+no anonymous principal has any right. Other users are added with `add_users` and get only the ACLs
+someone creates for them.
 """
 
 from __future__ import annotations
@@ -35,6 +37,8 @@ from lapse.devtools.brokers.unavailable import BrokerUnavailable
 
 MECHANISM = "SCRAM-SHA-512"
 AUTHORIZER = "org.apache.kafka.metadata.authorizer.StandardAuthorizer"
+SERVER_NAME = "localhost"  # the broker certificate's subject, also its principal on the controller listener
+NODE_PRINCIPAL = f"CN={SERVER_NAME}"
 
 
 @dataclass(frozen=True)
@@ -76,7 +80,7 @@ def make_certificates(folder: Path, key_password: str) -> Certificates:
     ca_cert = _cert("lapse-test-ca", ca_key, x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "lapse-test-ca")]),
                     ca_key, ca=True)
     server_key = ec.generate_private_key(ec.SECP256R1())
-    server_cert = _cert("localhost", server_key, ca_cert.subject, ca_key,
+    server_cert = _cert(SERVER_NAME, server_key, ca_cert.subject, ca_key,
                         san=[x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))])
     client_key = ec.generate_private_key(ec.SECP256R1())
     client_cert = _cert("lapse-client", client_key, ca_cert.subject, ca_key, usage=ExtendedKeyUsageOID.CLIENT_AUTH)
@@ -99,7 +103,8 @@ def make_certificates(folder: Path, key_password: str) -> Certificates:
 
 class SecuredKafkaServer(ApacheKafkaServer):
     """One KRaft node whose only client listener is SASL_SSL with SCRAM-SHA-512 and the standard
-    authorizer (`allow.everyone.if.no.acl.found=false`); certificates are made in its data dir."""
+    authorizer (`allow.everyone.if.no.acl.found=false`), its controller listener SSL with client
+    certificates; certificates are made in its data dir."""
 
     what = "Apache Kafka (SASL_SSL)"
 
@@ -126,7 +131,7 @@ class SecuredKafkaServer(ApacheKafkaServer):
         secured: dict[str, str] = {
             "listeners": f"SASL_SSL://127.0.0.1:{self.port},CONTROLLER://127.0.0.1:{self.controller_port}",
             "advertised.listeners": f"SASL_SSL://127.0.0.1:{self.port}",
-            "listener.security.protocol.map": "SASL_SSL:SASL_SSL,CONTROLLER:PLAINTEXT",
+            "listener.security.protocol.map": "SASL_SSL:SASL_SSL,CONTROLLER:SSL",
             "inter.broker.listener.name": "SASL_SSL",
             "sasl.enabled.mechanisms": MECHANISM,
             "sasl.mechanism.inter.broker.protocol": MECHANISM,
@@ -138,7 +143,7 @@ class SecuredKafkaServer(ApacheKafkaServer):
             "ssl.client.auth": "required",
             "authorizer.class.name": AUTHORIZER,
             "allow.everyone.if.no.acl.found": "false",
-            "super.users": f"User:{self.admin_user};User:ANONYMOUS",
+            "super.users": f"User:{self.admin_user};User:{NODE_PRINCIPAL}",
         }
         conf.update(secured)
         conf.update({k: str(v) for k, v in self.overrides.items()})

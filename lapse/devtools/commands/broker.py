@@ -34,7 +34,7 @@ from lapse.shell.cli_options import pass_settings, setting_option
 def broker(settings: Settings, port: int | None, kind: str, data_dir: Path | None) -> None:
     """Run a Kafka broker on loopback until Ctrl-C; prints its bootstrap address first."""
     # function-local: keeps `lapse --help` fast
-    from lapse.devtools.brokers import ApacheKafkaServer, BrokerUnavailable, EmbeddedBroker
+    from lapse.devtools.brokers import ApacheKafkaServer, BrokerUnavailable, EmbeddedBroker, UnsafeProperty
 
     if data_dir is not None and kind != "apache":
         raise click.UsageError("--data-dir applies to --kind apache only (the embedded broker keeps "
@@ -48,6 +48,8 @@ def broker(settings: Settings, port: int | None, kind: str, data_dir: Path | Non
             server.start()
         except BrokerUnavailable as exc:
             raise click.ClickException(str(exc)) from None
+        except UnsafeProperty as exc:
+            raise click.UsageError(str(exc)) from None
         sys.stdout.write(server.bootstrap + "\n")
         sys.stdout.flush()
         click.echo(f"{kind} broker on {server.bootstrap} (log: {server.log_path}); Ctrl-C to stop",

@@ -37,6 +37,7 @@ from lapse.kernel.logs import configure_logging
 from lapse.kernel.models import cleanup_ledger
 from lapse.kernel.settings import Settings
 from lapse.kernel.topology import load_topology
+from lapse.kernel.yaml_files import load_file
 from lapse.shell.roles import child_of, pipeline_roles
 from lapse.shell.supervisor import Child, Supervisor
 
@@ -63,7 +64,7 @@ class SoakPlan:
 
 def soak_topics_file(source: Path, folder: Path, retention_s: int, partitions: int) -> Path:
     """A copy of the topics file whose expiry topic keeps `retention_s` and has `partitions`."""
-    doc = yaml.safe_load(source.read_text(encoding="utf-8"))
+    doc = load_file(source, "topics file")
     for body in doc["topics"].values():
         if body.get("role") == "expiry":
             body["retention"] = f"{retention_s}s"

@@ -12,9 +12,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import Column, ColumnElement, MetaData, String, Table, and_, func, literal, or_, true
+from sqlalchemy import Column, ColumnElement, Connection, MetaData, String, Table, and_, func, literal, or_, text, true
 from sqlalchemy.sql.elements import NamedColumn
 
+from lapse.kernel.database import TABLE_PREFIX
 from lapse.kernel.kinds.brakes import effective_budget
 from lapse.kernel.kinds.columns import (
     Bind,
@@ -82,17 +83,42 @@ def tenant_expression(table: Table, name: str | None, taken: set[str]) -> NamedC
     return column
 
 
+def resolved_schema(bind: Bind, table: Table) -> str | None:
+    """The schema `table` really is in: its own, or for a bare name the schema PostgreSQL's search
+    path finds it in (as every statement on it will); None for SQLite's one namespace."""
+    if table.schema is not None or bind.dialect.name != "postgresql":
+        return table.schema
+    query = text("SELECT n.nspname FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n "
+                 "ON n.oid = c.relnamespace WHERE c.oid = to_regclass(:name)")
+    params = {"name": bind.dialect.identifier_preparer.quote(table.name)}
+    if isinstance(bind, Connection):
+        return bind.execute(query, params).scalar()
+    with bind.connect() as conn:
+        return conn.execute(query, params).scalar()
+
+
+def refuse_own_tables(bind: Bind, name: str, schema: str | None, lapse_schema: str | None) -> None:
+    """KindError at `table` when the table named `name` lives in `schema` and that is Lapse's own
+    schema (as configured, or as the engine maps it) or a system schema; on SQLite, whose one
+    namespace Lapse shares, when its name has Lapse's table prefix."""
+    translated = (bind.get_execution_options().get("schema_translate_map") or {}).get(LAPSE_SCHEMA)
+    bare = split_table_name(name)[1]
+    if schema is not None and schema in {LAPSE_SCHEMA, lapse_schema, translated}:
+        raise KindError("table", f"{show(name)} is in Lapse's own schema; kinds clean up business tables")
+    if schema is not None and (schema.startswith("pg_") or schema == "information_schema"):
+        raise KindError("table", f"{show(name)} is in a system schema; kinds clean up business tables")
+    if bind.dialect.name == "sqlite" and bare.lower().startswith(TABLE_PREFIX):
+        raise KindError("table", f"{show(name)} is one of Lapse's own tables; kinds clean up business tables")
+
+
 def compile_declared(name: str, decl: DeclaredKind, bind: Bind, metadata: MetaData, base_dir: Path,
                      lapse_schema: str | None = None, topology: Topology | None = None) -> CleanupKind:
     """The CleanupKind of one declaration, its names and values checked against the reflected
     table (and the topology, for an effect that names a topic); KindError names the field at fault."""
     dialect = bind.dialect.name
-    schema, _ = split_table_name(decl.table)
-    if schema is not None and schema in {LAPSE_SCHEMA, lapse_schema}:
-        raise KindError("table", f"{show(decl.table)} is in Lapse's own schema; kinds clean up business tables")
-    if schema is not None and (schema.startswith("pg_") or schema == "information_schema"):
-        raise KindError("table", f"{show(decl.table)} is in a system schema; kinds clean up business tables")
+    refuse_own_tables(bind, decl.table, split_table_name(decl.table)[0], lapse_schema)
     table = reflect(bind, metadata, decl.table)
+    refuse_own_tables(bind, decl.table, resolved_schema(bind, table), lapse_schema)
     id_column = column_of(table, decl.id, "id")
     check_id_column(id_column)
     due_column = column_of(table, decl.due, "due")

@@ -15,7 +15,6 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, PlainValidator, ValidationError, model_validator
 
 from lapse.kernel.kinds.brakes import BRAKE_TAGS, BUDGET_HELP, MODE_HELP, BudgetField, Mode
@@ -23,8 +22,8 @@ from lapse.kernel.kinds.effects.python import PythonKind
 from lapse.kernel.kinds.effects.registry import EXTERNAL_TAGS, SHAPE, Effect
 from lapse.kernel.kinds.errors import KindError, KindsFileError, show
 from lapse.kernel.ledger import InvalidOpKey, op_key
+from lapse.kernel.yaml_files import YamlFileError, load_text, read_text
 
-MAX_FILE_BYTES = 1_000_000
 MAX_LIST = 1000
 SCALARS = (str, int, float, bool)
 
@@ -138,25 +137,6 @@ class KindsFile:
     kinds: dict[str, Declaration]
 
 
-class _UniqueKeyLoader(yaml.SafeLoader):
-    """Safe YAML that refuses a key given twice in one mapping (a kind declared twice would
-    otherwise silently keep the last)."""
-
-    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
-        seen: set[Any] = set()
-        for key_node, _ in node.value:
-            key = self.construct_object(key_node, deep=deep)
-            try:
-                duplicate = key in seen
-            except TypeError:
-                continue  # unhashable: the base constructor says so
-            if duplicate:
-                raise yaml.constructor.ConstructorError(
-                    None, None, f"key {show(key)} given twice", key_node.start_mark)
-            seen.add(key)
-        return super().construct_mapping(node, deep=deep)
-
-
 def _field_path(loc: tuple[int | str, ...]) -> str:
     return ".".join(show(part, bare=True) for part in loc) or "(kind)"
 
@@ -197,12 +177,9 @@ def parse_kind(name: Any, raw: Any) -> Declaration:
 def parse_kinds_text(text: str, path: Path) -> KindsFile:
     """Validate the text of a kinds file; KindsFileError (one line) on the first mistake."""
     try:
-        data = yaml.load(text, Loader=_UniqueKeyLoader)  # a SafeLoader
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" at line {mark.line + 1}" if mark is not None else ""
-        problem = getattr(exc, "problem", None) or str(exc)
-        raise KindsFileError(f"{path}: not valid YAML{where}: {str(problem).splitlines()[0]}") from None
+        data = load_text(text, path)
+    except YamlFileError as exc:
+        raise KindsFileError(str(exc)) from None
     if data is None:
         data = {}
     if not isinstance(data, dict):
@@ -227,15 +204,9 @@ def read_kinds_file(path: Path | None) -> KindsFile:
     if path is None:
         raise KindsFileError("no kinds file: set kinds.file (LAPSE_KINDS__FILE) or run `lapse init`")
     try:
-        size = path.stat().st_size
-    except OSError as exc:
-        raise KindsFileError(f"{path}: cannot read the kinds file ({exc.strerror})") from None
-    if size > MAX_FILE_BYTES:
-        raise KindsFileError(f"{path}: a kinds file is at most {MAX_FILE_BYTES} bytes")
-    try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise KindsFileError(f"{path}: cannot read the kinds file ({exc})") from None
+        text = read_text(path, "kinds file")
+    except YamlFileError as exc:
+        raise KindsFileError(str(exc)) from None
     return parse_kinds_text(text, path)
 
 

@@ -27,11 +27,13 @@ from lapse.kernel.topology import Topology
 
 
 def load_kind(dotted: str) -> CleanupKind:
-    """Import a kind named as `package.module:ATTRIBUTE`; ValueError when it is not one."""
+    """Import a kind named as `package.module:ATTRIBUTE`; ValueError when it is not one, or when
+    importing the module fails in any way (it is the user's code: a syntax error, an exception
+    at import time is a wrong kinds file, not an error of Lapse)."""
     module_name, _, attr = dotted.partition(":")
     try:
         kind = getattr(importlib.import_module(module_name), attr)
-    except (ImportError, AttributeError, ValueError) as exc:
+    except Exception as exc:  # whatever the named module raises while it is imported
         raise ValueError(f"cannot load {dotted!r}: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}"
                          ) from None
     if not isinstance(kind, CleanupKind):

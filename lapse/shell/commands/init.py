@@ -3,12 +3,15 @@
 lapse.toml is written from the Settings model itself (every section and field with its description,
 the few a user edits first set, the rest commented out), so it never names a setting that does
 not exist. topics.yaml and kinds.yaml are copies of the packaged default topology and starter kinds.
+Files that can hold secrets are written readable by their owner only, and no file is written
+through a symbolic link.
 """
 
 from __future__ import annotations
 
 import json
-import shutil
+import os
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -18,10 +21,14 @@ from pydantic import BaseModel
 from lapse.kernel import package_files
 from lapse.kernel.settings import ENV_PREFIX, Settings, env_var
 from lapse.shell.cli import main
+from lapse.shell.error_boundary import CommandFailed, ExitCode
 
 CONFIG_NAME = "lapse.toml"
 TOPICS_NAME = "topics.yaml"
 KINDS_NAME = "kinds.yaml"
+# lapse.toml and kinds.yaml can hold secrets (a database password, an http effect's Authorization
+# header): readable by their owner only. topics.yaml names topics and principals, no secret.
+SECRET_MODE, PUBLIC_MODE = 0o600, 0o644
 
 # What a new deployment edits first: written set, with these values; everything else commented out.
 STARTER_VALUES: dict[str, Any] = {
@@ -78,21 +85,44 @@ def starter_config() -> str:
     return "\n\n".join(blocks) + "\n"
 
 
+def write_file(path: Path, data: bytes, mode: int, *, replace: bool) -> None:
+    """Write `path` with permissions `mode`, never through a symbolic link: the data goes to a new
+    temporary file beside it, which is then linked in as `path` (failing if anything, a dangling
+    link included, is there) or, with `replace`, renamed over it (replacing a link, not its target)."""
+    fd, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        with os.fdopen(fd, "wb") as file:
+            os.fchmod(file.fileno(), mode)
+            file.write(data)
+        if replace:
+            os.replace(temporary, path)
+        else:
+            os.link(temporary, path)
+    finally:
+        if os.path.lexists(temporary):
+            os.unlink(temporary)
+
+
 @main.command("init")
 @click.option("--force", is_flag=True, help="Overwrite lapse.toml, topics.yaml and kinds.yaml where they exist.")
 def init(force: bool) -> None:
     """Write a starter lapse.toml, topics.yaml and kinds.yaml into the current folder."""
     here = Path.cwd()
-    existing = [name for name in (CONFIG_NAME, TOPICS_NAME, KINDS_NAME) if (here / name).exists()]
+    names = (CONFIG_NAME, TOPICS_NAME, KINDS_NAME)
+    link = next((here / name for name in names if (here / name).is_symlink()), None)
+    if link is not None:
+        raise CommandFailed(ExitCode.CONFIG, f"{link} is a symbolic link; lapse init never writes through one: "
+                                             "remove it first")
+    existing = [name for name in names if os.path.lexists(here / name)]
     if existing and not force:
         raise click.ClickException(f"{', '.join(existing)} already exist{'s' if len(existing) == 1 else ''} "
                                    f"in {here}; --force overwrites")
     kinds_starter = package_files.starter_kinds_file()
     if not kinds_starter.is_file():
         raise click.ClickException(f"the packaged starter kinds file {kinds_starter} is missing; reinstall Lapse")
-    (here / CONFIG_NAME).write_text(starter_config())
-    shutil.copyfile(package_files.topics_file(), here / TOPICS_NAME)
-    shutil.copyfile(kinds_starter, here / KINDS_NAME)
+    write_file(here / CONFIG_NAME, starter_config().encode(), SECRET_MODE, replace=force)
+    write_file(here / TOPICS_NAME, package_files.topics_file().read_bytes(), PUBLIC_MODE, replace=force)
+    write_file(here / KINDS_NAME, kinds_starter.read_bytes(), SECRET_MODE, replace=force)
     click.echo(f"wrote {CONFIG_NAME}, {TOPICS_NAME} and {KINDS_NAME} in {here}. Next:")
     click.echo(f"  1. set kafka.bootstrap_servers and database.url in {CONFIG_NAME} "
                f"(the password in {env_var('database.url')})")
