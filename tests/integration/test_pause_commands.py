@@ -19,7 +19,7 @@ from tests.fixtures.fast_path import reservation
 NO_TENANT_KINDS = """
 kinds:
   purge-session:
-    table: sessions_t
+    table: public.sessions_t
     id: id
     due: expires_at
     effect:
@@ -51,8 +51,8 @@ def shop(pg_url, tmp_path):
     engine = make_engine(pg_url)
     with engine.begin() as conn:
         conn.execute(reservations.insert(), [reservation(1, tenant="acme")])
-        conn.execute(text("CREATE TABLE sessions_t (id text PRIMARY KEY, expires_at timestamptz NOT NULL)"))
-        conn.execute(text("CREATE INDEX sessions_t_due ON sessions_t (expires_at, id)"))
+        conn.execute(text("CREATE TABLE public.sessions_t (id text PRIMARY KEY, expires_at timestamptz NOT NULL)"))
+        conn.execute(text("CREATE INDEX sessions_t_due ON public.sessions_t (expires_at, id)"))
     engine.dispose()
     no_tenant = tmp_path / "no_tenant.yaml"
     no_tenant.write_text(NO_TENANT_KINDS)
