@@ -2,8 +2,8 @@
 and its JSON under `/api/v1/`. A new page is a module here and one entry in PAGES (and, for the
 navigation, a link in `templates/base.html`)."""
 
-from lapse.shell.console.pages import activity, dead_letters, health, operations, overview, signin
+from lapse.shell.console.pages import activity, brakes, dead_letters, health, operations, overview, signin
 
-PAGES = (signin, health, overview, dead_letters, operations, activity)
+PAGES = (signin, health, overview, dead_letters, operations, brakes, activity)
 
 __all__ = ["PAGES"]
