@@ -35,6 +35,9 @@ from lapse.processors.rules import Invalid, apply_batch, dead_letter_events
 from lapse.processors.scope import BatchResult, BatchScope
 
 DEADLOCK_RETRIES = 3
+# The poison codes of consumed records that get no ledger row after all: the ledger refused even
+# their dead letter; their tenant is not their business row's (forged or mistaken).
+LEDGER_REFUSED, TENANT_MISMATCH = "ledger_refused", "tenant_mismatch"
 log = get_logger("processor")
 
 
@@ -91,8 +94,9 @@ def commit_batch(
 
     1. DB commit: the batch's transaction (`apply_batch`), retried on deadlock, redone event by
        event when one event fails it; then the leased external effects and their own transaction.
-    2. Produce what has no ledger change (poison to the DLQ, early and backed-off events to a
-       delay tier) and flush; raise if any record was not acknowledged.
+    2. Produce what has no ledger change (poison to the DLQ, events of a forged tenant among it;
+       early and backed-off events to a delay tier) and flush; raise if any record was not
+       acknowledged.
     3. Commit the next offset of every partition still owned, on the consumer's thread.
     """
     # The poison's dead-letter time when the batch has no transaction; else the transaction's now.
@@ -109,7 +113,9 @@ def commit_batch(
     _crash_if("after_db_commit", ctx.settings)
 
     # Step 2: produce what has no ledger change, and flush.
-    poison = [*poison, *raw_records(messages, positions, unrecorded)]
+    refused = [(e, f"the ledger refused the event and its dead letter: {r}") for e, r in unrecorded]
+    poison = [*poison, *raw_records(messages, positions, refused, LEDGER_REFUSED),
+              *raw_records(messages, positions, result.forged, TENANT_MISMATCH)]
     send_poison(ctx.producer, ctx.codec, ctx.delivery, ctx.topics.dlq, poison, now, ctx.budget)
     for event in result.not_due + result.backed_off:
         _produce_delayed(ctx, event, now)
@@ -192,13 +198,12 @@ def values_at_fault(exc: BaseException) -> bool:
     return not isinstance(exc, DBAPIError)  # a StatementError of its own is a value not bound
 
 
-def raw_records(messages: list[Message], positions: dict[str, Position], unrecorded: list[Invalid]
+def raw_records(messages: list[Message], positions: dict[str, Position], events: list[Invalid], code: str
                 ) -> list[Poison]:
-    """The consumed records of events the ledger could not take, as poison with the reason."""
+    """The consumed records of `events` that get no ledger row, as poison with `code` and the reason."""
     by_position = {position_of(msg): msg for msg in messages}
-    return [poison_of(by_position[positions[event.op_key]], "ledger_refused",
-                      f"{event.op_key}: the ledger refused the event and its dead letter: {reason}")
-            for event, reason in unrecorded if positions.get(event.op_key) in by_position]
+    return [poison_of(by_position[positions[event.op_key]], code, f"{event.op_key}: {reason}")
+            for event, reason in events if positions.get(event.op_key) in by_position]
 
 
 def _one_line(exc: BaseException) -> str:

@@ -12,7 +12,7 @@ from dataclasses import replace
 from datetime import datetime
 from typing import Any
 
-from lapse.kernel.kinds import CleanupKind
+from lapse.kernel.kinds import CleanupKind, SubjectRow
 from lapse.kernel.ledger import (
     APPLIED,
     ExpiryEvent,
@@ -27,10 +27,12 @@ from lapse.kernel.ledger import (
 from lapse.processors.scope import BatchScope
 
 
-def apply_fast_path(scope: BatchScope, unique: Mapping[str, ExpiryEvent], extra: Counter[str]) -> set[str]:
+def apply_fast_path(scope: BatchScope, unique: Mapping[str, ExpiryEvent], extra: Counter[str],
+                    present: Mapping[str, Mapping[str, SubjectRow]]) -> set[str]:
     """Apply and record, in the scope's transaction, the events of `unique` (one per op key) that
     qualify; returns their op keys, for the careful path to leave out. `extra` counts the batch's
-    other deliveries of each op key (an inserted row carries them as its duplicates).
+    other deliveries of each op key (an inserted row carries them as its duplicates); `present`
+    holds each kind's business rows as the batch read them (`rules.subjects_present`).
 
     1. Probe the ledger for the in-database op keys.
     2. Keep the events whose business row is present, of their tenant, eligible and due.
@@ -49,7 +51,8 @@ def apply_fast_path(scope: BatchScope, unique: Mapping[str, ExpiryEvent], extra:
         if settles_waiting(found, scope.now) if found is not None else event.due_at <= scope.now:
             by_kind.setdefault(event.kind, []).append(event)
     # Step 2: the business rows.
-    candidates = {name: ready(scope, scope.kinds[name], batch) for name, batch in by_kind.items()}
+    candidates = {name: ready(scope, scope.kinds[name], batch, present.get(name, {}))
+                  for name, batch in by_kind.items()}
     fresh = [e for batch in candidates.values() for e, _ in batch if e.op_key not in probed]
     waiting = [e.op_key for batch in candidates.values() for e, _ in batch if e.op_key in probed]
     if not fresh and not waiting:
@@ -92,16 +95,17 @@ def apply_fast_path(scope: BatchScope, unique: Mapping[str, ExpiryEvent], extra:
     return {event.op_key for event in settled}
 
 
-def ready(scope: BatchScope, kind: CleanupKind, batch: list[ExpiryEvent]) -> list[tuple[ExpiryEvent, Any]]:
-    """The events of `batch` (one kind), with their parsed subjects, whose business row is present,
-    of the event's tenant (when the table has one), eligible and due at the scope's now."""
+def ready(scope: BatchScope, kind: CleanupKind, batch: list[ExpiryEvent], present: Mapping[str, SubjectRow]
+          ) -> list[tuple[ExpiryEvent, Any]]:
+    """The events of `batch` (one kind), with their parsed subjects, whose business row is present
+    (in `present`, as the batch read it), of the event's tenant (when the table has one), eligible
+    and due at the scope's now."""
     subjects: dict[str, Any] = {}
     for event in batch:
         try:
             subjects[event.subject_id] = kind.parse_subject(event.subject_id)
         except ValueError:
             continue  # invalid: the careful path dead-letters it
-    present = kind.subject_rows(scope.conn, list(subjects.values()))
     tenants = kind.has_tenant
     out = []
     for event in batch:

@@ -29,6 +29,7 @@ from lapse.kernel.ledger import (
     millis,
     read_rows,
 )
+from lapse.kernel.logs import get_logger
 from lapse.kernel.text import one_line
 from lapse.processors.brakes import count_usage, hold, pause_spent, sort_out
 from lapse.processors.failures import AMBIGUOUS, INVALID, EffectFailure
@@ -42,6 +43,7 @@ REASON_LIMIT = 500  # characters of a dead-letter reason written to the ledger
 TENANT_SHOWN = 64  # characters of each tenant a tenant-mismatch reason quotes
 DUE_BY_SUBJECT = "brought forward: the business row is due sooner than the event said"
 RECHECK_SOURCE = "recheck"  # the source of the wake-up that rechecks a subject that did not exist
+log = get_logger("processor")
 
 
 @dataclass(frozen=True)
@@ -62,7 +64,9 @@ def apply_batch(scope: BatchScope, events: Sequence[ExpiryEvent], *, fast_path: 
 
     Without `fast_path` every event that goes on takes the careful path (the tests compare the two).
 
-    1. Collapse to one event per op key (the latest attempt wins).
+    1. Collapse to one event per op key (the latest attempt wins); read the business rows once, and
+       set aside events whose tenant is not their row's (poison: they never create or claim a
+       ledger row; `set_aside_forged`).
     2. Brakes: hold what a pause, an undeclared kind or a spent budget stops, shadow a shadow-mode
        kind's work (`processors.brakes`, `processors.shadow`); the rest goes on, budgets charged.
     3. Fast path: work whose outcome is known (`apply_fast_path`); steps 4 to 7 are the careful
@@ -74,15 +78,17 @@ def apply_batch(scope: BatchScope, events: Sequence[ExpiryEvent], *, fast_path: 
     7. Record the rest: applied, skipped, rescheduled, waiting for its business row, or invalid.
     8. Count what the budgets let through, and flush the ledger writes once.
     """
-    # Step 1: collapse.
+    # Step 1: collapse, the business rows, forged tenants set aside.
     unique, extra = collapse(events)
     if not unique:
         return scope.result
     scope.writes.duplicates.update(extra)
+    present = subjects_present(scope, unique)
+    unique = set_aside_forged(scope, unique, present)
     # Step 2: the brakes.
     unique = park_braked(scope, unique)
     # Step 3: the fast path.
-    fast = apply_fast_path(scope, unique, extra) if fast_path and unique else set()
+    fast = apply_fast_path(scope, unique, extra, present) if fast_path and unique else set()
     unique = {key: event for key, event in unique.items() if key not in fast}
     if not unique:
         return finish_batch(scope)
@@ -91,7 +97,8 @@ def apply_batch(scope: BatchScope, events: Sequence[ExpiryEvent], *, fast_path: 
     # Step 5: sort out the unclaimed.
     classify_unclaimed(scope, unique, claimed)
     # Step 6: run each kind.
-    runs = [run_kind(scope, kind, batch, before) for kind, batch in claimed_by_kind(scope, unique, claimed)]
+    runs = [run_kind(scope, kind, batch, before, present.get(kind.name, {}))
+            for kind, batch in claimed_by_kind(scope, unique, claimed)]
     # Step 7: record the rest.
     later, missing = [], []
     for run in runs:
@@ -139,6 +146,51 @@ def collapse(events: Sequence[ExpiryEvent]) -> tuple[dict[str, ExpiryEvent], Cou
             if event.attempt > seen.attempt:
                 unique[event.op_key] = event
     return unique, extra
+
+
+def subjects_present(scope: BatchScope, events: Mapping[str, ExpiryEvent]) -> dict[str, Mapping[str, SubjectRow]]:
+    """Kind name → the business rows of its events' subjects that exist (one read per declared
+    kind); a subject that does not parse is left out (step 6 dead-letters it)."""
+    by_kind: dict[str, dict[str, Any]] = {}
+    for event in events.values():
+        if event.kind not in scope.kinds:
+            continue  # undeclared: held by the brakes
+        try:
+            by_kind.setdefault(event.kind, {})[event.subject_id] = scope.kinds[event.kind].parse_subject(
+                event.subject_id)
+        except ValueError:
+            continue
+    return {name: scope.kinds[name].subject_rows(scope.conn, list(subjects.values()))
+            for name, subjects in by_kind.items()}
+
+
+def set_aside_forged(scope: BatchScope, events: Mapping[str, ExpiryEvent],
+                     present: Mapping[str, Mapping[str, SubjectRow]]) -> dict[str, ExpiryEvent]:
+    """Events whose tenant is not their business row's are forged or mistaken: they go to the DLQ as
+    poison (`BatchResult.forged`) before any ledger row is made or claimed for them, so the real
+    subject's operation is never occupied by them. An op key whose ledger row already carries the
+    event's tenant (made before it could be checked: while its kind was undeclared, or by an older
+    version) is the business row's work: it goes on under the business row's tenant. Returns the
+    events that go on."""
+    mismatched: dict[str, tuple[ExpiryEvent, str, str]] = {}
+    for key, event in events.items():
+        kind = scope.kinds.get(event.kind)
+        mismatch = next(tenant_mismatches(kind, [event], present.get(event.kind, {})), None) if kind else None
+        if mismatch is not None:
+            mismatched[key] = (*mismatch, present[event.kind][event.subject_id].tenant)
+    if not mismatched:
+        return dict(events)
+    rows = read_rows(scope.conn, mismatched)
+    kept = {key: event for key, event in events.items() if key not in mismatched}
+    for key, (event, reason, tenant) in mismatched.items():
+        row = rows.get(key)
+        if row is not None and row.tenant == event.tenant:
+            kept[key] = replace(event, tenant=tenant)
+            log.warning("tenant corrected from the business row for work recorded before it was checked",
+                        extra={"op_key": key, "correlation_id": event.correlation_id})
+        else:
+            scope.result.forged.append((event, reason))
+    return kept
 
 
 def claim_rows(scope: BatchScope, events: Mapping[str, ExpiryEvent]) -> tuple[dict[str, LedgerRow], set[str]]:
@@ -212,9 +264,10 @@ def claimed_by_kind(scope: BatchScope, unique: Mapping[str, ExpiryEvent], claime
 
 
 def run_kind(scope: BatchScope, kind: CleanupKind, batch: list[ExpiryEvent],
-             before: Mapping[str, LedgerRow]) -> KindRun:
-    """Step 4 for one kind: parse, then apply in the database or lease the external effect.
-    Subjects an external effect has no target for are already clean: recorded as skipped."""
+             before: Mapping[str, LedgerRow], present: Mapping[str, SubjectRow]) -> KindRun:
+    """Step 6 for one kind: parse, then apply in the database or lease the external effect, with
+    the business rows step 4 read (`present`: their tenants were checked there). Subjects an
+    external effect has no target for are already clean: recorded as skipped."""
     subjects: dict[str, Any] = {}
     invalid: list[Invalid] = []
     for event in batch:
@@ -222,10 +275,6 @@ def run_kind(scope: BatchScope, kind: CleanupKind, batch: list[ExpiryEvent],
             subjects[event.subject_id] = kind.parse_subject(event.subject_id)
         except ValueError as exc:
             invalid.append((event, str(exc)))
-    present = kind.subject_rows(scope.conn, list(subjects.values()))
-    for event, reason in tenant_mismatches(kind, batch, present):
-        invalid.append((event, reason))
-        del subjects[event.subject_id]
     parsed = [e for e in batch if e.subject_id in subjects]
     handled: set[str] = set()
     if kind.apply_in_db is not None:

@@ -37,6 +37,8 @@ class BatchResult:
     lost: list[str] = field(default_factory=list)  # leases another worker took over meanwhile
     held: list[str] = field(default_factory=list)  # parked by a brake: paused, undeclared, over budget
     shadowed: list[str] = field(default_factory=list)  # parked by a shadow-mode kind
+    # Events whose tenant is not their business row's, with why: poison, no ledger row made for them.
+    forged: list[tuple[ExpiryEvent, str]] = field(default_factory=list)
 
     def absorb(self, other: BatchResult) -> None:
         """Add another result's counts and keys to this one (results of one batch, split)."""

@@ -44,6 +44,7 @@ from tests.fixtures.pipeline import (
     applied,
     connection_env,
     expiry_event,
+    invalid_subject_event,
     make_pipeline_settings,
     produce,
     seed,
@@ -304,10 +305,10 @@ def _connect_error(url: str, saying: str = "") -> DBAPIError | None:
 
 def test_the_console_serves_its_pages_from_a_read_only_database_and_refuses_actions_with_a_503(
         pipeline, tmp_path):
-    (wrong_tenant,) = seed(pipeline, 1, tenant="t2")  # expiry_event's tenant is t1: a dead letter
-    produce(pipeline, [expiry_event(wrong_tenant)])
+    invalid = invalid_subject_event()  # a dead letter at once
+    produce(pipeline, [invalid])
     process_until_done(pipeline.settings, terminal=1)
-    bad = expiry_event(wrong_tenant).op_key
+    bad = invalid.op_key
     settings = pipeline.settings.with_(console={"operator_tokens": {OPERATOR[0]: OPERATOR[1]}})
     with read_only_failover(settings.database.url_plain()) as failover, running_console(settings) as console, \
             httpx.Client(base_url=console.url, headers={"Authorization": f"Bearer {OPERATOR[1]}"}) as client:

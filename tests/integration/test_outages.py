@@ -35,6 +35,7 @@ from tests.fixtures.pipeline import (
     all_committed,
     applied,
     expiry_event,
+    invalid_subject_event,
     produce,
     seed,
 )
@@ -188,10 +189,10 @@ def test_the_console_under_lapse_run_keeps_answering_through_a_read_only_failove
     """`lapse run --console` through the same failover: the console serves its pages while the
     database is read-only, answers an operator action with a 503 and one line, takes the action
     once the database is writable again, and neither it nor `lapse run` exits."""
-    (wrong_tenant,) = seed(pipeline, 1, tenant="t2")  # expiry_event's tenant is t1: a dead letter
-    produce(pipeline, [expiry_event(wrong_tenant)])
+    invalid = invalid_subject_event()  # a dead letter at once
+    produce(pipeline, [invalid])
     process_until_done(pipeline.settings, terminal=1)
-    bad = expiry_event(wrong_tenant).op_key
+    bad = invalid.op_key
     port = free_port()
     console = {env_var("console.port"): str(port),
                env_var("console.operator_tokens"): json.dumps({OPERATOR[0]: OPERATOR[1]})}

@@ -16,7 +16,7 @@ from lapse.devtools.demo_tables import reservations
 from lapse.kernel.database import make_engine
 from lapse.kernel.kafka_clients import make_producer
 from lapse.kernel.kinds import load_kinds
-from lapse.kernel.ledger import ExpiryEvent, expiry_event, pending_row
+from lapse.kernel.ledger import ExpiryEvent, expiry_event, insert_pending, pending_row
 from lapse.kernel.models import cleanup_ledger, ledger_transitions, outbox
 from lapse.kernel.topology import Topology
 from lapse.processors.rules import apply_batch
@@ -42,10 +42,10 @@ def key(rid: int) -> str:
     return f"{KIND}:{rid}"
 
 
-def run(engine, events, now, topics: Topology | None = None, kinds=None) -> BatchResult:
+def run(engine, events, now, topics: Topology | None = None, kinds=None, fast_path: bool = True) -> BatchResult:
     with engine.begin() as conn:
         return apply_batch(BatchScope(conn, kinds=kinds or demo_kinds(conn), topics=topics or repo_topology(),
-                                      worker="w1", now=now, lease=LEASE), events)
+                                      worker="w1", now=now, lease=LEASE), events, fast_path=fast_path)
 
 
 def reservation(engine, rid: int, expires_at: datetime, tenant: str = TENANT) -> None:
@@ -190,23 +190,43 @@ def test_event_due_in_2100_for_a_missing_or_paid_subject_does_not_wait_for_2100(
     assert ledger(engine, missing)["attempt"] == 1
 
 
-def test_tenant_mismatch_is_a_dead_letter_and_leaves_the_row_alone(db_url):
+def test_a_forged_tenant_is_poison_that_never_occupies_the_real_subjects_operation(db_url):
+    """An event naming a tenant that is not its business row's makes no ledger row (its record
+    goes to the DLQ as poison, `tenant_mismatch`): the real subject's event then applies it, once."""
     engine = make_engine(db_url)
     topics = repo_topology()
     with engine.begin() as conn:
         (rid,) = add_reservations(conn, 1, tenant="acme", expires_at=NOW - timedelta(minutes=10))
     long_tenant = "globex-" + "x" * 57  # 64 characters, the most a tenant holds
-    result = run(engine, [event(rid, NOW - timedelta(minutes=10), tenant=long_tenant)], NOW)
-    assert result.dead_lettered == [key(rid)] and not result.applied
-    row = ledger(engine, rid)
-    assert (row["state"], row["last_failure_class"]) == ("dead_letter", "invalid")
-    assert "'acme'" in row["last_failure"] and repr(long_tenant) in row["last_failure"]
-    assert status(engine, rid) == "held"
-    with engine.connect() as conn:
-        assert conn.execute(select(reservations.c.released_at)).scalar() is None
-        dlq = conn.execute(select(outbox.c.payload).where(outbox.c.topic == topics.dlq)).scalars().all()
-    assert len(dlq) == 1 and "tenant mismatch" in str(dlq[0])
-    assert outcomes(engine, topics) == ["dead_letter"]
+    for fast_path in (True, False):
+        forged = run(engine, [event(rid, NOW - timedelta(minutes=10), tenant=long_tenant)], NOW,
+                     fast_path=fast_path)
+        assert [e.op_key for e, _ in forged.forged] == [key(rid)] and not forged.applied
+        (reason,) = [r for _, r in forged.forged]
+        assert reason.startswith(f"tenant mismatch: the event says {long_tenant!r}, the business row says 'acme'")
+        with engine.connect() as conn:
+            assert conn.execute(select(cleanup_ledger)).all() == []  # nothing occupies the op key
+            assert conn.execute(select(outbox)).all() == []
+        assert status(engine, rid) == "held"
+
+    real = run(engine, [event(rid, NOW - timedelta(minutes=10), tenant="acme")], NOW)
+    assert real.applied == [key(rid)]
+    assert status(engine, rid) == "released" and outcomes(engine, topics) == ["applied"]
+
+
+def test_work_recorded_under_a_wrong_tenant_before_the_check_goes_on_under_the_business_rows(db_url):
+    """A ledger row made with the event's wrong tenant before it could be checked (while its kind
+    was undeclared, or by an older version): its event is the business row's work, applied once
+    under the business row's tenant, not poison that would leave the row waiting for ever."""
+    engine = make_engine(db_url)
+    with engine.begin() as conn:
+        (rid,) = add_reservations(conn, 1, tenant="acme", expires_at=NOW - timedelta(minutes=10))
+    wrong = event(rid, NOW - timedelta(minutes=10), tenant="globex")
+    with engine.begin() as conn:
+        insert_pending(conn, [wrong], NOW)
+    done = run(engine, [wrong], NOW)
+    assert done.applied == [key(rid)] and done.forged == []
+    assert status(engine, rid) == "released" and ledger(engine, rid)["state"] == "applied"
 
 
 # The sweep and the reconciler ---------------------------------------------------------------------
