@@ -24,7 +24,11 @@ def stop_on_signals(stop: threading.Event | None = None, *,
         received[0] += 1
         later = received[0] > 1 or stop.is_set()
         events = [stop, hurry] if later and hurry is not None else [stop]
-        threading.Thread(target=lambda: [event.set() for event in events], name="lapse-signal", daemon=True).start()
+        def set_them() -> None:
+            for event in events:
+                event.set()
+
+        threading.Thread(target=set_them, name="lapse-signal", daemon=True).start()
 
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, on_signal)
