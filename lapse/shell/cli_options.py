@@ -18,7 +18,7 @@ import click
 from pydantic import ValidationError
 
 from lapse.kernel.config_file import ConfigFileError
-from lapse.kernel.logs import configure_logging
+from lapse.kernel.logs import configure_logging, set_role
 from lapse.kernel.settings import (
     Settings,
     UnknownSetting,
@@ -29,7 +29,7 @@ from lapse.kernel.settings import (
     setting_origins,
 )
 from lapse.shell.cli import config_file_option
-from lapse.shell.error_boundary import CommandFailed, ExitCode, note_settings
+from lapse.shell.error_boundary import CommandFailed, ExitCode, debug_requested, note_settings
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -77,18 +77,28 @@ def setting_option(path: str, *decls: str, **kwargs: Any) -> Callable[[F], F]:
     )
 
 
-def connection_options(func: F) -> F:
-    """The flags every command that talks to Kafka and the database accepts."""
-    for path in reversed(["kafka.bootstrap_servers", "database.url", "schemas.registry_url", "topics.file",
-                          "topics.prefix", "runtime.log_level"]):
+def log_options(func: F) -> F:
+    """`--log-level` and `--log-format`."""
+    for path in reversed(["runtime.log_level", "runtime.log_format"]):
         func = setting_option(path)(func)
     return func
 
 
+def connection_options(func: F) -> F:
+    """The flags every command that talks to Kafka and the database accepts, and the log flags."""
+    for path in reversed(["kafka.bootstrap_servers", "database.url", "schemas.registry_url", "topics.file",
+                          "topics.prefix"]):
+        func = setting_option(path)(func)
+    return log_options(func)
+
+
 def build_settings(flags: dict[str, Any]) -> Settings:
     """Settings from flags (dotted paths) + env + the config file, or a one-line error and the
-    configuration exit status (3) on a wrong value, naming where the value came from."""
+    configuration exit status (3) on a wrong value, naming where the value came from. `lapse --debug`
+    turns on `runtime.log_tracebacks`."""
     config_file = config_file_option()
+    if debug_requested():
+        flags = {**flags, "runtime.log_tracebacks": True}
     try:
         return load_settings(config_file, **nest(flags))
     except (UnknownSetting, ConfigFileError) as exc:
@@ -98,7 +108,8 @@ def build_settings(flags: dict[str, Any]) -> Settings:
         where = ".".join(str(p) for p in first["loc"][:2]) or "settings"
         origin = setting_origins(config_file, **nest(flags)).get(where, "default")
         source = origin if origin.startswith("env ") else f"{origin} (env {env_var(where)})"
-        raise CommandFailed(ExitCode.CONFIG, f"invalid setting {where} from {source}: {first['msg']}") from None
+        why = first["msg"].removeprefix("Value error, ")
+        raise CommandFailed(ExitCode.CONFIG, f"invalid setting {where} from {source}: {why}") from None
 
 
 def pass_settings(func: Callable[..., Any]) -> Callable[..., Any]:
@@ -109,6 +120,8 @@ def pass_settings(func: Callable[..., Any]) -> Callable[..., Any]:
         flags = {k.replace("__", "."): kwargs.pop(k) for k in list(kwargs) if "__" in k}
         settings = build_settings(flags)
         note_settings(settings)
+        ctx = click.get_current_context(silent=True)
+        set_role(ctx.command_path.partition(" ")[2] if ctx is not None else "")
         configure_logging(settings)
         return func(settings=settings, **kwargs)
 

@@ -19,14 +19,14 @@ import click
 
 from lapse.kernel.settings import Settings
 from lapse.shell.cli import main
-from lapse.shell.cli_options import F, emit, pass_settings, setting_option
+from lapse.shell.cli_options import F, emit, log_options, pass_settings, setting_option
 from lapse.shell.error_boundary import CommandFailed, ExitCode
 
 
 def _selection_options(func: F) -> F:
     for opt in reversed([
         setting_option("database.url"),
-        setting_option("runtime.log_level"),
+        log_options,
         click.option("--kind", default=None, help="Only this cleanup kind."),
         click.option("--tenant", default=None, help="Only this tenant."),
         click.option("--json", "as_json", is_flag=True, help="Print the result as JSON."),

@@ -9,7 +9,7 @@ from typing import Any
 import click
 
 from lapse.kernel.settings import Settings
-from lapse.shell.cli_options import emit, pass_settings, setting_option
+from lapse.shell.cli_options import emit, log_options, pass_settings, setting_option
 from lapse.shell.commands.kinds import kinds, kinds_file_errors, topology_or_none
 from lapse.shell.error_boundary import CommandFailed, ExitCode
 from lapse.shell.time_args import Timestamp
@@ -75,7 +75,7 @@ def plan_text(data: dict[str, Any]) -> str:
               help="Preview as of this time (ISO 8601 or epoch ms) instead of the database's clock.")
 @setting_option("database.url")
 @setting_option("kinds.file", "--kinds-file")
-@setting_option("runtime.log_level")
+@log_options
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 @pass_settings
 def plan(settings: Settings, kind: str | None, limit: int, cap: int, timeout_s: float, at: datetime | None,

@@ -114,7 +114,7 @@ def run(settings: Settings, workers: int, with_console: bool) -> None:
     # Refused here, in one line, rather than by every role in a restart loop; a dependency away at
     # start is waited for, as each role would.
     with kinds_file_errors():
-        if when_reachable("run", sup.stop, lambda: _checked(settings)) is None:
+        if when_reachable("run", sup.stop, lambda: _checked(settings), settings) is None:
             return  # stopped before the dependencies came back
     sup.start()
     try:
@@ -128,13 +128,15 @@ def run(settings: Settings, workers: int, with_console: bool) -> None:
 
 
 def _checked(settings: Settings) -> bool:
-    """The start-up checks and the kinds compiled against the database, as every role makes them."""
+    """The start-up checks, a broker that answers and the kinds compiled against the database, as
+    every role makes them."""
     # function-local: keeps `lapse --help` fast
     from lapse.kernel.database import engine_from_settings
     from lapse.kernel.kinds import load_kinds
-    from lapse.shell.startup_checks import check_startup
+    from lapse.shell.startup_checks import check_kafka, check_startup
 
     check_startup(settings)
+    check_kafka(settings)
     engine = engine_from_settings(settings)
     try:
         load_kinds(settings, engine)

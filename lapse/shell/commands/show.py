@@ -16,7 +16,7 @@ import click
 from lapse.kernel.schema_names import CLEANUP_OUTCOME, DEAD_LETTER_RECORD
 from lapse.kernel.settings import Settings
 from lapse.shell.cli import main
-from lapse.shell.cli_options import emit, pass_settings, setting_option
+from lapse.shell.cli_options import emit, log_options, pass_settings, setting_option
 from lapse.shell.error_boundary import CommandFailed, ExitCode
 from lapse.shell.time_args import TIMESTAMP
 
@@ -97,7 +97,7 @@ def history_text(h: dict[str, Any]) -> str:
 @setting_option("database.url")
 @setting_option("topics.file")
 @setting_option("topics.prefix")
-@setting_option("runtime.log_level")
+@log_options
 @click.option("--json", "as_json", is_flag=True, help="Print the history as JSON.")
 @pass_settings
 def show(settings: Settings, op_key: str | None, correlation_id: str | None, since: datetime | None,
