@@ -36,8 +36,8 @@ from lapse.kernel.outages import (
     sqlstate,
 )
 from lapse.kernel.package_files import schemas_dir
-from lapse.kernel.settings import load_settings
 from lapse.kernel.schema_registry import SchemaRegistryClient, SchemaRegistryError
+from lapse.kernel.settings import load_settings
 from lapse.processors.commit import values_at_fault
 from lapse.shell.error_boundary import ExitCode, diagnose
 from tests.fixtures.faults import schema_registry, silent_listener

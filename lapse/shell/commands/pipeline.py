@@ -128,7 +128,7 @@ def run(settings: Settings, workers: int, with_console: bool) -> None:
 
 
 def _checked(settings: Settings) -> bool:
-    """The start-up checks, a broker that answers and the kinds compiled against the database, as
+    """The start-up checks, the kinds compiled against the database and a broker that answers, as
     every role makes them."""
     # function-local: keeps `lapse --help` fast
     from lapse.kernel.database import engine_from_settings
@@ -136,10 +136,10 @@ def _checked(settings: Settings) -> bool:
     from lapse.shell.startup_checks import check_kafka, check_startup
 
     check_startup(settings)
-    check_kafka(settings)
     engine = engine_from_settings(settings)
     try:
         load_kinds(settings, engine)
     finally:
         engine.dispose()
+    check_kafka(settings)
     return True

@@ -113,13 +113,13 @@ class Role(ABC, Generic[R]):
         return engine_from_settings(self.settings)
 
     def check(self) -> None:
-        """The start-up checks (StartupRefused: exit 3), that a broker answers, then the kinds where the
-        role uses them; an unreachable dependency raises its outage."""
+        """The start-up checks (StartupRefused: exit 3), the kinds where the role uses them, then that a
+        broker answers; an unreachable dependency raises its outage."""
         check_startup(self.settings, database=self.uses_database)
-        if self.uses_kafka:
-            check_kafka(self.settings)
         if self.uses_kinds:
             self.kinds = load_kinds(self.settings, self.engine)
+        if self.uses_kafka:
+            check_kafka(self.settings)
 
     def open(self) -> None:
         """Make the role's clients once the checks passed; retried while a dependency is away."""
