@@ -11,7 +11,15 @@ from lapse.readers.console_queries import (
     operator_action,
     throughput,
 )
-from lapse.readers.history import correlated_op_keys, has_operation, iso, operation_history
+from lapse.readers.history import (
+    correlated_op_keys,
+    has_operation,
+    iso,
+    known_kind,
+    known_tenant,
+    operation_history,
+    tenant_operations,
+)
 from lapse.readers.offsets import (
     OffsetsError,
     Span,
@@ -44,6 +52,8 @@ __all__ = [
     "group_lag",
     "has_operation",
     "iso",
+    "known_kind",
+    "known_tenant",
     "lag_status",
     "ledger_states",
     "manual_consumer",
@@ -56,5 +66,6 @@ __all__ = [
     "run_analytics",
     "run_audit",
     "status_report",
+    "tenant_operations",
     "throughput",
 ]

@@ -12,14 +12,13 @@ from __future__ import annotations
 import logging
 import sys
 import traceback
-from typing import Any, TextIO
-
-import structlog
-from structlog.dev import Column, ConsoleRenderer, KeyValueColumnFormatter, LogLevelColumnFormatter
-from structlog.stdlib import ExtraAdder, ProcessorFormatter
-from structlog.typing import EventDict, ExcInfo, WrappedLogger
+from typing import TYPE_CHECKING, Any, TextIO
 
 from lapse.kernel.settings import Settings
+
+if TYPE_CHECKING:
+    from structlog.dev import ConsoleRenderer
+    from structlog.typing import EventDict, ExcInfo, WrappedLogger
 
 ROOT = "lapse"
 _ROLE = {"name": ""}  # what this process is: its role (`process-0`) or its command (`status`)
@@ -55,6 +54,9 @@ def _exception_fields(full: bool) -> Any:
 
 def _text_renderer(colors: bool, full: bool) -> ConsoleRenderer:
     """Time, level, role and message in columns, then the other fields as key=value, sorted."""
+    # function-local: structlog's console renderer takes a tenth of a second to import; `lapse --help` must not
+    from structlog.dev import Column, ConsoleRenderer, KeyValueColumnFormatter, LogLevelColumnFormatter
+
     styles = ConsoleRenderer.get_default_column_styles(colors)
 
     def exception(sio: TextIO, exc_info: ExcInfo) -> None:
@@ -76,6 +78,10 @@ def _text_renderer(colors: bool, full: bool) -> ConsoleRenderer:
 def formatter(settings: Settings, stream: TextIO) -> logging.Formatter:
     """The formatter of Lapse's log lines on `stream`: text where the format says so, or `auto` and
     `stream` is a terminal; JSON (`ts`, `level`, `logger`, `msg`, the extra fields) otherwise."""
+    # function-local: structlog takes a tenth of a second to import; `lapse --help` must not
+    import structlog
+    from structlog.stdlib import ExtraAdder, ProcessorFormatter
+
     runtime = settings.runtime
     terminal = stream.isatty()
     text = runtime.log_format == "text" or (runtime.log_format == "auto" and terminal)

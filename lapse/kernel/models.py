@@ -110,6 +110,8 @@ cleanup_ledger = Table(
           sqlite_where=text("state IN ('applied', 'skipped')")),
     # Operations by the correlation id they were created with: search by correlation id (0008).
     Index("ix_lapse_ledger_correlation", "correlation_id"),
+    # A tenant's operations by kind: `lapse show --tenant`, and whether a tenant is known (0014).
+    Index("ix_lapse_ledger_tenant", "tenant", "kind", "op_key"),
     schema=SCHEMA,
 )
 

@@ -12,7 +12,7 @@ import json
 import sys
 import typing
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 import click
 from pydantic import ValidationError
@@ -30,6 +30,7 @@ from lapse.kernel.settings import (
 )
 from lapse.shell.cli import config_file_option
 from lapse.shell.error_boundary import CommandFailed, ExitCode, debug_requested, note_settings
+from lapse.shell.time_args import Duration
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -55,6 +56,13 @@ def _field_type(annotation: Any) -> Any:
     return args[0] if len(args) == 1 and args[0] in _CLICK_TYPES else None
 
 
+def _choices(annotation: Any) -> list[str]:
+    """The values of a `Literal[...]` setting (or an optional one); empty for any other type."""
+    args = [a for a in typing.get_args(annotation) if a is not type(None)]
+    literal = annotation if typing.get_origin(annotation) is Literal else args[0] if len(args) == 1 else None
+    return [str(v) for v in typing.get_args(literal)] if typing.get_origin(literal) is Literal else []
+
+
 def _param(path: str) -> str:
     """The click parameter name of the setting at dotted `path` (`processor__batch_size`)."""
     return path.replace(".", "__")
@@ -68,7 +76,13 @@ def setting_option(path: str, *decls: str, **kwargs: Any) -> Callable[[F], F]:
     help_text = kwargs.pop("help", None) or info.description or ""
     kwargs.setdefault("default", None)
     number = _field_type(info.annotation)
-    if number is not None:
+    choices = _choices(info.annotation)
+    if choices:
+        kwargs.setdefault("type", click.Choice(choices))
+    elif path.endswith("_s") and number is float:  # seconds: a duration (30s, 5m, 2h) or a number
+        kwargs.setdefault("type", Duration(as_seconds=True))
+        kwargs.setdefault("metavar", "DURATION")
+    elif number is not None:
         kwargs.setdefault("type", _CLICK_TYPES[number])
     default = info.get_default(call_default_factory=False)
     shown = f"default: {default}; " if isinstance(default, (int, float, str)) and default != "" else ""

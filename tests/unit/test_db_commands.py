@@ -29,7 +29,7 @@ def test_upgrade_sql_prints_a_fresh_install_in_the_schema_without_connecting():
         assert f"CREATE TABLE lapse_alt.{table} (" in sql
     assert "reservations" not in sql and "artifacts" not in sql and "s3cret" not in sql
     assert "INSERT INTO lapse_alt.lapse_alembic_version (version_num) VALUES ('0004')" in sql
-    assert "UPDATE lapse_alt.lapse_alembic_version SET version_num='0009' WHERE" in sql
+    assert "UPDATE lapse_alt.lapse_alembic_version SET version_num='0014' WHERE" in sql
 
 
 def test_db_commands_refuse_the_implicit_default_database_in_one_line(tmp_path: Path, monkeypatch):
@@ -51,14 +51,15 @@ def test_current_and_history_as_json(tmp_path: Path):
     history = json.loads(_invoke("db", "history", "--json").output)
 
     assert (before["revision"], before["legacy_revision"], before["head"], before["at_head"]) == (
-        None, None, "0009", False)
-    assert upgraded.output == f"{url}: none → 0009\n"
-    assert (after["revision"], after["at_head"], after["schema"]) == ("0009", True, None)
+        None, None, "0014", False)
+    assert upgraded.output == f"{url}: none → 0014\n"
+    assert (after["revision"], after["at_head"], after["schema"]) == ("0014", True, None)
     assert [(h["revision"], h["down_revision"], h["head"]) for h in history] == [
-        ("0009", "0008", True), ("0008", "0007", False), ("0007", "0006", False), ("0006", "0005", False),
-        ("0005", "0004", False), ("0004", None, False)]
-    assert "Time partitions" in history[0]["summary"]
-    assert "retention" in history[2]["summary"]
-    assert "operator actions" in history[3]["summary"]
-    assert "indexes" in history[4]["summary"]
-    assert "namespace" in history[5]["summary"]
+        ("0014", "0009", True), ("0009", "0008", False), ("0008", "0007", False), ("0007", "0006", False),
+        ("0006", "0005", False), ("0005", "0004", False), ("0004", None, False)]
+    assert "tenant" in history[0]["summary"]
+    assert "Time partitions" in history[1]["summary"]
+    assert "retention" in history[3]["summary"]
+    assert "operator actions" in history[4]["summary"]
+    assert "indexes" in history[5]["summary"]
+    assert "namespace" in history[6]["summary"]

@@ -12,7 +12,7 @@ from lapse.kernel.settings import Settings
 from lapse.shell.cli_options import emit, log_options, pass_settings, setting_option
 from lapse.shell.commands.kinds import kinds, kinds_file_errors, topology_or_none
 from lapse.shell.error_boundary import CommandFailed, ExitCode
-from lapse.shell.time_args import Timestamp
+from lapse.shell.time_args import TIMESTAMP_FORMS, Timestamp
 
 # The bounds of lapse.kernel.kinds.plan, repeated here so `lapse --help` need not import it (the
 # unit tests check they agree).
@@ -72,7 +72,7 @@ def plan_text(data: dict[str, Any]) -> str:
 @click.option("--timeout", "timeout_s", type=click.FloatRange(0, 3600, min_open=True), default=DEFAULT_TIMEOUT_S,
               show_default=True, help="Statement timeout of the preview's reads, in seconds.")
 @click.option("--at", "at", type=Timestamp(), default=None,
-              help="Preview as of this time (ISO 8601 or epoch ms) instead of the database's clock.")
+              help=f"Preview as of this time ({TIMESTAMP_FORMS}) instead of the database's clock.")
 @setting_option("database.url")
 @setting_option("kinds.file", "--kinds-file")
 @log_options

@@ -14,11 +14,12 @@ from lapse.shell.cli_options import connection_options, emit, pass_settings, set
 from lapse.shell.commands.kinds import kinds_file_errors
 from lapse.shell.error_boundary import CommandFailed, ExitCode
 from lapse.shell.signals import stop_on_signals
+from lapse.shell.time_args import Duration
 
 
 def _exit_when_idle() -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-    return click.option("--exit-when-idle", type=float, default=None, metavar="SECONDS",
-                        help="Stop after this long with nothing to do (default: run until stopped).")
+    return click.option("--exit-when-idle", type=Duration(as_seconds=True), default=None, metavar="DURATION",
+                        help="Stop after this long with nothing to do, e.g. 30s (default: run until stopped).")
 
 
 @main.command()
