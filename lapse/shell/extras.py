@@ -15,6 +15,6 @@ def require_extra(extra: str, *modules: str) -> None:
     if missing is None:
         return
     ctx = click.get_current_context(silent=True)
-    command = ctx.command_path if ctx is not None else "lapse"
+    command = (ctx.command_path.partition(" ")[2] or ctx.command_path) if ctx is not None else "this command"
     raise CommandFailed(ExitCode.CONFIG, f"{command} needs the `{extra}` extra ({missing} is not installed): "
                                          f"pip install 'lapse[{extra}]'")

@@ -47,8 +47,8 @@ def refuse_unknown(conn: Connection, settings: Settings, *, kind: str | None = N
             close = difflib.get_close_matches(kind, sorted(declared), n=1)
             hint = f"; did you mean {close[0]!r}?" if close else (
                 f"; the kinds file declares {', '.join(sorted(declared)[:10])}" if declared else "")
-            raise CommandFailed(ExitCode.USAGE, f"unknown kind {one_line(kind, SHOWN_CHARS, escape=True)!r}: "
+            raise CommandFailed(ExitCode.USAGE, f"unknown kind '{one_line(kind, SHOWN_CHARS, escape=True)}': "
                                                 f"no operation has it and no declaration names it{hint}")
     if tenant is not None and not (_storable_tenant(tenant) and known_tenant(conn, tenant)):
-        raise CommandFailed(ExitCode.USAGE, f"unknown tenant {one_line(tenant, SHOWN_CHARS, escape=True)!r}: "
+        raise CommandFailed(ExitCode.USAGE, f"unknown tenant '{one_line(tenant, SHOWN_CHARS, escape=True)}': "
                                             "no operation has it")
