@@ -21,7 +21,8 @@ def handlers_restored() -> Iterator[None]:
         signal.signal(sig, handler)
 
 
-def test_a_signal_handled_while_the_event_lock_is_held_sets_the_event_once_released(handlers_restored) -> None:
+@pytest.mark.usefixtures("handlers_restored")
+def test_a_signal_handled_while_the_event_lock_is_held_sets_the_event_once_released() -> None:
     stop, hurry = threading.Event(), threading.Event()
     stop_on_signals(stop, hurry=hurry)
     handler = signal.getsignal(signal.SIGTERM)
