@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import sys
 
 from click.testing import CliRunner
@@ -101,3 +102,10 @@ def test_analytics_without_its_extra_names_the_extra(monkeypatch):
     assert result.exit_code == 3
     assert result.stderr == ("lapse: analytics needs the `analytics` extra (faust is not installed): "
                              "pip install 'lapse[analytics]'\n")
+
+
+def test_debug_asks_the_logs_for_whole_tracebacks():
+    plain = json.loads(CliRunner().invoke(main, ["config", "show", "--json"]).output)
+    debug = json.loads(CliRunner().invoke(main, ["--debug", "config", "show", "--json"]).output)
+    assert plain["settings"]["runtime"]["log_tracebacks"]["value"] is False
+    assert debug["settings"]["runtime"]["log_tracebacks"]["value"] is True
