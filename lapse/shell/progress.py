@@ -6,10 +6,12 @@ from __future__ import annotations
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
-from click._termui_impl import ProgressBar
+
+if TYPE_CHECKING:
+    from click._termui_impl import ProgressBar
 
 
 @contextmanager
