@@ -53,7 +53,8 @@ def _exception_fields(full: bool) -> Any:
 
 
 def _text_renderer(colors: bool, full: bool) -> ConsoleRenderer:
-    """Time, level, role and message in columns, then the other fields as key=value, sorted."""
+    """Time, level, role and message in columns, then the other fields as key=value, in the order
+    the call gave them."""
     # function-local: structlog's console renderer takes a tenth of a second to import; `lapse --help` must not
     from structlog.dev import Column, ConsoleRenderer, KeyValueColumnFormatter, LogLevelColumnFormatter
 
@@ -63,7 +64,7 @@ def _text_renderer(colors: bool, full: bool) -> ConsoleRenderer:
         sio.write("\n" + ("".join(traceback.format_exception(*exc_info)).rstrip() if full
                           else _last_line(exc_info)))
 
-    return ConsoleRenderer(exception_formatter=exception, columns=[  # colors: the columns' styles
+    return ConsoleRenderer(exception_formatter=exception, sort_keys=False, columns=[  # colors: the columns' styles
         Column("timestamp", KeyValueColumnFormatter(None, styles.timestamp, styles.reset, value_repr=str)),
         Column("level", LogLevelColumnFormatter(ConsoleRenderer.get_default_level_styles(colors), styles.reset,
                                                 width=7)),
