@@ -97,7 +97,7 @@ class CleanupWorker:
             threshold=settings.processor.circuit_threshold, min_events=settings.processor.circuit_min_events,
             window=settings.processor.circuit_window, cooldown_s=settings.processor.circuit_cooldown_s))
         self.next_offset: dict[tuple[str, int], int] = {}
-        self.outage = Outage("processor", log)
+        self.outage = Outage("processor", log, settings=settings)
         self.closing = False  # set once close() has made its last commit
         self.failed: Collected[BatchResult] | None = None  # a batch that failed, until the loop rewinds it
 

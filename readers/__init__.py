@@ -12,11 +12,18 @@ from lapse.readers.console_queries import (
     ledger_states,
     operation_of_subject,
     operator_action,
-    tenant_operations,
     throughput,
     transition_buckets,
 )
-from lapse.readers.history import correlated_op_keys, has_operation, iso, operation_history
+from lapse.readers.history import (
+    correlated_op_keys,
+    has_operation,
+    iso,
+    known_kind,
+    known_tenant,
+    operation_history,
+    tenant_operations,
+)
 from lapse.readers.offsets import (
     OffsetsError,
     Span,
@@ -52,6 +59,8 @@ __all__ = [
     "group_lag",
     "has_operation",
     "iso",
+    "known_kind",
+    "known_tenant",
     "lag_status",
     "ledger_states",
     "manual_consumer",

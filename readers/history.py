@@ -12,16 +12,19 @@ from typing import Any
 
 from sqlalchemy import Connection
 
-from lapse.kernel.ledger import DEAD_LETTER
+from lapse.kernel.ledger import DEAD_LETTER, parse_op_key
 from lapse.kernel.schema_names import DEAD_LETTER_RECORD
 from lapse.kernel.topology import Topology
 from lapse.readers.history_queries import (
     LedgerRecord,
     OutboxRecord,
     TransitionRecord,
+    known_kind,
+    known_tenant,
     ledger_record,
     op_keys_of_correlation,
     outbox_of,
+    tenant_page,
     transitions_of,
 )
 
@@ -106,4 +109,18 @@ def correlated_op_keys(conn: Connection, correlation_id: str, since: datetime, u
     return op_keys_of_correlation(conn, correlation_id, since, until, limit)
 
 
-__all__ = ["correlated_op_keys", "has_operation", "iso", "operation_history", "topic_role"]
+def tenant_operations(conn: Connection, tenant: str, kind: str | None, after: str | None,
+                      limit: int) -> dict[str, Any]:
+    """A page of `tenant`'s operations (of `kind`, when given) after the op key `after`, in (kind,
+    op key) order: `operations` (op key, kind, state, attempt, due, updated, last failure class) and
+    `next`, the op key to give as `after` for the next page (None: this was the last)."""
+    start = (parse_op_key(after)[0], after) if after is not None else None
+    lines = tenant_page(conn, tenant, kind, start, limit + 1)
+    shown = [{**asdict(line), "due_at": iso(line.due_at), "updated_at": iso(line.updated_at)}
+             for line in lines[:limit]]
+    return {"tenant": tenant, "kind": kind, "operations": shown,
+            "next": shown[-1]["op_key"] if len(lines) > limit else None}
+
+
+__all__ = ["correlated_op_keys", "has_operation", "iso", "known_kind", "known_tenant", "operation_history",
+           "tenant_operations", "topic_role"]

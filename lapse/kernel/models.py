@@ -116,6 +116,8 @@ cleanup_ledger = Table(
     Index("ix_lapse_ledger_parked", "state", "kind", "tenant", "op_key",
           postgresql_where=text("state IN ('held', 'shadowed')"),
           sqlite_where=text("state IN ('held', 'shadowed')")),
+    # A tenant's operations by kind: `lapse show --tenant`, and whether a tenant is known (0014).
+    Index("ix_lapse_ledger_tenant", "tenant", "kind", "op_key"),
     schema=SCHEMA,
 )
 

@@ -41,6 +41,8 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_STATE_DIR = Path(".lapse")
 # Where endpoints listen unless configured: this host only.
 LOOPBACK = "127.0.0.1"
+# The URL scheme of PostgreSQL through psycopg 3 (the driver a `postgres://` URL is given).
+PSYCOPG_SCHEME = "postgresql+psycopg"
 _LABEL = r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
 _HOST_NAME = re.compile(rf"(?=.{{1,253}}$){_LABEL}(?:\.{_LABEL})*")
 
@@ -223,6 +225,22 @@ class DatabaseSettings(_Section):
     ssl_key: Path | None = Field(None, description="PostgreSQL sslkey: client certificate's key.")
     ssl_key_password: SecretStr | None = Field(None, description="PostgreSQL sslpassword: the client key's password.")
 
+    @field_validator("url", mode="before")
+    @classmethod
+    def _psycopg_driver(cls, value: Any) -> Any:
+        """`postgres://` and `postgresql://` (libpq's and most platforms' spelling) mean PostgreSQL
+        through psycopg 3, the driver Lapse ships with; another PostgreSQL driver is refused with the fix."""
+        text = value.get_secret_value() if isinstance(value, SecretStr) else value
+        if not isinstance(text, str):
+            return value
+        scheme, sep, rest = text.partition("://")
+        if not sep or not (scheme in ("postgres", "postgresql") or scheme.startswith(("postgres+", "postgresql+"))):
+            return value
+        if scheme.partition("+")[2] not in ("", "psycopg"):
+            raise ValueError(f"Lapse reaches PostgreSQL through psycopg 3: write {PSYCOPG_SCHEME}:// "
+                             f"instead of {scheme[:40]}://")
+        return f"{PSYCOPG_SCHEME}://{rest}"
+
     def url_plain(self) -> str:
         return self.url.get_secret_value()
 
@@ -327,7 +345,13 @@ class RuntimeSettings(_Section):
                            pattern=r"^[\x21-\x7e]+$",
                            description="Claim owner name (printable ASCII, at most the ledger's 128 characters).")
     log_level: str = Field("INFO", description="Log level.")
-    log_format: Literal["json", "text"] = Field("json", description="Log line format.")
+    log_format: Literal["auto", "text", "json"] = Field(
+        "auto", description="Log line format: text (time, level, role, message, then key=value fields) or JSON "
+                            "(one object per line); auto: text on a terminal, JSON otherwise.")
+    log_tracebacks: bool = Field(
+        False, description="Log each error's whole traceback, not only its last line (`lapse --debug` and the "
+                           "DEBUG level turn it on).")
+    log_file: Path | None = Field(None, description="Append the log lines to this file instead of stderr.")
     metrics_port: int | None = Field(None, description="Serve Prometheus metrics on this port.")
     clock_skew_bound_s: float = Field(
         5.0, gt=0, description="How far this machine's wall clock may be from the database's before each "

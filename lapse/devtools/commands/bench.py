@@ -11,6 +11,7 @@ import click
 from lapse.kernel.settings import Settings
 from lapse.shell.cli import main
 from lapse.shell.cli_options import connection_options, emit, pass_settings, setting_option
+from lapse.shell.extras import require_extra
 
 
 def _batch_sizes(ctx: click.Context, param: click.Parameter, value: str) -> tuple[int, ...]:
@@ -73,6 +74,8 @@ def bench(settings: Settings, events: int, workers: int, batch_sizes: tuple[int,
         plan = BenchPlan(events, workers, batch_sizes, scan_rows=scan_rows, console_rows=console_rows)
     if no_faust:
         plan = replace(plan, faust=False)
+    else:
+        require_extra("analytics", "faust")  # the Faust baseline
     progress = (lambda msg: click.echo(f"bench: {msg}", err=True))
     try:
         result = run_bench(settings, plan, progress)

@@ -100,7 +100,9 @@ class DeclaredKind(_Strict):
 
     table: str = Field(min_length=1)
     id: str = Field(min_length=1)
-    tenant: str | None = Field(None, min_length=1)
+    tenant: str | None = Field(None, min_length=1, description=(
+        "The tenant column: text, uuid or integer, carried as text (a uuid lowercase with dashes); "
+        "null reads as 'default', and so does a table without one."))
     due: str = Field(min_length=1)
     eligible: dict[str, ConditionField] = Field(default_factory=dict, max_length=100)
     effect: Effect

@@ -58,6 +58,8 @@ from lapse.kernel.ledger.reads import (
 from lapse.kernel.ledger.records import (
     ATTEMPT_CAP,
     EARLIEST_DUE,
+    FIELD_LIMITS,
+    FORBIDDEN_CHARACTERS,
     LATEST_DUE_AHEAD,
     ClippedOriginal,
     ExpiryEvent,
@@ -117,6 +119,8 @@ __all__ = [
     "DEAD_LETTER",
     "DISCARDED",
     "EARLIEST_DUE",
+    "FIELD_LIMITS",
+    "FORBIDDEN_CHARACTERS",
     "HELD",
     "LATEST_DUE_AHEAD",
     "PARKED",

@@ -19,7 +19,7 @@ from lapse.kernel.settings import Settings
 from lapse.shell.cli import main
 from lapse.shell.cli_options import connection_options, emit, pass_settings
 from lapse.shell.error_boundary import CommandFailed, ExitCode
-from lapse.shell.time_args import DURATION, TIMESTAMP
+from lapse.shell.time_args import DURATION, TIMESTAMP, TIMESTAMP_FORMS
 
 
 def _text(r: dict[str, Any]) -> str:
@@ -74,7 +74,7 @@ _VERDICTS = {"invariants hold": "invariants hold", "broken": "invariants broken"
 
 @main.command()
 @connection_options
-@click.option("--since", type=TIMESTAMP, help="Read records from this time (ISO 8601 or epoch ms).")
+@click.option("--since", type=TIMESTAMP, help=f"Read records from this time ({TIMESTAMP_FORMS}).")
 @click.option("--from-beginning", is_flag=True, help="Read everything retained.")
 @click.option("--until", type=TIMESTAMP, help="Ignore records at or after this time.")
 @click.option("--grace", type=DURATION, default="5m", show_default=True,

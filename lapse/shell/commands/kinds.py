@@ -12,7 +12,7 @@ import click
 from lapse.kernel.settings import Settings
 from lapse.kernel.topology import TopicsFileError, Topology
 from lapse.shell.cli import main
-from lapse.shell.cli_options import F, emit, pass_settings, setting_option
+from lapse.shell.cli_options import F, emit, log_options, pass_settings, setting_option
 
 
 @contextmanager
@@ -30,7 +30,7 @@ def kinds_file_errors() -> Iterator[None]:
 def _options(func: F) -> F:
     for opt in reversed([
         setting_option("kinds.file", "--kinds-file"),
-        setting_option("runtime.log_level"),
+        log_options,
         click.option("--json", "as_json", is_flag=True, help="Print the result as JSON."),
     ]):
         func = opt(func)

@@ -14,11 +14,12 @@ from lapse.shell.cli_options import connection_options, emit, pass_settings, set
 from lapse.shell.commands.kinds import kinds_file_errors
 from lapse.shell.error_boundary import CommandFailed, ExitCode
 from lapse.shell.signals import stop_on_signals
+from lapse.shell.time_args import Duration
 
 
 def _exit_when_idle() -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-    return click.option("--exit-when-idle", type=float, default=None, metavar="SECONDS",
-                        help="Stop after this long with nothing to do (default: run until stopped).")
+    return click.option("--exit-when-idle", type=Duration(as_seconds=True), default=None, metavar="DURATION",
+                        help="Stop after this long with nothing to do, e.g. 30s (default: run until stopped).")
 
 
 @main.command()
@@ -114,7 +115,7 @@ def run(settings: Settings, workers: int, with_console: bool) -> None:
     # Refused here, in one line, rather than by every role in a restart loop; a dependency away at
     # start is waited for, as each role would.
     with kinds_file_errors():
-        if when_reachable("run", sup.stop, lambda: _checked(settings)) is None:
+        if when_reachable("run", sup.stop, lambda: _checked(settings), settings) is None:
             return  # stopped before the dependencies came back
     sup.start()
     try:
@@ -128,11 +129,12 @@ def run(settings: Settings, workers: int, with_console: bool) -> None:
 
 
 def _checked(settings: Settings) -> bool:
-    """The start-up checks and the kinds compiled against the database, as every role makes them."""
+    """The start-up checks, the kinds compiled against the database and a broker that answers, as
+    every role makes them."""
     # function-local: keeps `lapse --help` fast
     from lapse.kernel.database import engine_from_settings
     from lapse.kernel.kinds import load_kinds
-    from lapse.shell.startup_checks import check_startup
+    from lapse.shell.startup_checks import check_kafka, check_startup
 
     check_startup(settings)
     engine = engine_from_settings(settings)
@@ -140,4 +142,5 @@ def _checked(settings: Settings) -> bool:
         load_kinds(settings, engine)
     finally:
         engine.dispose()
+    check_kafka(settings)
     return True

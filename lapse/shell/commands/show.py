@@ -1,9 +1,10 @@
 """`lapse show OP_KEY`: one operation's whole history — ledger row, transitions, outbox records,
-dead letter — as a compact timeline for a person or JSON for a machine. `--correlation-id ID`
-finds the op keys a correlation id was seen with and shows each.
+dead letter — as a compact timeline for a person or JSON for a machine. `--subject KIND ID` finds
+it by its business row's id, `--correlation-id ID` finds the op keys a correlation id was seen
+with and shows each, and `--tenant T [--kind K]` lists a tenant's operations a page at a time.
 
 Exit 0 when found; 1 with one line ("no operation OP_KEY in the ledger") when not; 2 for a
-malformed op key or a wrong window.
+malformed op key, an unknown kind or tenant, or a wrong window.
 """
 
 from __future__ import annotations
@@ -16,13 +17,16 @@ import click
 from lapse.kernel.schema_names import CLEANUP_OUTCOME, DEAD_LETTER_RECORD
 from lapse.kernel.settings import Settings
 from lapse.shell.cli import main
-from lapse.shell.cli_options import emit, pass_settings, setting_option
+from lapse.shell.cli_options import emit, log_options, pass_settings, setting_option
 from lapse.shell.error_boundary import CommandFailed, ExitCode
-from lapse.shell.time_args import TIMESTAMP
+from lapse.shell.time_args import TIMESTAMP, TIMESTAMP_FORMS
 
 # How far back `--correlation-id` looks by default, and how many op keys it shows at most.
 CORRELATION_LOOKBACK = timedelta(days=1)
 CORRELATION_LIMIT = 20
+# Operations per page of `--tenant`: by default, and at most.
+TENANT_PAGE = 50
+TENANT_PAGE_MAX = 1000
 
 
 def _failure(failure_class: str | None, reason: str | None) -> str:
@@ -84,40 +88,79 @@ def history_text(h: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def tenant_text(page: dict[str, Any]) -> str:
+    """A tenant's page as a person reads it: one line per operation, then how to see more."""
+    what = f"tenant {page['tenant']}" + (f", kind {page['kind']}" if page["kind"] else "")
+    lines = [f"{what}: {len(page['operations'])} operation(s)" + (" on this page" if page["next"] else "")]
+    lines += [f"  {o['op_key']}  {o['state']}  attempt {o['attempt']}  due {o['due_at']}  updated {o['updated_at']}"
+              + (f"  last failure {o['last_failure_class']}" if o["last_failure_class"] else "")
+              for o in page["operations"]]
+    if page["next"]:
+        lines.append(f"more: add --after {page['next']}")
+    return "\n".join(lines)
+
+
 @main.command()
 @click.argument("op_key", required=False)
+@click.option("--subject", nargs=2, default=None, metavar="KIND ID",
+              help="Show the operation of this kind on the business row with this id instead.")
 @click.option("--correlation-id", default=None, metavar="ID",
               help="Show the operations created with this correlation id (or, if none was, whose "
                    "transitions carry it) instead.")
+@click.option("--tenant", default=None, help="List this tenant's operations instead, a page at a time, by kind.")
+@click.option("--kind", default=None, help="With --tenant: only this kind's operations.")
+@click.option("--after", default=None, metavar="OP_KEY", help="With --tenant: the page after this op key.")
+@click.option("--limit", type=click.IntRange(1, TENANT_PAGE_MAX), default=TENANT_PAGE, show_default=True,
+              help="With --tenant: operations per page.")
 @click.option("--since", type=TIMESTAMP, default=None,
-              help="With --correlation-id: look at transitions from this time (ISO 8601 or epoch ms). "
+              help=f"With --correlation-id: look at transitions from this time ({TIMESTAMP_FORMS}). "
                    "[default: 24 hours ago]")
 @click.option("--until", type=TIMESTAMP, default=None,
               help="With --correlation-id: look at transitions before this time. [default: now]")
 @setting_option("database.url")
+@setting_option("kinds.file", "--kinds-file")
 @setting_option("topics.file")
 @setting_option("topics.prefix")
-@setting_option("runtime.log_level")
+@log_options
 @click.option("--json", "as_json", is_flag=True, help="Print the history as JSON.")
 @pass_settings
-def show(settings: Settings, op_key: str | None, correlation_id: str | None, since: datetime | None,
+def show(settings: Settings, op_key: str | None, subject: tuple[str, str] | None, correlation_id: str | None,
+         tenant: str | None, kind: str | None, after: str | None, limit: int, since: datetime | None,
          until: datetime | None, as_json: bool) -> None:
     """One operation's whole history: its ledger row, transitions (failed attempts with class and
-    reason, replays), outbox records with when each was sent, and its dead letter; times in UTC."""
+    reason, replays), outbox records with when each was sent, and its dead letter; times in UTC.
+    Or a tenant's operations (--tenant), a page at a time."""
     # function-local: keeps `lapse --help` fast
     from lapse.kernel.database import engine_from_settings
     from lapse.kernel.ledger import InvalidOpKey, parse_op_key
-    from lapse.readers import correlated_op_keys, iso, operation_history
+    from lapse.kernel.ledger import op_key as key_of
+    from lapse.readers import correlated_op_keys, iso, operation_history, tenant_operations
+    from lapse.shell.known_names import refuse_unknown
 
-    if (op_key is None) == (correlation_id is None):
-        raise click.UsageError("give exactly one of OP_KEY or --correlation-id ID")
-    if op_key is not None and (since or until):
+    if sum(x is not None for x in (op_key, subject, correlation_id, tenant)) != 1:
+        raise click.UsageError("give exactly one of OP_KEY, --subject KIND ID, --correlation-id ID or --tenant T")
+    if correlation_id is None and (since or until):
         raise click.UsageError("--since and --until go with --correlation-id")
-    if op_key is not None:
+    if tenant is None and (kind or after):
+        raise click.UsageError("--kind and --after go with --tenant")
+    try:
+        if subject is not None:
+            op_key = key_of(*subject)
+        for key in (op_key, after):
+            if key is not None:
+                parse_op_key(key)
+    except InvalidOpKey as exc:
+        raise click.UsageError(str(exc)) from None
+    if tenant is not None:
+        engine = engine_from_settings(settings)
         try:
-            parse_op_key(op_key)
-        except InvalidOpKey as exc:
-            raise click.UsageError(str(exc)) from None
+            with engine.connect() as conn:
+                refuse_unknown(conn, settings, kind=kind, tenant=tenant)
+                page = tenant_operations(conn, tenant, kind, after, limit)
+        finally:
+            engine.dispose()
+        emit(page, as_json, tenant_text)
+        return
     now = datetime.now(UTC)
     until = until or now
     since = since or until - CORRELATION_LOOKBACK
@@ -127,6 +170,8 @@ def show(settings: Settings, op_key: str | None, correlation_id: str | None, sin
     engine = engine_from_settings(settings)
     try:
         with engine.connect() as conn:
+            if subject is not None:
+                refuse_unknown(conn, settings, kind=subject[0])
             if correlation_id is None:
                 history = operation_history(conn, str(op_key), topology)
             else:
