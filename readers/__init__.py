@@ -11,7 +11,7 @@ from lapse.readers.console_queries import (
     operator_action,
     throughput,
 )
-from lapse.readers.history import correlated_op_keys, has_operation, iso, operation_history
+from lapse.readers.history import correlated_op_keys, has_operation, iso, lapse_op_keys, operation_history
 from lapse.readers.offsets import (
     OffsetsError,
     Span,
@@ -46,6 +46,7 @@ __all__ = [
     "has_operation",
     "iso",
     "lag_status",
+    "lapse_op_keys",
     "ledger_states",
     "manual_consumer",
     "operation_history",
