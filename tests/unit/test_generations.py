@@ -216,15 +216,21 @@ def test_sql_writes_a_timestamp_generation_as_python_does(holds_db, release_hold
 
 # --- the effect checks the generation ------------------------------------------------------------
 
+def held_again(engine, kind, hold_id: int, first: datetime, second: datetime) -> tuple:
+    """The only hold: `hold_id`, held since `second` and due; the parsed subjects of its lapses since
+    `first` and since `second`."""
+    with engine.begin() as conn:
+        conn.execute(delete(kind.table))
+        conn.execute(insert(kind.table).values(id=hold_id, tenant="t", status="held", hold_started_at=second,
+                                               version=1, small_version=1, expires_at=NOW - timedelta(minutes=5),
+                                               label="x", amount=1))
+    return kind.parse_key(f"{hold_id}@{timestamp_text(first)}"), kind.parse_key(f"{hold_id}@{timestamp_text(second)}")
+
+
 def test_the_effect_changes_a_row_only_while_it_is_of_the_asked_generation(tmp_path, holds_db):
     kind = compiled(tmp_path, holds_db)
     first, second = NOW - timedelta(days=2), NOW - timedelta(hours=1)
-    with holds_db.begin() as conn:
-        conn.execute(delete(kind.table))
-        conn.execute(insert(kind.table).values(id=7, tenant="t", status="held", hold_started_at=second, version=1,
-                                               small_version=1, expires_at=NOW - timedelta(minutes=5), label="x",
-                                               amount=1))
-    old, new = kind.parse_key(f"7@{timestamp_text(first)}"), kind.parse_key(f"7@{timestamp_text(second)}")
+    old, new = held_again(holds_db, kind, 7, first, second)
     assert kind.apply_in_db is not None
     with holds_db.begin() as conn:
         rows = kind.subject_rows(conn, [old, new])
@@ -243,12 +249,7 @@ def test_an_external_effect_is_called_and_completed_only_for_the_asked_generatio
     kind = compiled(tmp_path, holds_db, effect={"http": {"url": "https://partner.example/holds/{id}",
                                                           "then_set": {"status": "released"}}})
     first, second = NOW - timedelta(days=2), NOW - timedelta(hours=1)
-    with holds_db.begin() as conn:
-        conn.execute(delete(kind.table))
-        conn.execute(insert(kind.table).values(id=8, tenant="t", status="held", hold_started_at=second, version=1,
-                                               small_version=1, expires_at=NOW - timedelta(minutes=5), label="x",
-                                               amount=1))
-    old, new = (kind.parse_key(f"8@{timestamp_text(g)}") for g in (first, second))
+    old, new = held_again(holds_db, kind, 8, first, second)
     external = kind.external_effect
     assert external is not None
     with holds_db.begin() as conn:
