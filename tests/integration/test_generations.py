@@ -341,7 +341,7 @@ def test_the_effect_of_a_batch_joins_its_pairs_once_not_once_per_row(rent, tmp_p
         conn.exec_driver_sql(
             "INSERT INTO rent.holds (tenant, status, hold_started_at, expires_at) SELECT 't1', "
             "CASE WHEN mod(g, 3) = 0 THEN 'held' ELSE 'released' END, now() - g * interval '1 s', "
-            "now() - g * interval '1 s' FROM generate_series(1, 30000) g")
+            "now() - interval '1 day' - g * interval '1 s' FROM generate_series(1, 30000) g")  # all due at NOW
         conn.exec_driver_sql("ANALYZE rent.holds")
         pairs = [tuple(r) for r in conn.exec_driver_sql(
             "SELECT id, hold_started_at FROM rent.holds WHERE status = 'held' ORDER BY random() LIMIT 500")]
