@@ -108,6 +108,7 @@ def key(hold_id: int, started: datetime) -> str:
     return f"{KIND}:{hold_id}@{timestamp_text(started)}"
 
 
+@pytest.mark.slow
 def test_a_hold_that_lapses_three_times_is_released_three_times_each_once(kafka_bootstrap, pg_url, unique, rent,
                                                                           tmp_path):
     settings = make_pipeline_settings(kafka_bootstrap, pg_url, unique, kinds={"file": kinds_file(tmp_path)})
