@@ -78,7 +78,7 @@ def apply_fast_path(scope: BatchScope, unique: Mapping[str, ExpiryEvent], extra:
             continue
         changed = apply(scope.conn, [subject for _, subject in ours], scope.now)
         for event, _ in ours:
-            if event.subject_id in changed:
+            if event.subject_key in changed:
                 settled.append(event)
             elif event.op_key in inserted:
                 withdrawn.append(event.op_key)
@@ -103,16 +103,16 @@ def ready(scope: BatchScope, kind: CleanupKind, batch: list[ExpiryEvent], presen
     subjects: dict[str, Any] = {}
     for event in batch:
         try:
-            subjects[event.subject_id] = kind.parse_subject(event.subject_id)
+            subjects[event.subject_key] = kind.parse_key(event.subject_key)
         except ValueError:
             continue  # invalid: the careful path dead-letters it
     tenants = kind.has_tenant
     out = []
     for event in batch:
-        row = present.get(event.subject_id)
+        row = present.get(event.subject_key)
         if (row is not None and row.eligible and due_by(row.due_at, scope.now)
                 and (not tenants or row.tenant == event.tenant)):
-            out.append((event, subjects[event.subject_id]))
+            out.append((event, subjects[event.subject_key]))
     return out
 
 

@@ -123,7 +123,7 @@ def complete(scope: BatchScope, events: Sequence[ExpiryEvent],
             failed.append(FailedAttempt(event, failure, row.state, row.attempt))
     for kind_name, batch in done.items():
         kind: CleanupKind = scope.kinds[kind_name]
-        external_effect(kind).complete(scope.conn, [kind.parse_subject(e.subject_id) for e in batch], scope.now)
+        external_effect(kind).complete(scope.conn, [kind.parse_key(e.subject_key) for e in batch], scope.now)
         for event in batch:
             result.applied.append(event.op_key)
             scope.writes.finish(event, CLAIMED, APPLIED, held[event.op_key].attempt + 1)

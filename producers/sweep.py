@@ -1,4 +1,6 @@
 """The sweep: find due business rows with no ledger row, record them `pending`, emit their events.
+For a kind with a generation, "no ledger row" is none for the row's current generation: a subject
+that lapses again is new work (docs/design/generations.md).
 
 A due row whose ledger row is `pending` but waiting past now (an event's own far-off due time, or a
 subject that did not exist when its event came) is work too: its row is brought forward to now and
@@ -60,7 +62,8 @@ def sweep_kind(engine: Engine, producer: Producer, codec: Codec, settings: Setti
                 now, cursor, settings.producer.sweep_page_size, without_ledger=True))]
             if not rows:
                 return
-            events = [expiry_event(kind.name, r.subject_id, r.tenant, r.due_at, source=source) for r in rows]
+            events = [expiry_event(kind.name, r.subject_id, r.tenant, r.due_at, source=source,
+                                   generation=r.generation) for r in rows]
             created = set(insert_pending(conn, events, now))
             moved = bring_forward(conn, [e.op_key for e in events if e.op_key not in created], now)
             writes = LedgerWrites(ACTOR, now)

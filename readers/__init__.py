@@ -21,6 +21,7 @@ from lapse.readers.history import (
     iso,
     known_kind,
     known_tenant,
+    lapse_op_keys,
     operation_history,
     tenant_operations,
 )
@@ -62,6 +63,7 @@ __all__ = [
     "known_kind",
     "known_tenant",
     "lag_status",
+    "lapse_op_keys",
     "ledger_states",
     "manual_consumer",
     "operation_history",

@@ -1,7 +1,8 @@
 """One operation's whole history for `lapse show`: its ledger row, every transition (failed
 attempts with their class and reason, replays with their id), the outbox records written for it
-with when each was sent, and, for a dead letter, its failure history. The SQL is in
-`history_queries`; times here are UTC ISO 8601 strings.
+with when each was sent, and, for a dead letter, its failure history; and the operations of a
+subject that lapsed more than once (a kind with a generation). The SQL is in `history_queries`;
+times here are UTC ISO 8601 strings.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from typing import Any
 
 from sqlalchemy import Connection
 
-from lapse.kernel.ledger import DEAD_LETTER, parse_op_key
+from lapse.kernel.ledger import DEAD_LETTER, op_key_parts, parse_op_key
 from lapse.kernel.schema_names import DEAD_LETTER_RECORD
 from lapse.kernel.topology import Topology
 from lapse.readers.history_queries import (
@@ -21,6 +22,7 @@ from lapse.readers.history_queries import (
     TransitionRecord,
     known_kind,
     known_tenant,
+    lapses_statement,
     ledger_record,
     op_keys_of_correlation,
     outbox_of,
@@ -102,6 +104,16 @@ def has_operation(conn: Connection, op_key: str) -> bool:
     return ledger_record(conn, op_key) is not None
 
 
+def lapse_op_keys(conn: Connection, op_key: str, limit: int) -> list[str]:
+    """For an op key without a generation (`<kind>:<subject_id>`), the op keys of every lapse of that
+    subject, oldest first, at most `limit` (the key itself among them when it has a row); empty for
+    an op key that names a generation (it is one lapse)."""
+    kind, subject_id, generation = op_key_parts(op_key)
+    if generation is not None:
+        return []
+    return list(conn.execute(lapses_statement(kind, subject_id, limit)).scalars())
+
+
 def correlated_op_keys(conn: Connection, correlation_id: str, since: datetime, until: datetime,
                        limit: int) -> list[str]:
     """Op keys of the operations created with `correlation_id`, oldest first; when there are none,
@@ -122,5 +134,5 @@ def tenant_operations(conn: Connection, tenant: str, kind: str | None, after: st
             "next": shown[-1]["op_key"] if len(lines) > limit else None}
 
 
-__all__ = ["correlated_op_keys", "has_operation", "iso", "known_kind", "known_tenant", "operation_history",
-           "tenant_operations", "topic_role"]
+__all__ = ["correlated_op_keys", "has_operation", "iso", "known_kind", "known_tenant", "lapse_op_keys",
+           "operation_history", "tenant_operations", "topic_role"]

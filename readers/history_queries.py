@@ -10,6 +10,7 @@ each statement walks an index (the module's notes say which, and what a walk cos
 - outbox records (`key` is the op key, not indexed): unsent ones through ix_lapse_outbox_unsent
   (the relay's backlog), sent ones through ix_lapse_outbox_sent from the row's creation on (every
   record sent since then, up to the purge horizon);
+- op keys of a subject's lapses (a kind with a generation): ix_lapse_ledger_kind_subject;
 - op keys of a correlation id: the operations created with it through ix_lapse_ledger_correlation;
   only when there is none, the transitions of a time window through ix_lapse_transitions_at (an id
   that arrived later, with a redelivery or a replay: that walk reads every transition of the window);
@@ -138,6 +139,13 @@ def outbox_statement(row: LedgerRecord) -> Select[Any]:
 
 def outbox_of(conn: Connection, row: LedgerRecord) -> list[OutboxRecord]:
     return [OutboxRecord(*r) for r in conn.execute(outbox_statement(row))]
+
+
+def lapses_statement(kind: str, subject_id: str, limit: int) -> Select[Any]:
+    """Op keys of every operation of one subject of `kind`, oldest first, at most `limit`: one per
+    lapse for a kind with a generation (ix_lapse_ledger_kind_subject)."""
+    return (select(L.c.op_key).where(L.c.kind == kind, L.c.subject_id == subject_id)
+            .order_by(L.c.created_at, L.c.op_key).limit(limit))
 
 
 def correlation_statement(correlation_id: str, since: datetime, until: datetime, limit: int) -> Select[Any]:

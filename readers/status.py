@@ -73,13 +73,17 @@ ELIGIBLE_CAP = 10_000
 
 def eligible_work(conn: Connection, kind: CleanupKind, now: datetime, cap: int = ELIGIBLE_CAP) -> dict[str, Any]:
     """Due business rows of `kind` still eligible whose cleanup is not done: no ledger row yet, or
-    an unfinished one. Counted up to `cap` along the kind's (due, id) index, with the oldest due."""
-    waiting = or_(~has_ledger_row(kind.name, kind.id_column),
-                  ledger_state_of(kind.name, kind.id_column).in_(UNFINISHED))
+    an unfinished one (for a kind with a generation, of the row's current generation: a subject
+    that lapsed again is work left). Counted up to `cap` along the kind's (due, id) index, with the
+    oldest due, and the kind's generation column when it has one."""
+    generation = kind.generation_sql()  # a kind with one: the work of the row's current generation
+    waiting = or_(~has_ledger_row(kind.name, kind.id_column, generation),
+                  ledger_state_of(kind.name, kind.id_column, generation).in_(UNFINISHED))
     due = (select(kind.due_column.label("due")).where(kind.still_eligible, kind.due_column <= now, waiting)
            .order_by(kind.due_column, kind.id_column).limit(cap).subquery())
     rows, oldest = conn.execute(select(func.count(), func.min(due.c.due))).one()
-    return {"rows": rows, "capped": rows >= cap, "oldest_due_age_s": _age_s(now, oldest)}
+    work = {"rows": rows, "capped": rows >= cap, "oldest_due_age_s": _age_s(now, oldest)}
+    return work if kind.generation is None else {**work, "generation": kind.generation.name}
 
 
 def eligible_status(settings: Settings, conn: Connection, now: datetime) -> dict[str, Any] | None:

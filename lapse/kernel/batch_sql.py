@@ -32,6 +32,7 @@ from sqlalchemy import (
     insert,
     select,
     text,
+    tuple_,
 )
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.types import TypeEngine
@@ -70,6 +71,18 @@ def any_of(conn: Connection, column: ColumnElement[Any], values: Sequence[Any],
         literal = bindparam(None, _array_literal(values), type_=Text)
         return column.in_(select(func.unnest(cast(literal, array))).scalar_subquery())
     return column.in_(list(values))
+
+
+def pairs_of(conn: Connection, columns: tuple[ColumnElement[Any], ColumnElement[Any]],
+             pairs: Sequence[tuple[Any, Any]]) -> ColumnElement[bool]:
+    """`(a, b) IN (SELECT * FROM unnest(CAST(:a AS type[]), CAST(:b AS type[])))` on PostgreSQL (one
+    array parameter per column, zipped), `(a, b) IN ((…), …)` elsewhere."""
+    if conn.dialect.name == "postgresql":
+        arrays = [cast(bindparam(None, _array_literal([pair[i] for pair in pairs]), type_=Text),
+                       postgresql.ARRAY(column.type)) for i, column in enumerate(columns)]
+        rows = func.unnest(*arrays).table_valued("a", "b").render_derived()
+        return tuple_(*columns).in_(select(rows.c.a, rows.c.b))
+    return tuple_(*columns).in_([tuple(pair) for pair in pairs])
 
 
 def _to_json(rows: Any) -> str:

@@ -92,8 +92,9 @@ cleanup_ledger = Table(
     Column("finished_at", UTCDateTime()),
     # Only the indexes a query needs (migration 0005 has the measurements). A partial index takes
     # an entry only for the rows its predicate keeps, and every ledger write is a non-HOT update.
-    # Probes of a business row's ledger row (sweep, reconciler, status).
-    Index("ix_lapse_ledger_kind_subject", "kind", "subject_id", unique=True),
+    # Probes of a business row's ledger row (sweep, reconciler, status), and a subject's operations:
+    # one per lapse for a kind with a generation (`<kind>:<id>@<generation>`), so not unique (0018).
+    Index("ix_lapse_ledger_kind_subject", "kind", "subject_id"),
     # The unfinished rows by state and due time: the reconciler's stuck keyset, the oldest
     # unfinished due time, bring-forward. Partial on PostgreSQL only: SQLite's planner uses a
     # partial index only when the query repeats its WHERE term.

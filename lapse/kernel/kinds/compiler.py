@@ -48,6 +48,7 @@ from lapse.kernel.kinds.columns import (
 from lapse.kernel.kinds.declarations import Condition, DeclaredKind
 from lapse.kernel.kinds.effects.base import CompileContext
 from lapse.kernel.kinds.errors import KindError, show
+from lapse.kernel.kinds.generations import generation_of
 from lapse.kernel.kinds.kind import CleanupKind
 from lapse.kernel.models import SCHEMA as LAPSE_SCHEMA
 from lapse.kernel.topology import Topology
@@ -156,7 +157,10 @@ def compile_declared(name: str, decl: DeclaredKind, bind: Bind, metadata: MetaDa
     }
     if decl.rate_per_s is not None:
         common["effect_rate_per_s"] = decl.rate_per_s
-    context = CompileContext(table, id_column, due_column, eligible, dialect, base_dir, topology)
+    generation = (None if decl.generation is None
+                  else generation_of(table, decl.generation, {id_column.name, due_column.name}, dialect))
+    context = CompileContext(table, id_column, due_column, eligible, dialect, base_dir, topology, generation)
+    common["generation"] = generation
     common["mode"] = decl.mode
     common["budget"] = effective_budget(decl.budget, decl.effect.destructive)
     return CleanupKind(**common, **decl.effect.compile(context))

@@ -24,6 +24,11 @@ from lapse.kernel.kinds.errors import KindError, KindsFileError, show
 from lapse.kernel.ledger import InvalidOpKey, op_key
 from lapse.kernel.yaml_files import YamlFileError, load_text, read_text
 
+GENERATION_HELP = (
+    "The column that tells one lapse of a row from the next, for a subject that lapses again (a hold "
+    "released and held again): a NOT NULL timestamp with time zone set when it starts over "
+    "(`hold_started_at`) or an integer version. Each generation is its own operation, "
+    "`<kind>:<id>@<generation>`, applied once; without it a subject lapses once per ledger row.")
 MAX_LIST = 1000
 SCALARS = (str, int, float, bool)
 
@@ -110,6 +115,7 @@ class DeclaredKind(_Strict):
     rate_per_s: float | None = Field(None, gt=0, le=100_000)
     mode: Mode = Field("live", description=MODE_HELP)
     budget: BudgetField = Field(None, description=BUDGET_HELP)
+    generation: str | None = Field(None, min_length=1, description=GENERATION_HELP)
 
     @model_validator(mode="after")
     def _rate_only_outside(self) -> DeclaredKind:
@@ -123,8 +129,9 @@ class DeclaredKind(_Strict):
         return self.effect.privileges()
 
     def summary(self) -> dict[str, Any]:
-        return {"table": self.table, "effect": self.effect.tag, "id": self.id, "tenant": self.tenant,
-                "due": self.due, "conditions": [c.text(col) for col, c in self.eligible.items()]}
+        summary = {"table": self.table, "effect": self.effect.tag, "id": self.id, "tenant": self.tenant,
+                   "due": self.due, "conditions": [c.text(col) for col, c in self.eligible.items()]}
+        return summary if self.generation is None else {**summary, "generation": self.generation}
 
 
 Declaration = DeclaredKind | PythonKind
@@ -213,17 +220,24 @@ def read_kinds_file(path: Path | None) -> KindsFile:
 
 
 @lru_cache(maxsize=16)
-def _names_cached(path: str, mtime_ns: int, size: int) -> frozenset[str]:
-    return frozenset(read_kinds_file(Path(path)).kinds)
+def _generations_cached(path: str, mtime_ns: int, size: int) -> dict[str, str | None]:
+    return {name: decl.generation if isinstance(decl, DeclaredKind) else None
+            for name, decl in read_kinds_file(Path(path)).kinds.items()}
 
 
-def declared_names(path: Path | None) -> frozenset[str]:
-    """The kind names the file declares, read again only when the file changed (for the publish
-    API, which runs inside the application's transactions and must stay cheap)."""
+def declared_generations(path: Path | None) -> dict[str, str | None]:
+    """Each kind the file declares, with its generation column (None: none, or a Python kind), read
+    again only when the file changed (for the publish API, which runs inside the application's
+    transactions and must stay cheap)."""
     if path is None:
         raise KindsFileError("no kinds file: set kinds.file (LAPSE_KINDS__FILE) or run `lapse init`")
     try:
         stat = os.stat(path)
     except OSError as exc:
         raise KindsFileError(f"{path}: cannot read the kinds file ({exc.strerror})") from None
-    return _names_cached(str(path), stat.st_mtime_ns, stat.st_size)
+    return _generations_cached(str(path), stat.st_mtime_ns, stat.st_size)
+
+
+def declared_names(path: Path | None) -> frozenset[str]:
+    """The kind names the file declares (`declared_generations`' names)."""
+    return frozenset(declared_generations(path))

@@ -4,7 +4,7 @@ reads or writes it, and the records that describe its work (expiry events, outco
 This module is the package's face: every other module imports the ledger from here.
 
 - `states`  — states and the allowed transitions, as data; `check` raises on any other move;
-- `keys`    — op keys and correlation ids;
+- `keys`    — op keys (with a generation, for a kind that declares one) and correlation ids;
 - `records` — the expiry event, its factory and validation, and the serializer of each record type
   (a dead letter's original bytes clipped to a budget);
 - `rows`    — the typed rows the statements return and take;
@@ -14,7 +14,17 @@ This module is the package's face: every other module imports the ledger from he
 - `partitions` — the time partitions of transitions and the outbox on PostgreSQL.
 """
 
-from lapse.kernel.ledger.keys import InvalidEvent, InvalidOpKey, new_correlation_id, op_key, parse_op_key
+from lapse.kernel.ledger.keys import (
+    GENERATION_MARK,
+    MAX_OP_KEY,
+    InvalidEvent,
+    InvalidOpKey,
+    OpKey,
+    new_correlation_id,
+    op_key,
+    op_key_parts,
+    parse_op_key,
+)
 from lapse.kernel.ledger.queries import (
     ProbedRow,
     bring_forward,
@@ -121,8 +131,10 @@ __all__ = [
     "EARLIEST_DUE",
     "FIELD_LIMITS",
     "FORBIDDEN_CHARACTERS",
+    "GENERATION_MARK",
     "HELD",
     "LATEST_DUE_AHEAD",
+    "MAX_OP_KEY",
     "PARKED",
     "PENDING",
     "RETRY_SCHEDULED",
@@ -147,6 +159,7 @@ __all__ = [
     "LedgerCounts",
     "LedgerRow",
     "LedgerWrites",
+    "OpKey",
     "Original",
     "OriginalBudget",
     "OutboxBacklog",
@@ -182,6 +195,7 @@ __all__ = [
     "new_correlation_id",
     "oldest_unfinished_due",
     "op_key",
+    "op_key_parts",
     "op_keys_moved_between",
     "outbox_backlog",
     "outcome_record",

@@ -20,12 +20,19 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from lapse.kernel.ledger.keys import InvalidEvent, InvalidOpKey, new_correlation_id, op_key, parse_op_key
+from lapse.kernel.ledger.keys import (
+    MAX_OP_KEY,
+    InvalidEvent,
+    InvalidOpKey,
+    new_correlation_id,
+    op_key,
+    parse_op_key,
+)
 from lapse.kernel.ledger.rows import LedgerRow
 from lapse.kernel.text import one_line
 
 # Longest values (in characters) the ledger columns hold (lapse/kernel/models.py).
-FIELD_LIMITS = {"op_key": 200, "kind": 64, "tenant": 64, "subject_id": 128, "correlation_id": 64,
+FIELD_LIMITS = {"op_key": MAX_OP_KEY, "kind": 64, "tenant": 64, "subject_id": 128, "correlation_id": 64,
                 "source": 16, "replay_id": 64}
 # Characters no text field may hold: C0 controls (NUL included, which PostgreSQL `text` rejects),
 # DEL, C1 controls, and lone surrogates (not encodable in UTF-8, so not storable either).
@@ -85,6 +92,12 @@ class ExpiryEvent:
     replay_id: str | None
     produced_at: datetime | None = None
     attributes: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def subject_key(self) -> str:
+        """The subject as the op key names it: the subject id, with `@<generation>` for a kind that
+        declares a generation column (what the kind's `parse_key` reads)."""
+        return self.op_key.partition(":")[2]
 
     def identity(self) -> dict[str, str]:
         """The fields every record and ledger row about this work starts with (`IDENTITY`)."""
@@ -199,10 +212,10 @@ def _missing_or_type(value: Any, expected: str) -> str:
 
 def expiry_event(kind: str, subject_id: str | int, tenant: str, due_at: datetime, *, source: str,
                  correlation_id: str | None = None, attempt: int = 0,
-                 replay_id: str | None = None) -> ExpiryEvent:
-    """The event of one business operation: its op key from kind and subject (raises InvalidOpKey
-    for a malformed one), a new correlation id unless one is carried over."""
-    return ExpiryEvent(op_key=op_key(kind, subject_id), kind=kind, tenant=tenant,
+                 replay_id: str | None = None, generation: str | None = None) -> ExpiryEvent:
+    """The event of one business operation: its op key from kind, subject and generation (raises
+    InvalidOpKey for a malformed one), a new correlation id unless one is carried over."""
+    return ExpiryEvent(op_key=op_key(kind, subject_id, generation), kind=kind, tenant=tenant,
                        subject_id=str(subject_id), due_at=due_at,
                        correlation_id=correlation_id or new_correlation_id(), source=source,
                        attempt=attempt, replay_id=replay_id)

@@ -46,6 +46,7 @@ def _list_text(data: dict[str, Any]) -> str:
     lines = []
     for k in data["kinds"]:
         where = f"{k.get('table', '?')} due {k.get('due', '?')}"
+        where += f" generation {k['generation']}" if k.get("generation") else ""
         conditions = " and ".join(k.get("conditions") or []) or "-"
         extra = f"  python {k['python']}" if "python" in k else ""
         lines.append(f"{k['name']:<24} {k['effect']:<13} {where}  when {conditions}{extra}")

@@ -2,6 +2,7 @@
 dead letter — as a compact timeline for a person or JSON for a machine. `--subject KIND ID` finds
 it by its business row's id, `--correlation-id ID` finds the op keys a correlation id was seen
 with and shows each, and `--tenant T [--kind K]` lists a tenant's operations a page at a time.
+`<kind>:<subject_id>` of a kind with a generation shows every lapse of the subject, one operation each.
 
 Exit 0 when found; 1 with one line ("no operation OP_KEY in the ledger") when not; 2 for a
 malformed op key, an unknown kind or tenant, or a wrong window.
@@ -100,6 +101,12 @@ def tenant_text(page: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _several_text(operations: list[dict[str, Any]], more: bool, narrow: str) -> str:
+    """Several operations' histories, and a last line when there were more than shown."""
+    return "\n\n".join([history_text(h) for h in operations]
+                        + ([f"(more than {CORRELATION_LIMIT} {narrow})"] if more else []))
+
+
 @main.command()
 @click.argument("op_key", required=False)
 @click.option("--subject", nargs=2, default=None, metavar="KIND ID",
@@ -129,12 +136,13 @@ def show(settings: Settings, op_key: str | None, subject: tuple[str, str] | None
          until: datetime | None, as_json: bool) -> None:
     """One operation's whole history: its ledger row, transitions (failed attempts with class and
     reason, replays), outbox records with when each was sent, and its dead letter; times in UTC.
-    Or a tenant's operations (--tenant), a page at a time."""
+    Or a tenant's operations (--tenant), a page at a time. KIND:SUBJECT of a kind with a generation
+    shows each lapse of the subject (KIND:SUBJECT@GENERATION one of them)."""
     # function-local: keeps `lapse --help` fast
     from lapse.kernel.database import engine_from_settings
     from lapse.kernel.ledger import InvalidOpKey, parse_op_key
     from lapse.kernel.ledger import op_key as key_of
-    from lapse.readers import correlated_op_keys, iso, operation_history, tenant_operations
+    from lapse.readers import correlated_op_keys, iso, lapse_op_keys, operation_history, tenant_operations
     from lapse.shell.known_names import refuse_unknown
 
     if sum(x is not None for x in (op_key, subject, correlation_id, tenant)) != 1:
@@ -174,6 +182,10 @@ def show(settings: Settings, op_key: str | None, subject: tuple[str, str] | None
                 refuse_unknown(conn, settings, kind=subject[0])
             if correlation_id is None:
                 history = operation_history(conn, str(op_key), topology)
+                lapses = lapse_op_keys(conn, str(op_key), CORRELATION_LIMIT + 1)
+                several = bool(lapses) and lapses != [op_key]  # the lapses of a kind with a generation
+                found = [h for h in (operation_history(conn, k, topology) for k in lapses[:CORRELATION_LIMIT])
+                         if h is not None] if several else []
             else:
                 keys = correlated_op_keys(conn, correlation_id, since, until, CORRELATION_LIMIT + 1)
                 found = [h for h in (operation_history(conn, k, topology) for k in keys[:CORRELATION_LIMIT])
@@ -181,6 +193,10 @@ def show(settings: Settings, op_key: str | None, subject: tuple[str, str] | None
     finally:
         engine.dispose()
     if correlation_id is None:
+        if several:
+            emit({"op_key": op_key, "more": len(lapses) > CORRELATION_LIMIT, "operations": found}, as_json,
+                 lambda d: _several_text(d["operations"], d["more"], "operations: name one with its @generation"))
+            return
         if history is None:
             raise CommandFailed(ExitCode.PROBLEM_FOUND, f"no operation {op_key} in the ledger")
         emit(history, as_json, history_text)
@@ -191,6 +207,4 @@ def show(settings: Settings, op_key: str | None, subject: tuple[str, str] | None
     more = len(keys) > CORRELATION_LIMIT
     emit({"correlation_id": correlation_id, "since": iso(since), "until": iso(until), "more": more,
           "operations": found}, as_json,
-         lambda d: "\n\n".join([history_text(h) for h in d["operations"]]
-                                + ([f"(more than {CORRELATION_LIMIT} operations: narrow --since/--until)"]
-                                   if more else [])))
+         lambda d: _several_text(d["operations"], d["more"], "operations: narrow --since/--until"))

@@ -29,7 +29,8 @@ def _text(r: dict[str, Any]) -> str:
     for kind, work in (r.get("eligible") or {}).items():
         more = "+" if work["capped"] else ""
         oldest = "" if work["oldest_due_age_s"] is None else f", oldest due {work['oldest_due_age_s']:.0f}s ago"
-        lines.append(f"eligible {kind}: {work['rows']}{more} rows left{oldest}")
+        per = f" (generation {work['generation']})" if work.get("generation") else ""
+        lines.append(f"eligible {kind}{per}: {work['rows']}{more} rows left{oldest}")
     age = r["oldest_eligible_age_s"]
     lines.append(f"oldest eligible unfinished: {'none' if age is None else f'{age:.0f}s'}")
     claims = r["expired_claims"]
