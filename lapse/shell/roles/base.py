@@ -34,12 +34,12 @@ R = TypeVar("R")
 
 def is_outage(exc: BaseException) -> bool:
     """An outage, or an error raised while meeting one (a kinds file that could not read its table
-    because the database was away)."""
+    because the database was away); a connection that failed (an archive store's endpoint away) too."""
     seen: BaseException | None = exc
     for _ in range(5):
         if seen is None:
             return False
-        if is_transient(seen):
+        if is_transient(seen) or isinstance(seen, ConnectionError):
             return True
         seen = seen.__cause__ or seen.__context__
     return False
