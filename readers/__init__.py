@@ -11,6 +11,7 @@ from lapse.readers.console_queries import (
     operator_action,
     throughput,
 )
+from lapse.readers.coverage import gap_line
 from lapse.readers.history import correlated_op_keys, has_operation, iso, operation_history
 from lapse.readers.offsets import (
     OffsetsError,
@@ -24,7 +25,6 @@ from lapse.readers.offsets import (
     read_spans,
     read_to_end,
 )
-from lapse.readers.partition_ends import EndNotReached
 from lapse.readers.status import lag_status, status_report
 
 __all__ = [
@@ -33,7 +33,6 @@ __all__ = [
     "INCOMPLETE",
     "AnalyticsOptions",
     "AuditReport",
-    "EndNotReached",
     "OffsetsError",
     "Span",
     "committed",
@@ -41,6 +40,7 @@ __all__ = [
     "daily_reports",
     "execute_reset",
     "filtered_dead_letters",
+    "gap_line",
     "group_lag",
     "has_operation",
     "iso",
