@@ -3,6 +3,7 @@ operation's history (`lapse show`), committed offsets and their resets, and the 
 This module is the room's face."""
 
 from lapse.readers.analytics import AnalyticsOptions, run_analytics
+from lapse.readers.archived_history import archived_operation
 from lapse.readers.audit import BROKEN, EVENT_FIELDS, INCOMPLETE, AuditReport, run_audit
 from lapse.readers.console_queries import (
     daily_reports,
@@ -35,6 +36,7 @@ __all__ = [
     "AuditReport",
     "OffsetsError",
     "Span",
+    "archived_operation",
     "committed",
     "correlated_op_keys",
     "daily_reports",
