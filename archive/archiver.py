@@ -36,6 +36,7 @@ from lapse.kernel.ledger import millis
 from lapse.kernel.logs import get_logger
 from lapse.kernel.outages import Outage, is_transient
 from lapse.kernel.settings import Settings
+from lapse.kernel.text import one_line
 
 log = get_logger("archive")
 CLOCK_EVERY_S = 1.0  # how often the database's now is read to close quiet partitions' files
@@ -83,8 +84,9 @@ class Archiver:
     # --- the group's word --------------------------------------------------------------------------
 
     def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
-        """Resume each partition after its manifest's end (waiting out a store that does not answer)."""
-        hints = {(tp.topic, tp.partition): tp.offset for tp in consumer.committed(partitions, timeout=30)}
+        """Resume each partition after its manifest's end (waiting out a coordinator that moves and
+        a store that does not answer: the assignment must be taken here, or not at all)."""
+        hints = self._committed(consumer, partitions)
         for tp in partitions:
             key = (tp.topic, tp.partition)
             hint = hints.get(key, -1)
@@ -101,6 +103,19 @@ class Archiver:
             self.transitions.loaded = False  # read the transitions' chain again: another owner may have moved it
         log.info("partitions assigned", extra={"partitions": [f"{tp.topic}[{tp.partition}]@{tp.offset}"
                                                               for tp in partitions]})
+
+    def _committed(self, consumer: Consumer, partitions: list[TopicPartition]) -> dict[tuple[str, int], int]:
+        """The group's committed offsets of `partitions` (-1001 where none), asked until answered."""
+        while not self.stop.is_set():
+            try:
+                found = consumer.committed(partitions, timeout=30)
+                self.outage.over()
+                return {(tp.topic, tp.partition): tp.offset for tp in found}
+            except KafkaException as exc:
+                if not is_transient(exc):
+                    raise
+                self.outage.wait(exc, self.stop)
+        return {}
 
     def _manifest_end(self, stream: str, hint: int | None) -> int | None:
         while not self.stop.is_set():
@@ -278,8 +293,14 @@ class Archiver:
 
 def _record(msg: Message, offset: int, ts_type: int, ts_ms: int) -> dict[str, Any]:
     """The archived form of one record: as the topic held it (a consumed record's headers are a
-    list of (name, bytes) pairs)."""
-    headers = msg.headers() or []
+    list of (name, bytes) pairs). Headers the client cannot hand over (a name that is not UTF-8)
+    are noted, not a crash: the record is archived all the same."""
+    unreadable = None
+    try:
+        headers = msg.headers() or []
+    except Exception as exc:
+        headers, unreadable = [], one_line(f"{type(exc).__name__}: {exc}", 200, escape=True)
     pairs = headers.items() if isinstance(headers, dict) else headers
     return {"offset": offset, "timestamp": ts_ms, "timestamp_type": ts_type, "key": msg.key(),
-            "value": msg.value(), "headers": [{"key": k, "value": v} for k, v in pairs]}
+            "value": msg.value(), "headers": [{"key": k, "value": v} for k, v in pairs],
+            "headers_unreadable": unreadable}

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import json
 import os
 import tempfile
 from collections.abc import Iterator
@@ -36,6 +37,8 @@ RECORD_SCHEMA: dict[str, Any] = {
         {"name": "headers", "type": {"type": "array", "items": {
             "type": "record", "name": "Header",
             "fields": [{"name": "key", "type": "string"}, {"name": "value", "type": ["null", "bytes"]}]}}},
+        {"name": "headers_unreadable", "type": ["null", "string"], "default": None,
+         "doc": "why the client could not hand over the record's headers (then `headers` is empty)"},
     ],
 }
 _TEXT = ["null", "string"]
@@ -73,15 +76,23 @@ def _header(fh: BinaryIO) -> dict[str, Any]:
 
 
 class FileFormat:
-    """One of the archive's file schemas: parsed once, with the writer schema text its files'
-    headers carry (a reader compares that text, never parses another)."""
+    """One of the archive's file schemas: parsed once, with the writer schema its files' headers
+    carry (a reader compares a header with it, never parses another as a schema)."""
 
     def __init__(self, schema: dict[str, Any]) -> None:
         self.parsed = fastavro.parse_schema(schema)
         buffer = io.BytesIO()
         Writer(buffer, self.parsed).flush()
         buffer.seek(0)
-        self.header_text = _header(buffer)["meta"]["avro.schema"]
+        self.header_schema = json.loads(_header(buffer)["meta"]["avro.schema"])
+
+    def wrote(self, header_text: object) -> bool:
+        """Whether a file header's writer schema is this format's: compared as JSON (fastavro orders
+        a schema's keys differently from one process to the next), never parsed as a schema."""
+        try:
+            return isinstance(header_text, bytes) and json.loads(header_text) == self.header_schema
+        except (ValueError, RecursionError):
+            return False
 
 
 RECORDS = FileFormat(RECORD_SCHEMA)
@@ -154,7 +165,7 @@ def read_verified(path: Path | None, form: FileFormat, sha256: str | None, size:
             written = _header(fh)["meta"].get("avro.schema")
         except Exception:  # whatever fastavro raises on bytes that are not a header
             raise FileDamaged(f"{where}: not an Avro object container file") from None
-        if written != form.header_text:
+        if not form.wrote(written):
             raise FileDamaged(f"{where}: written with a schema this archive does not write")
         fh.seek(0)
         yield from fastavro.reader(fh)  # type: ignore[misc]

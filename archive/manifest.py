@@ -118,10 +118,14 @@ def _entry_keys(store: ArchiveStore, stream: str, from_first: int | None) -> Ite
             yield key, int(match.group(1))
 
 
-def entries(store: ArchiveStore, stream: str, *, from_first: int | None = None) -> Iterator[ManifestEntry]:
-    """The entries of `stream` in offset order (from the one whose first offset is `from_first`, if
-    given); an entry that fails its checks raises ManifestError."""
+def entries(store: ArchiveStore, stream: str, *, from_first: int | None = None,
+            below: int | None = None) -> Iterator[ManifestEntry]:
+    """The entries of `stream` in offset order (from the one whose first offset is `from_first`, and
+    up to those whose first offset is below `below`, if given; one small read each); an entry that
+    fails its checks raises ManifestError."""
     for key, first in _entry_keys(store, stream, from_first):
+        if below is not None and first >= below:
+            return
         data = store.read(key)
         if data is not None:
             yield ManifestEntry.from_json(data, stream, first)

@@ -56,9 +56,10 @@ class ArchiveReader:
     def url(self) -> str:
         return str(self.store.url)
 
-    def topic_entries(self, topic: str, partition: int) -> list[ManifestEntry]:
-        """The manifest entries of one topic partition, by first offset."""
-        return list(entries(self.store, topic_stream(topic, partition)))
+    def topic_entries(self, topic: str, partition: int, *, below: int | None = None) -> list[ManifestEntry]:
+        """The manifest entries of one topic partition, by first offset (those of files beginning
+        below offset `below`, if given: what a topic no longer holds)."""
+        return list(entries(self.store, topic_stream(topic, partition), below=below))
 
     def transition_entries(self) -> list[ManifestEntry]:
         return list(entries(self.store, transitions_stream()))

@@ -12,36 +12,20 @@ altered is named in `damaged`, never read.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from lapse.archive import ArchiveReader, FileDamaged, ManifestEntry
+from lapse.archive import ArchiveReader, FileDamaged
 from lapse.kernel.codec import Codec, DecodeError
 from lapse.kernel.ledger import millis
 from lapse.kernel.schema_names import CLEANUP_OUTCOME, DEAD_LETTER_RECORD, EXPIRY_EVENT
 from lapse.kernel.settings import Settings
+from lapse.readers.coverage import Window
 from lapse.readers.history import RECORD_FIELDS, iso, topic_role
-from lapse.readers.offsets import Span, manual_consumer, offsets_at, partitions_of, read_spans, watermarks
+from lapse.readers.offsets import UNBOUNDED, Span, manual_consumer, read_spans, starts
 
 _TRANSITION_FIELDS = ("id", "from_state", "to_state", "attempt", "failure_class", "reason", "actor", "replay_id",
                       "correlation_id", "event_topic", "event_partition", "event_offset")
-
-
-@dataclass(frozen=True)
-class Window:
-    """[since, until) in epoch ms; None: unbounded."""
-
-    since_ms: int | None
-    until_ms: int | None
-
-    def holds(self, ms: int) -> bool:
-        return (self.since_ms is None or ms >= self.since_ms) and (self.until_ms is None or ms < self.until_ms)
-
-    def may_hold(self, entry: ManifestEntry) -> bool:
-        if self.since_ms is not None and entry.max_ms is not None and entry.max_ms < self.since_ms:
-            return False
-        return not (self.until_ms is not None and entry.min_ms is not None and entry.min_ms >= self.until_ms)
 
 
 def archived_operation(settings: Settings, archive: ArchiveReader, op_key: str, since: datetime | None,
@@ -83,16 +67,11 @@ def _keyed(settings: Settings, archive: ArchiveReader, key: bytes, schemas: dict
     consumer = manual_consumer(settings)
     try:
         spans = []
+        since = None if window.since_ms is None else datetime.fromtimestamp(window.since_ms / 1000, UTC)
         for topic in schemas:
-            parts = partitions_of(consumer, topic)
-            marks = watermarks(consumer, topic, parts)
-            hints = offsets_at(consumer, topic, parts, datetime.fromtimestamp(window.since_ms / 1000, UTC)) \
-                if window.since_ms is not None else {}
-            for p in parts:
-                low, high = marks[p]
-                yield from _archived(archive, topic, p, low, key, window, damaged)
-                start = low if p not in hints else (high if hints[p] < 0 else max(hints[p], low))
-                spans.append(Span(topic, p, start, high))
+            for part in starts(consumer, topic, since):
+                yield from _archived(archive, topic, part.partition, part.low, key, window, damaged)
+                spans.append(Span(topic, part.partition, part.start, UNBOUNDED))  # partition EOF ends it
         for msg in read_spans(consumer, spans):
             held_by, partition, offset = msg.topic(), msg.partition(), msg.offset()
             ts_ms = msg.timestamp()[1]
@@ -105,8 +84,8 @@ def _keyed(settings: Settings, archive: ArchiveReader, key: bytes, schemas: dict
 
 def _archived(archive: ArchiveReader, topic: str, partition: int, low: int, key: bytes, window: Window,
               damaged: list[str]) -> Iterator[tuple[str, int, int, int, bytes, str]]:
-    for entry in archive.topic_entries(topic, partition):
-        if entry.first >= low or not window.may_hold(entry):
+    for entry in archive.topic_entries(topic, partition, below=low):
+        if not window.may_hold(entry):
             continue
         try:
             for record in archive.records(topic, entry):

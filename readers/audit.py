@@ -11,7 +11,7 @@ offset and time, and makes the audit incomplete unless gaps are allowed; a parti
 did not all yield a record makes it incomplete too — never "invariants hold" over what was not
 read. Records are joined by op key into small per-key tuples (payloads are not kept), and a window
 with no records is "nothing to audit". Whether an event waited past the grace is judged against
-the database's now, which the caller passes.
+the database's now, which the caller's clock gives once the history was read.
 """
 
 from __future__ import annotations
@@ -27,12 +27,22 @@ from typing import Any, TextIO
 from confluent_kafka import Consumer
 
 from lapse.archive import ArchiveReader, FileDamaged, ManifestEntry
+from lapse.kernel.clock import Clock
 from lapse.kernel.codec import Codec, DecodeError
 from lapse.kernel.ledger import APPLIED, SETTLED, TERMINAL, millis
 from lapse.kernel.schema_names import CLEANUP_OUTCOME, DEAD_LETTER_RECORD, EXPIRY_EVENT
 from lapse.kernel.settings import Settings
-from lapse.readers.coverage import NOT_RETAINED, NOT_RETAINED_NO_ARCHIVE, STALLED, Gap, Piece, gap_line, holes
-from lapse.readers.offsets import Span, manual_consumer, offsets_at, partitions_of, watermarks
+from lapse.readers.coverage import (
+    NOT_RETAINED,
+    NOT_RETAINED_NO_ARCHIVE,
+    STALLED,
+    Gap,
+    Piece,
+    Window,
+    gap_line,
+    holes,
+)
+from lapse.readers.offsets import Span, manual_consumer, starts
 from lapse.readers.partition_ends import EndTracker, read_to_ends
 
 SAMPLE = 20  # op keys listed per finding; counts are always complete
@@ -53,6 +63,7 @@ class AuditReport:
 
     since: str | None = None
     until: str | None = None
+    at: str | None = None                                        # the database's now the grace was judged at
     archive: str | None = None                                   # the archive read with the topics
     records: dict[str, int] = field(default_factory=dict)
     archived: dict[str, int] = field(default_factory=dict)       # of them, read from the archive
@@ -173,26 +184,12 @@ class _Partition:
 
 
 def _plan(consumer: Consumer, topic: str, since: datetime | None, archive: ArchiveReader | None) -> list[_Partition]:
-    parts = partitions_of(consumer, topic)
-    marks = watermarks(consumer, topic, parts)
-    hints = offsets_at(consumer, topic, parts, since) if since else {}
-    plan = []
-    for p in parts:
-        low, high = marks[p]
-        start = low if since is None else (high if hints[p] < 0 else max(hints[p], low))
-        archived = [e for e in archive.topic_entries(topic, p) if e.first < low] if archive else []
-        plan.append(_Partition(topic, p, low, high, start, archived))
-    return plan
+    return [_Partition(topic, s.partition, s.low, s.high, s.start,
+                       archive.topic_entries(topic, s.partition, below=s.low) if archive else [])
+            for s in starts(consumer, topic, since)]
 
 
-def _wanted(entry: ManifestEntry, since_ms: int | None, until_ms: int | None) -> bool:
-    """Whether an archived file may hold records of the window (by its earliest and latest times)."""
-    if since_ms is not None and entry.max_ms is not None and entry.max_ms < since_ms:
-        return False
-    return not (until_ms is not None and entry.min_ms is not None and entry.min_ms >= until_ms)
-
-
-def _from_archive(archive: ArchiveReader, plan: list[_Partition], since_ms: int | None, until_ms: int | None,
+def _from_archive(archive: ArchiveReader, plan: list[_Partition], window: Window,
                   gaps: list[Gap]) -> Iterator[tuple[str, int, bytes]]:
     """(topic, timestamp, value) of every archived record below each partition's retained offsets
     that the window may hold; a damaged file is a gap (its records are never given)."""
@@ -200,7 +197,7 @@ def _from_archive(archive: ArchiveReader, plan: list[_Partition], since_ms: int 
         position = 0
         for entry in part.archived:
             end = min(entry.end, part.low)
-            if not _wanted(entry, since_ms, until_ms) or end <= position:
+            if not window.may_hold(entry) or end <= position:
                 continue
             try:
                 for record in archive.records(part.topic, entry):
@@ -212,31 +209,30 @@ def _from_archive(archive: ArchiveReader, plan: list[_Partition], since_ms: int 
             position = max(position, end)
 
 
-def _gaps(plan: list[_Partition], tracker: EndTracker, since_ms: int | None, until_ms: int | None,
-          archive: ArchiveReader | None, stall_s: float) -> list[Gap]:
+def _gaps(plan: list[_Partition], tracker: EndTracker, window: Window, archive: ArchiveReader | None,
+          stall_s: float) -> list[Gap]:
     """The holes before and between each partition's pieces, and its stall, if it stalled."""
     found = []
     for part in plan:
         read = tracker.parts[(part.topic, part.partition)]
         pieces = [Piece(e.first, min(e.end, part.low), e.first_ms, e.last_ms) for e in part.archived]
         # Read from past the retained head, Kafka answered that the head is older than `since`.
-        head_ms = read.first_ms if part.start == part.low else (since_ms or 0) - 1
+        head_ms = read.first_ms if part.start == part.low else (window.since_ms or 0) - 1
         pieces.append(Piece(part.low, read.end or read.position, head_ms, read.last_ms))
-        found += holes(part.topic, part.partition, pieces, since_ms=since_ms, until_ms=until_ms,
-                       reason=NOT_RETAINED if archive else NOT_RETAINED_NO_ARCHIVE)
+        found += holes(part.topic, part.partition, pieces, window, NOT_RETAINED if archive else NOT_RETAINED_NO_ARCHIVE)
         if read.stalled:
             found.append(Gap(part.topic, part.partition, read.position, max(read.captured, read.position + 1),
                              f"{STALLED} ({stall_s:g}s)", after_ms=read.last_ms))
     return found
 
 
-def run_audit(settings: Settings, *, now: datetime, since: datetime | None = None, until: datetime | None = None,
+def run_audit(settings: Settings, *, clock: Clock, since: datetime | None = None, until: datetime | None = None,
               grace: timedelta = timedelta(minutes=5), progress: bool = True, stall_s: float = STALL_S,
               archive: ArchiveReader | None = None, allow_gaps: bool = False) -> AuditReport:
     """Read the three topics to their ends (with `archive`, its files first, for what the topics no
-    longer hold) and build the report. `since` None means from the beginning; `now` is the
-    database's, against which the grace is judged. A partition that makes no progress for `stall_s`
-    seconds before its end is a gap."""
+    longer hold) and build the report. `since` None means from the beginning; `clock` gives the
+    database's now once everything was read, against which the grace is judged. A partition that
+    makes no progress for `stall_s` seconds before its end is a gap."""
     report = AuditReport(since=since.isoformat() if since else None, until=until.isoformat() if until else None,
                          archive=archive.url if archive else None, gaps_allowed=allow_gaps)
     codec = Codec.from_settings(settings)
@@ -245,13 +241,12 @@ def run_audit(settings: Settings, *, now: datetime, since: datetime | None = Non
     fields = {settings.topology.expiry: EVENT_FIELDS, settings.topology.outcomes: OUTCOME_FIELDS,
               settings.topology.dlq: DEAD_LETTER_FIELDS}
     history = _History()
-    since_ms = millis(since) if since else None
-    until_ms = millis(until) if until else None
+    window = Window(millis(since) if since else None, millis(until) if until else None)
     records: Counter[str] = Counter()
     undecodable: Counter[str] = Counter()
 
     def take(topic: str, ts_ms: int, value: bytes) -> bool:
-        if (since_ms is not None and ts_ms < since_ms) or (until_ms is not None and ts_ms >= until_ms):
+        if not window.holds(ts_ms):
             return False
         records[topic] += 1
         try:
@@ -278,7 +273,7 @@ def run_audit(settings: Settings, *, now: datetime, since: datetime | None = Non
         bar = Progress(sum(s.size for s in spans) + sum(e.records for part in plan for e in part.archived)
                        ) if progress else None
         if archive is not None:
-            for topic, ts_ms, value in _from_archive(archive, plan, since_ms, until_ms, gaps):
+            for topic, ts_ms, value in _from_archive(archive, plan, window, gaps):
                 if bar:
                     bar()
                 archived[topic] += take(topic, ts_ms, value)
@@ -292,7 +287,9 @@ def run_audit(settings: Settings, *, now: datetime, since: datetime | None = Non
             bar.close()
     finally:
         consumer.close()
-    gaps += _gaps(plan, tracker, since_ms, until_ms, archive, stall_s)
+    gaps += _gaps(plan, tracker, window, archive, stall_s)
+    now = clock()
+    report.at = now.isoformat()
     report.records = {t: records[t] for t in expected}
     report.archived = {t: archived[t] for t in expected}
     report.undecodable = {t: undecodable[t] for t in expected}

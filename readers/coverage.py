@@ -16,9 +16,35 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
+from lapse.archive import ManifestEntry
+
 NOT_RETAINED = "no longer on the topic (retention) and not in the archive"
 NOT_RETAINED_NO_ARCHIVE = "no longer on the topic (retention); no archive was given"
 STALLED = "the broker delivered neither a record nor the end for the read timeout"
+
+
+@dataclass(frozen=True)
+class Window:
+    """[since, until) in epoch ms; None: unbounded."""
+
+    since_ms: int | None
+    until_ms: int | None
+
+    def holds(self, ms: int) -> bool:
+        return (self.since_ms is None or ms >= self.since_ms) and (self.until_ms is None or ms < self.until_ms)
+
+    def may_hold_between(self, after_ms: int | None, before_ms: int | None) -> bool:
+        """Whether records between one read at `after_ms` and one read at `before_ms` (None: no
+        such record) may fall in the window."""
+        if self.since_ms is not None and before_ms is not None and before_ms < self.since_ms:
+            return False
+        return not (self.until_ms is not None and after_ms is not None and after_ms >= self.until_ms)
+
+    def may_hold(self, entry: ManifestEntry) -> bool:
+        """Whether an archived file may hold records of the window (by its earliest and latest times)."""
+        if self.since_ms is not None and entry.max_ms is not None and entry.max_ms < self.since_ms:
+            return False
+        return not (self.until_ms is not None and entry.min_ms is not None and entry.min_ms >= self.until_ms)
 
 
 @dataclass(frozen=True)
@@ -60,21 +86,12 @@ def _iso(ms: int | None) -> str | None:
     return datetime.fromtimestamp(ms / 1000, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
-def in_window(after_ms: int | None, before_ms: int | None, since_ms: int | None, until_ms: int | None) -> bool:
-    """Whether records between one read at `after_ms` and one read at `before_ms` (None: no such
-    record) may fall in [since, until)."""
-    if since_ms is not None and before_ms is not None and before_ms < since_ms:
-        return False
-    return not (until_ms is not None and after_ms is not None and after_ms >= until_ms)
-
-
-def holes(topic: str, partition: int, pieces: list[Piece], *, since_ms: int | None, until_ms: int | None,
-          reason: str) -> list[Gap]:
+def holes(topic: str, partition: int, pieces: list[Piece], window: Window, reason: str) -> list[Gap]:
     """The offsets before and between `pieces` (in offset order, from offset 0) that no piece
     holds and that may hold records of the window."""
     gaps, at, after = [], 0, None
     for piece in pieces:
-        if piece.first > at and in_window(after, piece.first_ms, since_ms, until_ms):
+        if piece.first > at and window.may_hold_between(after, piece.first_ms):
             gaps.append(Gap(topic, partition, at, piece.first, reason, after_ms=after, before_ms=piece.first_ms))
         if piece.end > at:
             at, after = piece.end, piece.last_ms if piece.last_ms is not None else after

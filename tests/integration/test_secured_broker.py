@@ -170,6 +170,10 @@ def test_every_role_runs_with_only_its_acls_and_no_secret_is_printed(secure_kafk
                             **{env_var("processor.session_timeout_ms"): "30000"})
         audit = s.run("audit", "audit", "--from-beginning", "--json")
         assert audit.exit_code == 0, audit.output
+        archive = s.run("archive", "archive", "--exit-when-idle", "1", "--json",
+                        **{env_var("archive.url"): f"file://{tmp_path / 'archive'}"})
+        assert archive.exit_code == 0, archive.output
+        assert json.loads(archive.stdout.splitlines()[-1])["records"] >= len(outcomes) + 4  # and at least 4 events
         status = s.run("status", "status", "--json")
         assert status.exit_code == 0, status.output
         lag = {row["group"]: row for row in json.loads(status.stdout)["lag"]}
@@ -197,7 +201,7 @@ def test_every_role_runs_with_only_its_acls_and_no_secret_is_printed(secure_kafk
     finally:
         engine.dispose()
 
-    assert len(s.printed) == 11 and all(out.strip() for out in s.printed)  # every command's output kept
+    assert len(s.printed) == 12 and all(out.strip() for out in s.printed)  # every command's output kept
     printed = "\n".join([*s.printed, caplog.text, *(r.getMessage() for r in caplog.records)])
     leaked = [secret for secret in secure_kafka.secrets() if secret in printed]
     assert not leaked, f"{len(leaked)} secret(s) printed"

@@ -10,7 +10,7 @@ import itertools
 from hypothesis import given
 from hypothesis import strategies as st
 
-from lapse.readers.coverage import Gap, Piece, holes
+from lapse.readers.coverage import Gap, Piece, Window, holes
 
 
 def _pieces(bounds: list[int], first_ms: list[int]) -> list[Piece]:
@@ -29,7 +29,7 @@ def partitions(draw: st.DrawFn) -> list[Piece]:
 
 @given(partitions())
 def test_from_the_beginning_pieces_and_gaps_cover_every_offset_once(pieces):
-    gaps = holes("t", 0, pieces, since_ms=None, until_ms=None, reason="r")
+    gaps = holes("t", 0, pieces, Window(None, None), "r")
     covered = sorted([(p.first, p.end) for p in pieces] + [(g.first_offset, g.end_offset) for g in gaps])
     assert covered[0][0] == 0
     assert all(a[1] == b[0] for a, b in itertools.pairwise(covered))  # no overlap, no hole
@@ -38,17 +38,16 @@ def test_from_the_beginning_pieces_and_gaps_cover_every_offset_once(pieces):
 
 @given(partitions(), st.integers(0, 10**9))
 def test_with_since_a_hole_is_a_gap_exactly_when_the_record_after_it_is_not_older(pieces, since_ms):
-    gaps = {(g.first_offset, g.end_offset) for g in holes("t", 0, pieces, since_ms=since_ms, until_ms=None,
-                                                          reason="r")}
-    every = holes("t", 0, pieces, since_ms=None, until_ms=None, reason="r")
+    gaps = {(g.first_offset, g.end_offset) for g in holes("t", 0, pieces, Window(since_ms, None), "r")}
+    every = holes("t", 0, pieces, Window(None, None), "r")
     assert gaps == {(g.first_offset, g.end_offset) for g in every if g.before_ms >= since_ms}
 
 
 def test_a_trimmed_head_names_its_first_offset_and_the_time_of_the_first_record_kept():
-    (gap,) = holes("t.expiry", 1, [Piece(9, 30, 1_000, 2_000)], since_ms=None, until_ms=None, reason="retention")
+    (gap,) = holes("t.expiry", 1, [Piece(9, 30, 1_000, 2_000)], Window(None, None), "retention")
     assert gap == Gap("t.expiry", 1, 0, 9, "retention", None, None, 1_000)
     assert gap.to_dict()["before_time"] == "1970-01-01T00:00:01.000Z"
     # Nothing retained after it: the hole may hold records of any time.
-    assert holes("t", 0, [Piece(5, 5, None, None)], since_ms=10**12, until_ms=None, reason="r") != []
+    assert holes("t", 0, [Piece(5, 5, None, None)], Window(10**12, None), "r") != []
     # --until before the hole: the record before it is at or after --until.
-    assert holes("t", 0, [Piece(0, 3, 0, 50), Piece(5, 9, 60, 70)], since_ms=None, until_ms=40, reason="r") == []
+    assert holes("t", 0, [Piece(0, 3, 0, 50), Piece(5, 9, 60, 70)], Window(None, 40), "r") == []

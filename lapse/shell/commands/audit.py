@@ -56,7 +56,7 @@ def _text(r: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def _record_verdict(settings: Settings, report: dict[str, Any], now: datetime) -> None:
+def _record_verdict(settings: Settings, report: dict[str, Any]) -> None:
     """Keep the verdict as the audit's finding; a database that cannot take it is one warning."""
     from lapse.kernel.database import engine_from_settings
     from lapse.kernel.findings import AUDIT, LAST_VERDICT, Finding, record_quietly
@@ -71,7 +71,7 @@ def _record_verdict(settings: Settings, report: dict[str, Any], now: datetime) -
                 "incomplete": report["incomplete"][:20], "gaps": len(report["gaps"])}
     engine = engine_from_settings(settings)
     try:
-        record_quietly(engine, Finding(AUDIT, LAST_VERDICT, now, summary, details))
+        record_quietly(engine, Finding(AUDIT, LAST_VERDICT, datetime.fromisoformat(report["at"]), summary, details))
     finally:
         engine.dispose()
 
@@ -133,13 +133,12 @@ def audit(settings: Settings, since: datetime | None, from_beginning: bool, unti
         raise click.UsageError(f"--since {since.isoformat()} is not before --until {until.isoformat()}: "
                                "the window holds nothing")
     leave_connection_failures_to_caller()  # an unreachable broker is the error boundary's one line
-    now = _database_now(settings)
     try:
         archive = ArchiveReader.open(archive_url, settings) if archive_url is not None else None
     except (ArchiveUrlError, ArchiveRefused) as exc:
         raise CommandFailed(ExitCode.CONFIG, f"audit: --archive: {exc}") from None
     try:
-        report = run_audit(settings, now=now, since=since, until=until, grace=grace,
+        report = run_audit(settings, clock=lambda: _database_now(settings), since=since, until=until, grace=grace,
                            stall_s=read_timeout.total_seconds(), archive=archive, allow_gaps=allow_gaps).to_dict()
     except OffsetsError as exc:  # a topic of the topology is not on the cluster
         raise CommandFailed(ExitCode.CONFIG, f"audit: {exc} (`lapse topics apply` creates it; "
@@ -153,6 +152,6 @@ def audit(settings: Settings, since: datetime | None, from_beginning: bool, unti
         with open(out, "w") as fh:
             json.dump(report, fh, indent=2, sort_keys=True)
     if record:
-        _record_verdict(settings, report, now)
+        _record_verdict(settings, report)
     emit(report, as_json, _text)
     sys.exit(int(ExitCode.PROBLEM_FOUND if report["verdict"] in (BROKEN, INCOMPLETE) else ExitCode.OK))
