@@ -248,15 +248,14 @@ class Archiver:
         return True
 
     def _rewind(self) -> None:
-        """Drop every open file and read each partition again from its manifest's end."""
+        """Drop every open file and read each partition again from its manifest's end. A seek the
+        client refuses ends the run: resuming past dropped records would leave a hole, a restart
+        resumes from the manifest."""
         for part in self.parts.values():
             part.drop()
+            part.at_end = False  # what it read is read again: it is not at its end before that
             offset = OFFSET_BEGINNING if part.committed is None else part.committed
-            try:
-                self.consumer.seek(TopicPartition(part.topic, part.partition, offset))
-            except KafkaException as exc:  # not fetching yet: the assignment's offset stands
-                log.debug("seek refused", extra={"topic": part.topic, "partition": part.partition,
-                                                 "error": str(exc)})
+            self.consumer.seek(TopicPartition(part.topic, part.partition, offset))
 
     def _crash_if(self, point: str) -> None:
         """Test hook: die without cleanup at a named point of the commit order, as a killed process would."""

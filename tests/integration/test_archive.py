@@ -95,11 +95,12 @@ def test_the_archive_equals_the_topics_through_sigkills_and_rebalances(kafka_boo
     (done,) = run_lapse(["archive", "--exit-when-idle", "2", "--json"],
                         env=role_env(settings, **{"archive.url": url, **ARCHIVE}), cwd=REPO_ROOT, bound_s=90)
     assert done.code == 0, done.stderr[-10:]
+    (tmp_path / "logs" / "final-archive.log").write_text("\n".join(done.stderr))
 
     for topic, partitions in ((settings.topology.expiry, 3), (settings.topology.outcomes, 3),
                               (settings.topology.dlq, 1)):
         on_topic = topic_rows(settings, topic)
-        assert archive_rows(settings, url, topic, partitions) == on_topic, topic
+        assert archive_rows(settings, url, topic, partitions) == on_topic, (topic, done.stderr[-20:])
         assert sum(len(rows) for rows in on_topic.values()) >= 300
     engine = make_engine(pg_url)
     with engine.connect() as conn:
