@@ -263,15 +263,16 @@ class Archiver:
             os._exit(17)
 
     def _idle(self, last_activity: float, idle_s: float) -> bool:
-        """Every owned partition read to its end, nothing for `idle_s`, and the group still for a
-        session timeout since it last moved: a member killed just before this one joined holds its
-        partitions until its session expires, and the rebalance then may hand them here. A member
-        with no partitions waits two session timeouts more."""
+        """Every owned partition read to its end, nothing for `idle_s`, and the group still for two
+        session timeouts since it last moved: a member killed while it joined is handed partitions
+        with this one and keeps them until its session expires after that rebalance, and the next
+        one may hand them here (its session, then a heartbeat, then the rejoin). A member with no
+        partitions waits as long after it last did anything."""
         now = time.monotonic()
-        session_s = self.settings.processor.session_timeout_ms / 1000
+        settle_s = 2 * self.settings.processor.session_timeout_ms / 1000
         if not self.parts:  # nothing of ours yet: a rebalance may still hand some
-            return now - last_activity >= idle_s + 2 * session_s
-        return (all(p.at_end for p in self.parts.values()) and now - self._assigned_at >= session_s
+            return now - last_activity >= idle_s + settle_s
+        return (all(p.at_end for p in self.parts.values()) and now - self._assigned_at >= settle_s
                 and now - last_activity >= idle_s)
 
     def _database_now_ms(self) -> int:

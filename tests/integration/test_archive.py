@@ -25,15 +25,19 @@ from lapse.kernel.database import make_engine
 from lapse.kernel.ledger import expiry_event
 from lapse.kernel.models import ledger_transitions
 from lapse.kernel.settings import REPO_ROOT
+from lapse.readers.offsets import group_states
 from lapse.shell.app import main
 from tests.fixtures.archive import archive_rows, archived_transitions, produce_spread, topic_rows
 from tests.fixtures.pipeline import connection_env, make_pipeline_settings
+from tests.fixtures.polling import eventually
 from tests.fixtures.processes import RoleProcesses, role_env, run_lapse
 from tests.fixtures.readers import READER_TOPICS, produce_events, relay, sweep
 from tests.fixtures.workers import process_until_done
 
-KILLING_S = 15.0  # how long members are SIGKILLed and restarted
-ARCHIVE = {"archive.file_span_s": 1, "archive.close_after_s": 0}
+KILLING_S = 12.0  # how long members are SIGKILLed and restarted
+# One-second files; and a member killed while it joins the group is given up after 10 s, not after
+# the default max.poll.interval.ms (Kafka waits that long for a member that sent its JoinGroup).
+ARCHIVE = {"archive.file_span_s": 1, "archive.close_after_s": 0, "processor.max_poll_interval_ms": 10_000}
 
 
 def _history(settings, pg_url: str) -> None:
@@ -66,7 +70,7 @@ def _trickle(settings, stop: threading.Event) -> None:
 def test_the_archive_equals_the_topics_through_sigkills_and_rebalances(kafka_bootstrap, pg_url, unique, tmp_path):
     settings = make_pipeline_settings(kafka_bootstrap, pg_url, unique, **READER_TOPICS)
     _history(settings, pg_url)
-    produce_spread(settings, per_topic=300, over_s=90)
+    produce_spread(settings, per_topic=200, over_s=60)
     url = f"file://{tmp_path / 'archive'}"
     (tmp_path / "logs").mkdir()
     members = RoleProcesses(settings, tmp_path / "logs", **{"archive.url": url, **ARCHIVE})
@@ -90,7 +94,11 @@ def test_the_archive_equals_the_topics_through_sigkills_and_rebalances(kafka_boo
         stop.set()
         trickle.join(30)
         members.close()
-    assert kills >= 4
+    assert kills >= 3
+    # The killed members leave the group when their sessions expire; then one member takes it all.
+    group = settings.topology.groups.archive
+    eventually(lambda: group_states(settings, [group])[group].get("state") in ("empty", "dead"), timeout_s=60,
+               what="the killed members' sessions expired")  # dead: no member, and none ever committed
 
     (done,) = run_lapse(["archive", "--exit-when-idle", "2", "--json"],
                         env=role_env(settings, **{"archive.url": url, **ARCHIVE}), cwd=REPO_ROOT, bound_s=90)
@@ -101,7 +109,7 @@ def test_the_archive_equals_the_topics_through_sigkills_and_rebalances(kafka_boo
                               (settings.topology.dlq, 1)):
         on_topic = topic_rows(settings, topic)
         assert archive_rows(settings, url, topic, partitions) == on_topic, (topic, done.stderr[-20:])
-        assert sum(len(rows) for rows in on_topic.values()) >= 300
+        assert sum(len(rows) for rows in on_topic.values()) >= 200
     engine = make_engine(pg_url)
     with engine.connect() as conn:
         rows = [dict(r._mapping) for r in conn.execute(select(ledger_transitions).order_by(ledger_transitions.c.id))]

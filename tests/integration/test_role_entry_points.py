@@ -31,8 +31,7 @@ WAITING = "dependency unavailable, retrying with backoff"
 # (the role's name in its warning, the command line of its service form)
 SERVICES = [("sweep", ["sweep"]), ("process", ["process"]), ("relay", ["relay"]), ("delay", ["delay"]),
             ("reconcile", ["reconcile"]), ("report", ["report", "--serve"]), ("prune", ["prune", "--watch"]),
-            ("console", ["console"]), ("archive", ["archive", "--url", "file:///tmp/lapse-archive"]),
-            ("run", ["run", "--workers", "1"])]
+            ("console", ["console"]), ("run", ["run", "--workers", "1"])]
 BOUNDED = [["sweep", "--once"], ["reconcile", "--once"], ["process", "--exit-when-idle", "1"],
            ["relay", "--exit-when-idle", "1"], ["prune"], ["report"],
            ["archive", "--url", "file:///tmp/lapse-archive", "--exit-when-idle", "1"]]
