@@ -158,6 +158,11 @@ def test_every_role_runs_with_only_its_acls_and_no_secret_is_printed(secure_kafk
         assert {o["op_key"] for o in outcomes if o["status"] == "applied"} == {
             f"{KIND}:{rid}" for rid in (*swept, later, missed)}
 
+        archive = s.run("archive", "archive", "--exit-when-idle", "1", "--json",
+                        **{env_var("archive.url"): f"file://{tmp_path / 'archive'}"})
+        assert archive.exit_code == 0, archive.output
+        assert json.loads(archive.stdout.splitlines()[-1])["records"] >= len(outcomes) + 4  # and at least 4 events
+
         # What the analytics view must count: every outcome on the topic (it counts at least once).
         expected = dict(sorted(Counter(f"{o['kind']}|{o['status']}" for o in outcomes).items()))
 
@@ -170,10 +175,6 @@ def test_every_role_runs_with_only_its_acls_and_no_secret_is_printed(secure_kafk
                             **{env_var("processor.session_timeout_ms"): "30000"})
         audit = s.run("audit", "audit", "--from-beginning", "--json")
         assert audit.exit_code == 0, audit.output
-        archive = s.run("archive", "archive", "--exit-when-idle", "1", "--json",
-                        **{env_var("archive.url"): f"file://{tmp_path / 'archive'}"})
-        assert archive.exit_code == 0, archive.output
-        assert json.loads(archive.stdout.splitlines()[-1])["records"] >= len(outcomes) + 4  # and at least 4 events
         status = s.run("status", "status", "--json")
         assert status.exit_code == 0, status.output
         lag = {row["group"]: row for row in json.loads(status.stdout)["lag"]}
