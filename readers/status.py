@@ -15,7 +15,18 @@ from sqlalchemy import Connection, Engine, func, or_, select
 
 from lapse.kernel.brakes import ALL_TENANTS, read_pauses
 from lapse.kernel.clock import database_now
-from lapse.kernel.findings import AUDIT, CIRCUIT, CLOCK, LAST_PASS, LAST_VERDICT, RECONCILE, latest_findings
+from lapse.kernel.findings import (
+    ARCHIVE,
+    AUDIT,
+    CIRCUIT,
+    CLOCK,
+    LAST_PASS,
+    LAST_VERDICT,
+    RECONCILE,
+    TRANSITIONS_ARCHIVED,
+    Finding,
+    latest_findings,
+)
 from lapse.kernel.kinds import CleanupKind, KindsFileError, declared_names, load_kinds
 from lapse.kernel.ledger import (
     DEAD_LETTER,
@@ -123,13 +134,22 @@ DEFAULT_ROWS_CAP = 10_000
 def findings_status(conn: Connection, now: datetime) -> dict[str, Any]:
     """What the roles last found: the dead-letter circuits open at `now`, the reconciler's last
     pass and the audit's last verdict (None: never recorded), the clock skew of each role process
-    that measured it in the last CLOCK_FRESH by the database's clock (a process gone is left out)."""
+    that measured it in the last CLOCK_FRESH by the database's clock (a process gone is left out),
+    and how far the archive of transitions reaches, with its lag by the database's clock (the
+    archive's lag on the topics is its group's lag)."""
     kept = latest_findings(conn)
-    shown_after = database_now(conn) - CLOCK_FRESH
-    one = {(f.role, f.subject): f.to_dict() for f in kept if f.role in (RECONCILE, AUDIT)}
+    db_now = database_now(conn)
+    shown_after = db_now - CLOCK_FRESH
+    one = {(f.role, f.subject): f for f in kept if f.role in (RECONCILE, AUDIT, ARCHIVE)}
+    archived = one.get((ARCHIVE, TRANSITIONS_ARCHIVED))
     return {"open_circuits": [f.to_dict() for f in kept if f.role == CIRCUIT and f.until and f.until > now],
-            "reconciler": one.get((RECONCILE, LAST_PASS)), "audit": one.get((AUDIT, LAST_VERDICT)),
-            "clocks": [f.to_dict() for f in kept if f.role == CLOCK and f.at >= shown_after]}
+            "reconciler": _dict(one.get((RECONCILE, LAST_PASS))), "audit": _dict(one.get((AUDIT, LAST_VERDICT))),
+            "clocks": [f.to_dict() for f in kept if f.role == CLOCK and f.at >= shown_after],
+            "archive": None if archived is None else {**archived.to_dict(), "lag_s": _age_s(db_now, archived.at)}}
+
+
+def _dict(finding: Finding | None) -> dict[str, Any] | None:
+    return None if finding is None else finding.to_dict()
 
 
 def brakes_status(conn: Connection, now: datetime, declared: frozenset[str] | None) -> dict[str, Any]:

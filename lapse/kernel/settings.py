@@ -314,6 +314,28 @@ class RetentionSettings(_Section):
     interval_s: float = Field(300.0, gt=0, description="Pause between prune passes in `lapse run`.")
 
 
+class ArchiveSettings(_Section):
+    """The archive (`lapse archive`, and a role of `lapse run` when `url` is set): the expiry events,
+    outcomes, dead letters and the ledger's transitions as files, one per partition and span."""
+
+    url: str | None = Field(
+        None, description="Where the archive writes: s3://bucket/prefix (the `s3` extra) or file:///folder "
+                          "(unset: no archive).")
+    endpoint_url: str | None = Field(None, description="Endpoint of an S3-compatible store (unset: AWS S3).")
+    region: str | None = Field(None, description="Region of the S3 store (unset: boto3's default).")
+    file_span_s: int = Field(
+        3600, ge=1, le=86_400, description="Each file holds a partition's records of one span of this many "
+                                           "seconds (by record time); the archive lags by up to a span.")
+    close_after_s: float = Field(
+        60.0, ge=0, description="How long after its span a quiet partition's file waits for more records before "
+                                "it is closed (s, by the database's clock).")
+    max_file_records: int = Field(
+        1_000_000, ge=1, le=100_000_000, description="Most records in one file (a busy span is split).")
+    transitions_lookback_s: float = Field(
+        3600.0, gt=0, description="How far before a transitions window's start its rows' `at` may lie: longer "
+                                  "than any transaction that writes transitions stays open (s).")
+
+
 class ReportSettings(_Section):
     """Where the daily report goes."""
 
@@ -434,8 +456,9 @@ class ConsoleSettings(_Section):
 class DevSettings(_Section):
     """Dev tools and test hooks; never needed in production."""
 
-    crash_point: Literal["after_db_commit", "after_produce"] | None = Field(
-        None, description="Test hook: exit the worker process abruptly at this point of a batch.")
+    crash_point: Literal["after_db_commit", "after_produce", "archive_after_file", "archive_after_manifest"] | None = (
+        Field(None, description="Test hook: exit the worker process abruptly at this point of a batch (or the archive "
+                                "at this point of a file's commit)."))
     object_store_fault_rate: float = Field(
         0.0, ge=0, le=1, description="Share of object deletes that fail on purpose (demo: 429, 503, invalid key).")
     kafka_jars: Path = Field(
@@ -458,6 +481,7 @@ class Settings(BaseSettings):
     producer: ProducerSettings = Field(default_factory=ProducerSettings)
     reconciler: ReconcilerSettings = Field(default_factory=ReconcilerSettings)
     retention: RetentionSettings = Field(default_factory=RetentionSettings)
+    archive: ArchiveSettings = Field(default_factory=ArchiveSettings)
     report: ReportSettings = Field(default_factory=ReportSettings)
     runtime: RuntimeSettings = Field(default_factory=RuntimeSettings)
     console: ConsoleSettings = Field(default_factory=ConsoleSettings)

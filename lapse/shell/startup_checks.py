@@ -234,7 +234,7 @@ def check_settings(settings: Settings) -> None:
         raise StartupRefused(f"topics.prefix ({env_var('topics.prefix')}) {prefix[:40]!r}: a topic prefix "
                              "uses only letters, digits, '.', '_' and '-'")
     bare = load_topology(settings.topics.file)
-    names = [spec.name for spec in bare.specs] + list(vars(bare.groups).values())
+    names = [spec.name for spec in bare.specs] + list(bare.groups.by_role().values())
     longest = max(names, key=len)
     limit = min(MAX_TOPIC_CHARS, _length(outbox.c.topic))
     if len(prefix) + len(longest) > limit:

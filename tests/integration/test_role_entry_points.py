@@ -33,7 +33,8 @@ SERVICES = [("sweep", ["sweep"]), ("process", ["process"]), ("relay", ["relay"])
             ("reconcile", ["reconcile"]), ("report", ["report", "--serve"]), ("prune", ["prune", "--watch"]),
             ("console", ["console"]), ("run", ["run", "--workers", "1"])]
 BOUNDED = [["sweep", "--once"], ["reconcile", "--once"], ["process", "--exit-when-idle", "1"],
-           ["relay", "--exit-when-idle", "1"], ["prune"], ["report"]]
+           ["relay", "--exit-when-idle", "1"], ["prune"], ["report"],
+           ["archive", "--url", "file:///tmp/lapse-archive", "--exit-when-idle", "1"]]
 
 
 @pytest.fixture

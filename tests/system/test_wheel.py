@@ -27,7 +27,8 @@ MUST_SHIP = ("lapse/py.typed", "lapse/processors/rules.py", "lapse/readers/audit
              "lapse/kernel/migrations/env.py", "lapse/kernel/migrations/script.py.mako",
              "lapse/topics.yaml", "lapse/schemas/expiry_event.avsc", "lapse/schemas/history/expiry_event.v1.avsc",
              "lapse/kernel/kinds/starter.yaml")
-REPO_ONLY_NAMES = ("processors", "producers", "reconciler", "readers", "retention", "reports", "operator_actions")
+REPO_ONLY_NAMES = ("processors", "producers", "reconciler", "readers", "retention", "reports", "operator_actions",
+                   "archive")
 SECRET = "s3cr3t-never-shown-Zq81"
 
 

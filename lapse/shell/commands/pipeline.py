@@ -93,9 +93,9 @@ def relay(settings: Settings, exit_when_idle: float | None) -> None:
               help="Also serve the operator console (console.bind, console.port; the `console` extra).")
 @pass_settings
 def run(settings: Settings, workers: int, with_console: bool) -> None:
-    """Run sweep, processors, relay, delay tiers, reconciler, daily report and prune (and with
-    --console the operator console) in one process tree until interrupted; a role that dies is
-    restarted."""
+    """Run sweep, processors, relay, delay tiers, reconciler, daily report and prune (with --console
+    the operator console, and the archive when archive.url is set) in one process tree until
+    interrupted; a role that dies is restarted."""
     # function-local: keeps `lapse --help` fast
     from lapse.shell.roles import pipeline_roles, when_reachable
     from lapse.shell.supervisor import Supervisor
@@ -110,12 +110,13 @@ def run(settings: Settings, workers: int, with_console: bool) -> None:
             raise CommandFailed(ExitCode.CONFIG, str(exc)) from None
     # The status samples (oldest eligible age, ledger, outbox, lag) are read by the supervisor's
     # metrics endpoint when scraped: no monitor role.
-    sup = Supervisor(settings, pipeline_roles(workers, console=with_console))
+    archive = settings.archive.url is not None
+    sup = Supervisor(settings, pipeline_roles(workers, console=with_console, archive=archive))
     stop_on_signals(sup.stop, hurry=sup.hurry)  # SIGTERM/Ctrl-C: stop; a second one: no more grace
     # Refused here, in one line, rather than by every role in a restart loop; a dependency away at
     # start is waited for, as each role would.
     with kinds_file_errors():
-        if when_reachable("run", sup.stop, lambda: _checked(settings), settings) is None:
+        if when_reachable("run", sup.stop, lambda: _checked(settings, archive=archive), settings) is None:
             return  # stopped before the dependencies came back
     sup.start()
     try:
@@ -128,12 +129,13 @@ def run(settings: Settings, workers: int, with_console: bool) -> None:
                             f"{sup.grace_s:g} s of SIGTERM{hurried}")
 
 
-def _checked(settings: Settings) -> bool:
+def _checked(settings: Settings, *, archive: bool) -> bool:
     """The start-up checks, the kinds compiled against the database and a broker that answers, as
-    every role makes them."""
+    every role makes them; with `archive`, the archive role's own (its URL, its store taking a write)."""
     # function-local: keeps `lapse --help` fast
     from lapse.kernel.database import engine_from_settings
     from lapse.kernel.kinds import load_kinds
+    from lapse.shell.roles import ArchiveRole
     from lapse.shell.startup_checks import check_kafka, check_startup
 
     check_startup(settings)
@@ -143,4 +145,10 @@ def _checked(settings: Settings) -> bool:
     finally:
         engine.dispose()
     check_kafka(settings)
+    if archive:
+        role = ArchiveRole(settings)
+        try:
+            role.check()
+        finally:
+            role.close()
     return True

@@ -58,6 +58,11 @@ def _text(r: dict[str, Any]) -> str:
     for role, what in (("reconciler", "reconciler's last pass"), ("audit", "last audit")):
         if found.get(role):
             lines.append(f"{what} at {found[role]['at']}: {found[role]['summary']}")
+    if found.get("archive"):
+        archive = found["archive"]
+        lines.append(f"archive of transitions: up to {archive['details']['archived_until']} "
+                     f"({archive['lag_s']:.0f}s behind the database's clock; on the topics, the archive group's lag "
+                     "above)")
     for clock in found.get("clocks", []):
         skew, bound = clock["details"]["skew_s"], clock["details"]["bound_s"]
         far = f", beyond the bound of {bound:g}s: fix its time synchronisation" if abs(skew) > bound else ""

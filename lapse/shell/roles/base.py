@@ -34,8 +34,17 @@ R = TypeVar("R")
 
 def is_outage(exc: BaseException) -> bool:
     """An outage, or an error raised while meeting one (a kinds file that could not read its table
-    because the database was away)."""
-    return outage_in(exc) is not None
+    because the database was away); a connection that failed (an archive store's endpoint away) too."""
+    if outage_in(exc) is not None:
+        return True
+    seen: BaseException | None = exc
+    for _ in range(5):
+        if seen is None:
+            return False
+        if isinstance(seen, ConnectionError):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
 
 
 def when_reachable(role: str, stop: threading.Event, start: Callable[[], T],
