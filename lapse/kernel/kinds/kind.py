@@ -7,7 +7,7 @@ declaration in the kinds file and a Python kind named by dotted path behave the 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
@@ -18,6 +18,7 @@ from sqlalchemy.sql.util import find_tables
 
 from lapse.kernel.batch_sql import any_of
 from lapse.kernel.brakes import Budget
+from lapse.kernel.kinds.limits import Limits
 from lapse.kernel.kinds.statements import due_rows
 from lapse.kernel.ledger import has_row_not_waiting_past, op_key
 
@@ -94,7 +95,9 @@ class CleanupKind:
     retry_base_s: float = 5.0
     retry_cap_s: float = 3600.0
     idempotent_effect: bool = True
-    effect_rate_per_s: float = 100.0  # token-bucket rate of external effects, per worker
+    limits: Limits = field(default_factory=Limits)  # the external effect's calls, for every worker at once
+    priority: str = "normal"  # or "high": swept, and called, ahead of normal kinds
+    tenant_weights: Mapping[str, float] = field(default_factory=dict)  # the sweep's shares (1 if unnamed)
     # How long an operation may keep being rate-limited (429s burn no attempt), from its first
     # failed attempt: past it, the next rate-limited failure is a dead letter (`rate_limited`).
     rate_limited_for_s: float = 86_400.0
@@ -104,6 +107,10 @@ class CleanupKind:
     @property
     def shadow(self) -> bool:
         return self.mode == "shadow"
+
+    @property
+    def high_priority(self) -> bool:
+        return self.priority == "high"
 
     def op_key(self, subject_id: Any) -> str:
         return op_key(self.name, subject_id)
