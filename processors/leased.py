@@ -102,6 +102,8 @@ class EffectRunner:
             renew([futures[f] for f in pending])
             if self.limiter is not None:
                 self.limiter.renew()
+        if self.limiter is not None:
+            self.limiter.release_idle()
         for future, key in futures.items():
             if future in pending:
                 out[key] = EffectFailure(AMBIGUOUS, "effect still running when the lease ran out")

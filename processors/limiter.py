@@ -14,11 +14,12 @@ import random
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from sqlalchemy import Engine
+from sqlalchemy import Connection, Engine
 
 from lapse.kernel.clock import database_clock
 from lapse.kernel.kinds import CleanupKind
@@ -33,6 +34,7 @@ from lapse.kernel.limits import (
     renew_slots,
     route_key,
     slow_down,
+    without_flush,
     write_stats,
 )
 from lapse.kernel.logs import get_logger
@@ -98,7 +100,7 @@ class Gate:
         """Ask the database for as many call slots as calls wait here. None (the route blocked, or
         booked ahead by other workers): sleep until it says to ask again, at most a second; a
         Retry-After that outlasts the deadline defers the call until it ends."""
-        with self.limiter.engine.begin() as conn:
+        with self.limiter.begin() as conn:
             got = grant(conn, self.key, max(1, self.waiting_rate))
         ref = time.monotonic()  # the grant's database time, as this worker's monotonic clock reads it
         for slot in got.slots:
@@ -130,7 +132,7 @@ class Gate:
                         self.acquiring = True
                         self.cond.release()
                         try:
-                            with self.limiter.engine.begin() as conn:
+                            with self.limiter.begin() as conn:
                                 got = acquire_slots(conn, self.key, self.limiter.worker, want, concurrency,
                                                     self.limiter.lease_s)
                         finally:
@@ -147,18 +149,29 @@ class Gate:
                 self.waiting_slot -= 1
 
     def _give_back(self, slot: int | None) -> None:
-        """Hand the slot to a call of this worker waiting for one, unless it has been busy for
-        HOLD_S: then (or with nobody waiting here) it goes back to the database."""
+        """Keep the slot for this worker's next call (`release_idle` gives it back when the calls of a
+        run are done), unless it has been held for HOLD_S: then it goes back to the database, so
+        other workers' calls get their turn."""
         if slot is None:
             return
         with self.cond:
-            if self.waiting_slot > len(self.free) and time.monotonic() - self.held[slot] < HOLD_S:
+            if time.monotonic() - self.held[slot] < HOLD_S:
                 self.free.append(slot)
                 self.cond.notify()
                 return
             del self.held[slot]
-        with self.limiter.engine.begin() as conn:
+        with self.limiter.begin() as conn:
             release_slots(conn, self.key, self.limiter.worker, [slot])
+
+    def release_idle(self) -> None:
+        """Give back the slots no call of this worker uses now."""
+        with self.cond:
+            slots, self.free = self.free, []
+            for slot in slots:
+                del self.held[slot]
+        if slots:
+            with self.limiter.begin() as conn:
+                release_slots(conn, self.key, self.limiter.worker, slots)
 
     def _not_started(self) -> EffectFailure:
         return EffectFailure(RATE_LIMITED, f"not started: no call slot of {self.key.label()} came free "
@@ -198,7 +211,7 @@ class Gate:
             self._give_back(ticket.slot)
 
     def _slow_down(self, ticket: Ticket, failure: EffectFailure) -> None:
-        with self.limiter.engine.begin() as conn:
+        with self.limiter.begin() as conn:
             now = database_clock(conn)
             block_s = failure.wait_s(now) if failure.stop_route else None
             slow_down(conn, self.key, now, paced_at=ticket.paced_at if failure.slow_down else None,
@@ -215,7 +228,7 @@ class Gate:
         with self.cond:
             slots = list(self.held)
         if slots:
-            with self.limiter.engine.begin() as conn:
+            with self.limiter.begin() as conn:
                 kept = renew_slots(conn, self.key, self.limiter.worker, slots, self.limiter.lease_s)
             lost = set(slots) - kept
             if lost:
@@ -227,7 +240,7 @@ class Gate:
             slots, self.free = list(self.held), []
             self.held.clear()
         if slots:
-            with self.limiter.engine.begin() as conn:
+            with self.limiter.begin() as conn:
                 release_slots(conn, self.key, self.limiter.worker, slots)
 
 
@@ -270,6 +283,13 @@ class Limiter:
         self.flushed = clock()
         self.flushing = threading.Lock()
 
+    @contextmanager
+    def begin(self) -> Iterator[Connection]:
+        """A transaction on the limits' tables, committed without waiting for its flush."""
+        with self.engine.begin() as conn:
+            without_flush(conn)
+            yield conn
+
     def gate(self, kind: CleanupKind, endpoint: str, tenant: str) -> Gate:
         """The gate of the route a call of `kind` to `endpoint` for `tenant` goes through; its
         route's row (and slots) made on first use."""
@@ -277,7 +297,7 @@ class Limiter:
         with self.lock:
             gate = self.gates.get(key)
         if gate is None:
-            with self.engine.begin() as conn:
+            with self.begin() as conn:
                 ensure_route(conn, key, kind.limits)
             with self.lock:
                 gate = self.gates.setdefault(key, Gate(self, key, kind.limits))
@@ -307,7 +327,7 @@ class Limiter:
             window = min(float(WINDOW_S), self.clock() - self.started)
             with self.lock:
                 stats = [seen.last_minute(kind, endpoint, window) for (kind, endpoint), seen in self.seen.items()]
-            with self.engine.begin() as conn:
+            with self.begin() as conn:
                 write_stats(conn, self.worker, [s for s in stats if s.calls or s.in_flight], database_clock(conn))
             self.flushed = self.clock()
         except Exception as exc:  # what status shows is not worth a call
@@ -319,6 +339,11 @@ class Limiter:
     def renew(self) -> None:
         for gate in list(self.gates.values()):
             gate.renew()
+
+    def release_idle(self) -> None:
+        """Give back every concurrency slot no call uses now (a run's calls are done)."""
+        for gate in list(self.gates.values()):
+            gate.release_idle()
 
     def close(self) -> None:
         """Give back every slot held and write the last statistics."""

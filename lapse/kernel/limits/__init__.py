@@ -17,6 +17,7 @@ from lapse.kernel.limits.routes import (
     route_key,
     routes_status,
     slow_down,
+    without_flush,
 )
 from lapse.kernel.limits.slots import acquire_slots, release_slots, renew_slots
 from lapse.kernel.limits.stats import EndpointStats, endpoints_status, write_stats
@@ -41,5 +42,6 @@ __all__ = [
     "routes_status",
     "schedule",
     "slow_down",
+    "without_flush",
     "write_stats",
 ]
