@@ -47,10 +47,10 @@ def calls(n: int, worker: int) -> list[EffectCall]:
 class Worker:
     """One worker's effect runner, limiter and engine, calling `url` for each call."""
 
-    def __init__(self, pg_url: str, name: str, url: str, lease_s: float = LEASE_S) -> None:
+    def __init__(self, pg_url: str, name: str, url: str, lease_s: float = LEASE_S, concurrency: int = 8) -> None:
         self.engine = make_engine(pg_url)
         caller = HttpCaller(HttpEffect(url=url + "/hooks/x/{subject_id}", timeout_s=5))
-        self.runner = EffectRunner(lambda kind: caller, concurrency=8)
+        self.runner = EffectRunner(lambda kind: caller, concurrency=concurrency)
         self.runner.limiter = Limiter(self.engine, name, lease_s)
         self.outcomes: dict[str, object] = {}
 
@@ -191,3 +191,19 @@ def test_a_changed_declaration_is_taken_by_the_next_worker(engine, workers):
         route = conn.execute(select(limit_routes)).mappings().one()
     assert (route["ceiling_per_s"], route["concurrency"]) == (20.0, 3) and route["rate_per_s"] <= 20.0
     assert [s for s, _ in slots(engine, "notify")] == [0, 1, 2]
+
+
+def test_a_worker_starts_the_calls_of_a_high_priority_kind_first(engine, pg_url, http_server):
+    """A batch whose bulk kind's calls come first in it: the high-priority kind's calls reach the
+    far side before any of them (one call at a time, so the order is the start order)."""
+    http_server.script("x", Answer(200))
+    bulk = http_kind(engine, Limits(1000.0))
+    high = replace(bulk, name="urgent", priority="high")
+    worker = Worker(pg_url, "w0", http_server.url, concurrency=1)
+    try:
+        jobs = [(bulk, c) for c in calls(5, 0)] + [(high, replace(c, kind="urgent", op_key=f"urgent:{c.subject_id}"))
+                                                   for c in calls(5, 1)]
+        assert all(o is None for o in worker.runner.run(jobs, LEASE_S, lambda keys: None).values())
+    finally:
+        worker.close()
+    assert [r.headers["idempotency-key"].split(":")[0] for r in http_server.received] == ["urgent"] * 5 + ["notify"] * 5

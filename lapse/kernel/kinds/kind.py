@@ -12,8 +12,8 @@ from datetime import datetime
 from typing import Any
 
 from pydantic import BaseModel
-from sqlalchemy import Column, ColumnElement, Connection, Select, Table, case, false, select, true, tuple_
-from sqlalchemy.sql.elements import NamedColumn
+from sqlalchemy import Column, ColumnElement, Connection, Select, Table, case, false, func, select, true, tuple_
+from sqlalchemy.sql.elements import Label, NamedColumn
 from sqlalchemy.sql.util import find_tables
 
 from lapse.kernel.batch_sql import any_of
@@ -133,6 +133,27 @@ class CleanupKind:
             stmt = stmt.where(tuple_(*cols) > tuple_(*after))
         if without_ledger:
             stmt = stmt.where(~has_row_not_waiting_past(self.name, self.id_column, now))
+        return stmt.order_by(*cols).limit(limit)
+
+    def due_tenants(self, now: datetime, limit: int) -> Select[Any, int]:
+        """(tenant, rows) of the due rows the sweep must emit, per tenant, at most `limit` tenants:
+        what the sweep's pages share (one grouped read of the due rows)."""
+        tenant = self.tenant_column.element if isinstance(self.tenant_column, Label) else self.tenant_column
+        due = self.due_clause(now) & ~has_row_not_waiting_past(self.name, self.id_column, now)
+        return select(tenant, func.count()).where(due).group_by(tenant).order_by(tenant).limit(limit)
+
+    def tenant_page(self, now: datetime, tenants: list[str], after: tuple[Any, ...] | None,
+                    limit: int) -> Select[Any, Any, Any]:
+        """The due rows the sweep must emit of `tenants`, in (due, id) order after `after`: one
+        tenant's share of a page (docs/design/limits.md)."""
+        tenant = self.tenant_column.element if isinstance(self.tenant_column, Label) else self.tenant_column
+        cols = (self.due_column, self.id_column)
+        stmt = select(self.id_column, self.tenant_column, self.due_column).where(
+            self.due_clause(now), ~has_row_not_waiting_past(self.name, self.id_column, now))
+        if self.has_tenant:  # a table without a tenant column has the one tenant
+            stmt = stmt.where(tenant.in_(tenants) if len(tenants) > 1 else tenant == tenants[0])
+        if after is not None:
+            stmt = stmt.where(tuple_(*cols) > tuple_(*after))
         return stmt.order_by(*cols).limit(limit)
 
     def not_yet_due(self, conn: Connection, subjects: list[Any], now: datetime) -> dict[str, datetime]:
