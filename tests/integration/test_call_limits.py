@@ -25,6 +25,9 @@ from lapse.processors.effects.http import HttpCaller
 from lapse.processors.failures import RATE_LIMITED, EffectFailure
 from lapse.processors.leased import EffectRunner
 from lapse.processors.limiter import Limiter
+from lapse.readers.status import limits_status
+from lapse.shell.commands.status import _limits_text
+from lapse.shell.status_collector import limit_families
 from tests.fixtures.effects import Answer, limited_http_server
 from tests.fixtures.kinds import demo_kinds
 
@@ -207,3 +210,29 @@ def test_a_worker_starts_the_calls_of_a_high_priority_kind_first(engine, pg_url,
     finally:
         worker.close()
     assert [r.headers["idempotency-key"].split(":")[0] for r in http_server.received] == ["urgent"] * 5 + ["notify"] * 5
+
+
+def test_status_shows_each_route_and_endpoint_as_every_worker_saw_them(engine, workers, http_server):
+    """After a 429 (Retry-After: 2) among 20 calls: `lapse status` shows the route's rate lowered
+    and no slot held any more, and the endpoint's calls and 429s over the workers' last minute; the
+    status samples carry the same."""
+    http_server.script("x", Answer(429, {"Retry-After": "2"}), Answer(200))
+    kind = http_kind(engine, Limits(100.0, 4))
+    (one,) = workers(http_server.url, n=1)
+    one.run(kind, calls(20, 0))
+    one.runner.limiter.close()  # type: ignore[union-attr]  # what it saw, written
+    with engine.connect() as conn:
+        shown = limits_status(conn)
+    (route,) = shown["routes"]
+    assert (route["kind"], route["route"], route["ceiling_per_s"], route["concurrency"]) == ("notify", "", 100.0, 4)
+    assert route["rate_per_s"] < 100.0 and route["slots_held"] == 0
+    (endpoint,) = shown["endpoints"]
+    host = http_server.url.removeprefix("http://")
+    assert (endpoint["kind"], endpoint["endpoint"], endpoint["in_flight"]) == ("notify", host, 0)
+    assert endpoint["throttled_share"] == 0.05 and endpoint["calls_per_minute"] >= 20
+    lines = _limits_text(shown)
+    assert lines[0].startswith("limit notify: ") and " of 100 calls/s, 0/4 in flight" in lines[0]
+    assert lines[1].startswith(f"calls notify to {host}: 0 in flight, ") and "(5.0%)" in lines[1]
+    samples = {(m.name, s.labels.get("kind")): s.value for m in limit_families(shown) for s in m.samples}
+    assert samples[("lapse_limit_ceiling_per_s", "notify")] == 100.0
+    assert samples[("lapse_limit_rate_per_s", "notify")] == route["rate_per_s"]
