@@ -14,14 +14,12 @@ from __future__ import annotations
 
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 
 import pytest
 from sqlalchemy import select, update
 
 from lapse.devtools.demo_data import add_artifacts, add_reservations
-from lapse.devtools.demo_kinds import packaged_kinds_file, write_demo_kinds
-from lapse.kernel.codec import Codec
+from lapse.devtools.demo_kinds import packaged_kinds_file
 from lapse.kernel.database import make_engine
 from lapse.kernel.kafka_clients import make_producer
 from lapse.kernel.kinds import compile_kinds, load_kinds, read_kinds_file
@@ -30,22 +28,11 @@ from lapse.processors import FilesystemObjectStore
 from lapse.producers import EmitWindow, sweep_once
 from lapse.producers.fair_pages import FairPages
 from tests.fixtures.kafka import read_topic
-from tests.fixtures.pipeline import PAST, Pipeline
+from tests.fixtures.pipeline import PAST, Pipeline, with_demo_kinds
 from tests.fixtures.workers import process_until_done
 
 RELEASE, DELETE = "release-reservation", "artifact-delete"
 SMALL = ("b", "c", "d", "e")
-
-
-def with_kinds(pipeline: Pipeline, tmp_path: Path, **edits: str) -> Pipeline:
-    """The pipeline on a copy of the demo kinds file, each kind given extra lines (kind → YAML)."""
-    path = write_demo_kinds(tmp_path / "kinds")
-    text = path.read_text()
-    for kind, lines in edits.items():
-        text = text.replace(f"  {kind}:\n", f"  {kind}:\n" + "".join(f"    {line}\n" for line in lines.splitlines()))
-    path.write_text(text)
-    settings = pipeline.settings.with_(kinds={"file": str(path)})
-    return Pipeline(settings, pipeline.engine, Codec.from_settings(settings))
 
 
 def sweep(p: Pipeline, **windows: EmitWindow):
@@ -104,7 +91,7 @@ def test_a_high_priority_kind_goes_ahead_of_a_bulk_backlog(pipeline, tmp_path):
     high`) all due at once: in every partition of the expiry topic each artifact's event comes
     before every reservation's, so a worker reaches the high-priority work first (and starts its
     calls first within a batch: tests/integration/test_call_limits.py)."""
-    p = with_kinds(pipeline, tmp_path, **{DELETE: "priority: high"})
+    p = with_demo_kinds(pipeline, tmp_path, **{DELETE: "priority: high"})
     store = FilesystemObjectStore(tmp_path / "kinds" / "objects")
     with p.engine.begin() as conn:
         add_reservations(conn, 2000, tenant="t1", expires_at=PAST - timedelta(hours=1))
