@@ -6,12 +6,16 @@ is one line naming the kind and the field, before a database is seen."""
 from __future__ import annotations
 
 import pytest
+from click.testing import CliRunner
 from hypothesis import given
 from hypothesis import strategies as st
 
 from lapse.kernel.kinds.declarations import DeclaredKind, parse_kind
 from lapse.kernel.kinds.errors import KindError
 from lapse.kernel.kinds.limits import Limits
+from lapse.kernel.settings import env_var
+from lapse.shell.app import main
+from lapse.shell.error_boundary import ExitCode
 
 HTTP = {"http": {"url": "https://partner.example/{id}"}}
 RATE = "limits.rate_per_s: a rate (calls per second)"
@@ -91,3 +95,20 @@ def test_a_rate_is_accepted_exactly_when_it_is_a_number_above_0_up_to_100000(rat
         assert not valid and str(exc).startswith("limits.rate_per_s: ") and "\n" not in str(exc)
     else:
         assert valid and decl.limits is not None and decl.limits.rate_per_s == rate
+
+
+@pytest.mark.parametrize(("limits", "says"), [
+    ("{rate_per_s: 0}", "limits.rate_per_s: a rate (calls per second) is above 0 and at most 100000, not 0"),
+    ("{rate_per_s: -3}", "limits.rate_per_s: a rate (calls per second) is above 0 and at most 100000, not -3"),
+    ("{rate_per_s: fast}", "limits.rate_per_s: a rate (calls per second) is a number, not 'fast'"),
+    ("{concurrency: 0}", "limits.concurrency: a concurrency (calls in flight) is 1 to 10000, not 0"),
+])
+def test_a_wrong_limit_ends_a_command_in_one_line_and_exit_3(tmp_path, limits, says):
+    """What an operator sees: `lapse kinds list` on such a file, exit 3 (configuration invalid)."""
+    path = tmp_path / "kinds.yaml"
+    path.write_text(f"kinds:\n  notify:\n    table: t\n    id: id\n    due: d\n"
+                    f"    effect: {{http: {{url: 'https://partner.example/{{id}}'}}}}\n    limits: {limits}\n")
+    done = CliRunner().invoke(main, ["kinds", "list"], env={env_var("kinds.file"): str(path),
+                                                             env_var("database.url"): f"sqlite:///{tmp_path}/x.db"})
+    assert done.exit_code == ExitCode.CONFIG
+    assert done.output.strip() == f"lapse: {path}: kind 'notify': {says}"
