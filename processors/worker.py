@@ -92,7 +92,9 @@ class CleanupWorker:
         )
         self.in_flight: InFlight[BatchResult] = InFlight("lapse-batch")
         self.ctx.on_consumer_thread = self.in_flight.on_consumer_thread
-        self.consumer = make_consumer(settings, settings.topology.groups.cleanup, on_commit=_on_commit)
+        # Small per-partition fetches interleave the partitions in every batch (docs/design/limits.md).
+        self.consumer = make_consumer(settings, settings.topology.groups.cleanup, on_commit=_on_commit,
+                                      **{"max.partition.fetch.bytes": settings.processor.partition_fetch_bytes})
         self.circuit = DeadLetterCircuit(CircuitPolicy(
             threshold=settings.processor.circuit_threshold, min_events=settings.processor.circuit_min_events,
             window=settings.processor.circuit_window, cooldown_s=settings.processor.circuit_cooldown_s))

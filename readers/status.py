@@ -1,6 +1,6 @@
 """`lapse status` figures: the ledger by state and kind, the alarm signals (oldest eligible but
-unfinished operation, expired claims, dead letters, the outbox backlog) and consumer lag of every
-declared group.
+unfinished operation, expired claims, dead letters, the outbox backlog), the call limits (each
+route's rate and slots, each endpoint's calls) and consumer lag of every declared group.
 
 The alarm's oldest eligible age is the oldest of two: unfinished ledger rows past due, and due
 business rows that have no ledger row yet (with no sweep running, nothing else shows them)."""
@@ -43,6 +43,7 @@ from lapse.kernel.ledger import (
     parked_counts,
 )
 from lapse.kernel.ledger.partitions import OUTBOX, TRANSITIONS, default_rows
+from lapse.kernel.limits import endpoints_status, routes_status
 from lapse.kernel.settings import Settings
 from lapse.readers.offsets import OffsetsError, group_lag, group_states
 
@@ -176,6 +177,19 @@ def brakes_status(conn: Connection, now: datetime, declared: frozenset[str] | No
             "shadowed": dict(sorted(shadowed.items())), "held": sum(held.values())}
 
 
+def limits_status(conn: Connection) -> dict[str, Any]:
+    """The call limits as every worker shares them, at the database's now: each route used in the
+    last hour (its rate now and declared, how long a Retry-After still stops it, the concurrency
+    slots held) and each endpoint's calls over the workers' last minute (in flight, per minute,
+    429s, the mean wait for a slot and time in the call)."""
+    now = database_now(conn)
+    routes = [{"kind": r.key.kind, "route": r.key.route, "rate_per_s": round(r.rate_per_s, 2),
+               "ceiling_per_s": r.ceiling_per_s, "concurrency": r.concurrency, "slots_held": r.slots_held,
+               "blocked_for_s": _age_s(r.blocked_until, now) if r.blocked_until else None}
+              for r in routes_status(conn, now)]
+    return {"routes": routes, "endpoints": [e.to_dict() for e in endpoints_status(conn, now)]}
+
+
 def declared_or_none(settings: Settings) -> frozenset[str] | None:
     """The kind names the kinds file declares; None without a readable file (status still answers)."""
     try:
@@ -198,6 +212,7 @@ def status_report(settings: Settings, engine: Engine, now: datetime, *, lag: boo
         report["eligible"] = eligible_status(settings, conn, now)
         report["findings"] = findings_status(conn, now)
         report["brakes"] = brakes_status(conn, now, declared_or_none(settings))
+        report["limits"] = limits_status(conn)
         report["outside_partitions"] = outside_partitions(conn)
     ages = [report["oldest_eligible_age_s"], *(k["oldest_due_age_s"] for k in (report["eligible"] or {}).values())]
     report["oldest_eligible_age_s"] = max((a for a in ages if a is not None), default=None)

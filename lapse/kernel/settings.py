@@ -273,6 +273,11 @@ class ProcessorSettings(_Section):
     circuit_window: int = Field(200, ge=1, description="Outcomes per partition the circuit looks at.")
     circuit_cooldown_s: float = Field(60.0, gt=0, description="How long a tripped partition stays paused.")
     effect_concurrency: int = Field(8, ge=1, le=256, description="External effects run at once per worker.")
+    partition_fetch_bytes: int = Field(
+        4096, ge=1, le=10_485_760,
+        description="Most bytes fetched from one expiry partition at a time (max.partition.fetch.bytes; the broker "
+                    "still sends at least one record batch): small, so a batch takes records from every partition "
+                    "in turn and work queued in one partition is not held back by a backlog in the others.")
 
 
 class ProducerSettings(_Section):
@@ -280,6 +285,11 @@ class ProducerSettings(_Section):
 
     sweep_page_size: int = Field(500, ge=1, le=100_000, description="Rows per sweep page.")
     sweep_interval_s: float = Field(5.0, gt=0, description="Pause between sweeps in `lapse run`.")
+    sweep_in_flight: int = Field(
+        20_000, ge=1, le=1_000_000,
+        description="Most events of one kind the sweep keeps emitted but not yet done (fewer when the processors "
+                    "are slower: about 2 s of their pace), so a backlog waits in the business table, where the "
+                    "next page still puts another tenant or a high-priority kind first.")
     # Each batch waits once for the broker's acknowledgements and once for its commit: at 500 rows
     # that wait was most of a batch and the relay fell behind one worker (3,365 rows/s on 2 cores).
     relay_batch_size: int = Field(2000, ge=1, le=100_000, description="Outbox rows per relay batch.")

@@ -17,7 +17,17 @@ from datetime import UTC, datetime, timedelta
 from functools import partial
 from typing import Any, TypeVar
 
-from lapse.devtools.bench import console_pages, faust_stage, lapse_stage, latency, limits, naive, relay_stage, scans
+from lapse.devtools.bench import (
+    console_pages,
+    fairness,
+    faust_stage,
+    lapse_stage,
+    latency,
+    limits,
+    naive,
+    relay_stage,
+    scans,
+)
 from lapse.devtools.bench.databases import BenchDatabases, admin_url_for
 from lapse.devtools.bench.end_state import verify_end_state
 from lapse.devtools.bench.environments import StageEnvironments
@@ -49,12 +59,14 @@ class BenchPlan:
     baseline_cap: int = BASELINE_CAP
     faust: bool = True
     console_rows: int = 2_000_000
+    fairness_backlog: int = 100_000
+    fairness_repeats: int = 3
 
     @classmethod
     def quick(cls, events: int = 300, workers: int = 2, batch_sizes: tuple[int, ...] = (100,)) -> BenchPlan:
         """A plan small enough for a smoke test: every stage runs, on a few hundred events."""
         return cls(events, workers, tuple(batch_sizes), scan_rows=20_000, latency_seconds=1.0,
-                   baseline_cap=min(events, 200), console_rows=20_000)
+                   baseline_cap=min(events, 200), console_rows=20_000, fairness_backlog=1000, fairness_repeats=1)
 
     @property
     def default_batch(self) -> int:
@@ -158,6 +170,11 @@ def _stages(envs: StageEnvironments, plan: BenchPlan, progress: Callable[[str], 
     progress(f"reconciler scan over {plan.scan_rows} rows, audit replay of {n} records")
     out["reconciler_scan"] = _in(envs, "scan", lambda s: scans.reconciler_scan(s, plan.scan_rows))
     out["audit_replay"] = scans.audit_replay(envs.settings("lapse1w"))  # its topic holds all n
+
+    progress(f"fairness: tenants B-E's 400 rows alone and behind tenant A's {plan.fairness_backlog:,}, "
+             f"{plan.fairness_repeats} time(s) each")
+    out["fairness"] = _in(envs, "fairness", lambda s: fairness.run_fairness(
+        s, plan.fairness_backlog, workers=plan.workers, repeats=plan.fairness_repeats))
 
     progress(f"console pages on a ledger of {plan.console_rows:,} rows")
     out["console_pages"] = _in(envs, "console", lambda s: console_pages.console_pages(s, plan.console_rows, progress),

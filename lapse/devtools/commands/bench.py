@@ -1,5 +1,6 @@
 """`lapse bench`: Lapse against three baselines (naive, Faust, batched naive) and two ceilings (a
-raw COPY into the ledger, the consumer alone), and the console's pages timed on a big ledger."""
+raw COPY into the ledger, the consumer alone), the fairness figure (small tenants behind a big
+one's backlog), and the console's pages timed on a big ledger."""
 
 from __future__ import annotations
 
@@ -38,6 +39,8 @@ def _batch_sizes(ctx: click.Context, param: click.Parameter, value: str) -> tupl
 @click.option("--console-rows", type=click.IntRange(1000, 100_000_000), default=2_000_000, show_default=True,
               help="Ledger rows (finished, with their transitions and some dead letters) the console's "
                    "pages are timed on.")
+@click.option("--fairness-backlog", type=click.IntRange(100, 10_000_000), default=100_000, show_default=True,
+              help="Due rows of the tenant whose backlog the fairness stage puts before four small tenants.")
 @click.option("--no-faust", is_flag=True, help="Skip the Faust baseline.")
 @click.option("--quick", is_flag=True,
               help="A smoke-test run: 300 events, one batch size, small scan, 20,000 console ledger rows.")
@@ -50,7 +53,8 @@ def _batch_sizes(ctx: click.Context, param: click.Parameter, value: str) -> tupl
                 help="The JDK for the bench's own broker (else java on PATH).")
 @pass_settings
 def bench(settings: Settings, events: int, workers: int, batch_sizes: tuple[int, ...], scan_rows: int,
-          console_rows: int, no_faust: bool, quick: bool, plot_path: Path | None, as_json: bool) -> None:
+          console_rows: int, fairness_backlog: int, no_faust: bool, quick: bool, plot_path: Path | None,
+          as_json: bool) -> None:
     """Benchmark Lapse on Apache Kafka and PostgreSQL against honest baselines and ceilings.
 
     Starts its own Apache Kafka from the cached jars unless --bootstrap-servers (or
@@ -71,7 +75,8 @@ def bench(settings: Settings, events: int, workers: int, batch_sizes: tuple[int,
     if quick:
         plan = BenchPlan.quick(events=min(events, 300), workers=workers, batch_sizes=batch_sizes[:1])
     else:
-        plan = BenchPlan(events, workers, batch_sizes, scan_rows=scan_rows, console_rows=console_rows)
+        plan = BenchPlan(events, workers, batch_sizes, scan_rows=scan_rows, console_rows=console_rows,
+                         fairness_backlog=fairness_backlog)
     if no_faust:
         plan = replace(plan, faust=False)
     else:

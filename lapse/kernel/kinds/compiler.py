@@ -155,8 +155,10 @@ def compile_declared(name: str, decl: DeclaredKind, bind: Bind, metadata: MetaDa
         "max_attempts": decl.retry.max_attempts, "retry_base_s": decl.retry.base_s,
         "retry_cap_s": decl.retry.cap_s, "rate_limited_for_s": decl.retry.rate_limited_for_s,
     }
-    if decl.rate_per_s is not None:
-        common["effect_rate_per_s"] = decl.rate_per_s
+    if decl.limits is not None:
+        common["limits"] = decl.limits.limits()
+    common["priority"] = decl.priority
+    common["tenant_weights"] = dict(decl.tenant_weights)
     generation = (None if decl.generation is None
                   else generation_of(table, decl.generation, {id_column.name, due_column.name}, dialect))
     context = CompileContext(table, id_column, due_column, eligible, dialect, base_dir, topology, generation)

@@ -1,10 +1,10 @@
 """The kinds file as validated data: what each declared kind says, before any database is seen.
 
 A kind is either declared (table, id, optional tenant, due column, eligibility conditions, one
-effect of the types in `effects.registry`, retry policy, rate) or names a Python kind by dotted
-path. Every model forbids unknown fields and takes values as they are typed in the file (no
-string-to-number coercion), so a mistake is refused here with the field that holds it; whether
-the names exist in the table is the compiler's business.
+effect of the types in `effects.registry`, retry policy, call limits, priority, tenant weights) or
+names a Python kind by dotted path. Every model forbids unknown fields and takes values as they
+are typed in the file (no string-to-number coercion), so a mistake is refused here with the field
+that holds it; whether the names exist in the table is the compiler's business.
 """
 
 from __future__ import annotations
@@ -15,12 +15,21 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PlainValidator, ValidationError, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PlainValidator, ValidationError, model_validator
 
 from lapse.kernel.kinds.brakes import BRAKE_TAGS, BUDGET_HELP, MODE_HELP, BudgetField, Mode
 from lapse.kernel.kinds.effects.python import PythonKind
 from lapse.kernel.kinds.effects.registry import EXTERNAL_TAGS, SHAPE, Effect
 from lapse.kernel.kinds.errors import KindError, KindsFileError, show
+from lapse.kernel.kinds.limits import (
+    LIMITS_HELP,
+    PRIORITY_HELP,
+    WEIGHTS_HELP,
+    LimitsDecl,
+    Priority,
+    checked_weights,
+    unknown_weights,
+)
 from lapse.kernel.ledger import InvalidOpKey, op_key
 from lapse.kernel.yaml_files import YamlFileError, load_text, read_text
 
@@ -77,6 +86,7 @@ def _condition(raw: Any) -> Condition:
 
 
 ConditionField = Annotated[Condition, PlainValidator(_condition)]
+WeightsField = Annotated[dict[str, float], BeforeValidator(checked_weights)]
 
 
 class _Strict(BaseModel):
@@ -112,16 +122,30 @@ class DeclaredKind(_Strict):
     eligible: dict[str, ConditionField] = Field(default_factory=dict, max_length=100)
     effect: Effect
     retry: RetryDecl = Field(default_factory=RetryDecl)
-    rate_per_s: float | None = Field(None, gt=0, le=100_000)
+    limits: LimitsDecl | None = Field(None, description=LIMITS_HELP)
+    priority: Priority = Field("normal", description=PRIORITY_HELP)
+    tenant_weights: WeightsField = Field(default_factory=dict, description=WEIGHTS_HELP)
     mode: Mode = Field("live", description=MODE_HELP)
     budget: BudgetField = Field(None, description=BUDGET_HELP)
     generation: str | None = Field(None, min_length=1, description=GENERATION_HELP)
 
+    @model_validator(mode="before")
+    @classmethod
+    def _rate_moved(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "rate_per_s" in data:
+            raise ValueError("rate_per_s is now limits.rate_per_s, counted for all workers together (it was each "
+                             "worker's): move it there, as the total rate the far side takes")
+        return data
+
     @model_validator(mode="after")
-    def _rate_only_outside(self) -> DeclaredKind:
-        if self.rate_per_s is not None and not self.effect.external:
+    def _limits_only_outside(self) -> DeclaredKind:
+        if self.limits is not None and not self.effect.external:
             *most, last = EXTERNAL_TAGS
-            raise ValueError(f"rate_per_s applies to {', '.join(most)} and {last} effects only")
+            raise ValueError(f"limits apply to {', '.join(most)} and {last} effects only: a {self.effect.tag} "
+                             "effect calls no endpoint")
+        problem = unknown_weights(self.tenant_weights, self.tenant is not None)
+        if problem is not None:
+            raise ValueError(f"tenant_weights: {problem}")
         return self
 
     def privileges(self) -> list[str]:

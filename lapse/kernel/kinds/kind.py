@@ -7,18 +7,19 @@ declaration in the kinds file and a Python kind named by dotted path behave the 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
 from pydantic import BaseModel
-from sqlalchemy import Column, ColumnElement, Connection, Select, Table, case, false, select, true, tuple_
-from sqlalchemy.sql.elements import NamedColumn
+from sqlalchemy import Column, ColumnElement, Connection, Select, Table, case, false, func, select, true, tuple_
+from sqlalchemy.sql.elements import Label, NamedColumn
 from sqlalchemy.sql.util import find_tables
 
 from lapse.kernel.batch_sql import any_of
 from lapse.kernel.brakes import Budget
 from lapse.kernel.kinds.generations import Generation
+from lapse.kernel.kinds.limits import Limits
 from lapse.kernel.kinds.statements import due_rows
 from lapse.kernel.ledger import GENERATION_MARK, has_row_not_waiting_past, op_key
 
@@ -101,7 +102,9 @@ class CleanupKind:
     retry_base_s: float = 5.0
     retry_cap_s: float = 3600.0
     idempotent_effect: bool = True
-    effect_rate_per_s: float = 100.0  # token-bucket rate of external effects, per worker
+    limits: Limits = field(default_factory=Limits)  # the external effect's calls, for every worker at once
+    priority: str = "normal"  # or "high": swept, and called, ahead of normal kinds
+    tenant_weights: Mapping[str, float] = field(default_factory=dict)  # the sweep's shares (1 if unnamed)
     # How long an operation may keep being rate-limited (429s burn no attempt), from its first
     # failed attempt: past it, the next rate-limited failure is a dead letter (`rate_limited`).
     rate_limited_for_s: float = 86_400.0
@@ -112,6 +115,10 @@ class CleanupKind:
     @property
     def shadow(self) -> bool:
         return self.mode == "shadow"
+
+    @property
+    def high_priority(self) -> bool:
+        return self.priority == "high"
 
     def op_key(self, subject_id: Any, generation: str | None = None) -> str:
         """The op key of `subject_id` (and, for a kind with a generation, of its generation's text)."""
@@ -180,6 +187,27 @@ class CleanupKind:
             stmt = stmt.where(tuple_(*cols) > tuple_(*after))
         if without_ledger:
             stmt = stmt.where(~has_row_not_waiting_past(self.name, self.id_column, now, self.generation_sql()))
+        return stmt.order_by(*cols).limit(limit)
+
+    def due_tenants(self, now: datetime, limit: int) -> Select[Any, int]:
+        """(tenant, rows) of the due rows the sweep must emit, per tenant, at most `limit` tenants:
+        what the sweep's pages share (one grouped read of the due rows)."""
+        tenant = self.tenant_column.element if isinstance(self.tenant_column, Label) else self.tenant_column
+        due = self.due_clause(now) & ~has_row_not_waiting_past(self.name, self.id_column, now, self.generation_sql())
+        return select(tenant, func.count()).where(due).group_by(tenant).order_by(tenant).limit(limit)
+
+    def tenant_page(self, now: datetime, tenants: list[str], after: tuple[Any, ...] | None,
+                    limit: int) -> Select[Any, Any, Any]:
+        """The due rows the sweep must emit of `tenants`, in (due, id) order after `after`: one
+        tenant's share of a page (docs/design/limits.md)."""
+        tenant = self.tenant_column.element if isinstance(self.tenant_column, Label) else self.tenant_column
+        cols = (self.due_column, self.id_column)
+        stmt = select(self.id_column, self.tenant_column, self.due_column, *self._generation_columns()).where(
+            self.due_clause(now), ~has_row_not_waiting_past(self.name, self.id_column, now, self.generation_sql()))
+        if self.has_tenant:  # a table without a tenant column has the one tenant
+            stmt = stmt.where(tenant.in_(tenants) if len(tenants) > 1 else tenant == tenants[0])
+        if after is not None:
+            stmt = stmt.where(tuple_(*cols) > tuple_(*after))
         return stmt.order_by(*cols).limit(limit)
 
     def not_yet_due(self, conn: Connection, subjects: list[Any], now: datetime) -> dict[str, datetime]:

@@ -38,6 +38,7 @@ def _text(r: dict[str, Any]) -> str:
         f" (oldest expired {claims['oldest_expired_for_s']:.0f}s ago)" if claims["count"] else ""))
     lines.append(f"dead letters: {r['dead_letters']}")
     lines += _brakes_text(r.get("brakes") or {})
+    lines += _limits_text(r.get("limits") or {})
     outbox = r["outbox"]
     lines.append(f"outbox unsent: {outbox['unsent']}" + (
         f" (oldest written {outbox['oldest_unsent_age_s']:.0f}s ago)" if outbox["unsent"] else ""))
@@ -83,6 +84,21 @@ def _brakes_text(b: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _limits_text(limits: dict[str, Any]) -> list[str]:
+    lines = []
+    for r in limits.get("routes", []):
+        route = r["kind"] + (f" {r['route']}" if r["route"] else "")
+        slots = f", {r['slots_held']}/{r['concurrency']} in flight" if r["concurrency"] else ""
+        blocked = f", stopped {r['blocked_for_s']:.0f}s more by a Retry-After" if r["blocked_for_s"] else ""
+        lines.append(f"limit {route}: {r['rate_per_s']:g} of {r['ceiling_per_s']:g} calls/s{slots}{blocked}")
+    for e in limits.get("endpoints", []):
+        where = e["endpoint"] or "(its own effect)"
+        lines.append(f"calls {e['kind']} to {where}: {e['in_flight']} in flight, {e['calls_per_minute']:g}/min, "
+                     f"429s {e['throttled_per_minute']:g}/min ({e['throttled_share']:.1%}), waited "
+                     f"{e['wait_s_avg'] * 1000:.0f} ms for a slot, {e['call_s_avg'] * 1000:.0f} ms in the call")
+    return lines
+
+
 @main.command()
 @connection_options
 @setting_option("runtime.metrics_port", help="With --watch: serve the status gauges to Prometheus here.")
@@ -94,8 +110,9 @@ def _brakes_text(b: dict[str, Any]) -> list[str]:
 def status(settings: Settings, watch: float | None, no_lag: bool, as_json: bool) -> None:
     """Ledger counts by state and kind (applied and skipped estimated, marked ~, on a large
     PostgreSQL ledger), the oldest eligible-but-unfinished operation, expired claims, dead
-    letters, what the brakes hold (pauses, undeclared kinds, shadow runs) and the lag of every
-    group declared in topics.yaml."""
+    letters, what the brakes hold (pauses, undeclared kinds, shadow runs), the call limits (each
+    route's rate and slots, each endpoint's calls, 429s and waits over the last minute) and the
+    lag of every group declared in topics.yaml."""
     # function-local: keeps `lapse --help` fast
     from lapse.kernel.database import engine_from_settings
     from lapse.readers import status_report

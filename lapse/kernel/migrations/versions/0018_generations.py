@@ -12,12 +12,12 @@ The downgrade makes it unique again, which fails while any subject has two opera
 or keep this revision.
 
 Revision ID: 0018
-Revises: 0014
+Revises: 0017
 """
 from alembic import context, op
 
 revision = "0018"
-down_revision = "0014"
+down_revision = "0017"
 branch_labels = None
 depends_on = None
 
