@@ -59,7 +59,7 @@ CASES = [
      "lapse: process: Invalid value for '--exit-when-idle': 'soon' is not a duration like 30s, 15m, 2h or 1d"),
     ("a log format that is none", ["status", "--log-format", "xml"], ExitCode.USAGE,
      "lapse: status: Invalid value for '--log-format': 'xml' is not one of 'auto', 'text', 'json'."),
-    ("another PostgreSQL driver", ["status", "--database-url", "postgresql+psycopg2://lapse:s3cret@db/shop"],
+    ("another PostgreSQL driver", ["status", "--database-url", "postgresql+psycopg2://lapse@db/shop"],
      ExitCode.CONFIG, "lapse: invalid setting database.url from flag (env LAPSE_DATABASE__URL): Lapse reaches "
                       "PostgreSQL through psycopg 3: write postgresql+psycopg:// instead of postgresql+psycopg2://"),
     ("an unknown command", ["sweeep"], ExitCode.USAGE, "lapse: No such command 'sweeep'."),
