@@ -107,9 +107,11 @@ GRANT SELECT, INSERT, DELETE                               ON lapse_budget_usage
 GRANT USAGE                                                ON SEQUENCE lapse_budget_usage_id_seq TO $process;
 GRANT SELECT, INSERT, UPDATE (at, outcome, would)          ON lapse_shadow_effects               TO $process;
 -- call limits shared by every worker: the routes' pacing, the concurrency slots, the last minute's figures.
-GRANT SELECT, INSERT, UPDATE                               ON lapse_limit_routes                 TO $process;
-GRANT SELECT, INSERT, UPDATE                               ON lapse_limit_slots                  TO $process;
-GRANT SELECT, INSERT, UPDATE, DELETE                       ON lapse_limit_stats                  TO $process;
+GRANT SELECT, INSERT, UPDATE (ceiling_per_s, rate_per_s, rate_at, next_at, lowered_at, blocked_until, concurrency)
+                                                           ON lapse_limit_routes                 TO $process;
+GRANT SELECT, INSERT, UPDATE (holder, until)               ON lapse_limit_slots                  TO $process;
+GRANT SELECT, INSERT, DELETE, UPDATE (at, in_flight, calls, throttled, waited_s, called_s, window_s)
+                                                           ON lapse_limit_stats                  TO $process;
 
 -- relay: publishes the outbox and marks its rows sent.
 GRANT SELECT, UPDATE (sent_at)                             ON lapse_outbox                       TO $relay;
