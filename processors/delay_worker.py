@@ -81,7 +81,11 @@ class DelayWorker:
         self.owned |= {(p.topic, p.partition) for p in partitions}
 
     def _on_revoke(self, consumer, partitions) -> None:
+        """Forget the partitions going, resuming those held first: librdkafka keeps a partition
+        paused across a rebalance, so one given back to this worker would never be read again."""
         gone = {(p.topic, p.partition) for p in partitions}
+        if paused := [TopicPartition(t, p) for t, p in gone if (t, p) in self.held]:
+            consumer.resume(paused)
         self.owned -= gone
         for tp in gone:
             self.held.pop(tp, None)

@@ -124,6 +124,10 @@ class CleanupWorker:
         self._give_up({(p.topic, p.partition) for p in partitions})
 
     def _give_up(self, partitions: set[tuple[str, int]]) -> None:
+        # librdkafka keeps a partition paused across a rebalance: one whose circuit is open is
+        # resumed as it goes, or, given back to this worker, it would never be read again.
+        if paused := [TopicPartition(*tp) for tp in partitions if self.circuit.is_open(tp)]:
+            self.consumer.resume(paused)
         for tp in partitions:  # a later owner moves on: our offsets must not be committed again
             self.next_offset.pop(tp, None)
         self.owned -= partitions

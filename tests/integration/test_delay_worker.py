@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from confluent_kafka import Producer
+from confluent_kafka import Consumer, Producer
 
 from lapse.kernel.delays import HOPS_HEADER, TARGET_HEADER, due_header, parse_due
 from lapse.processors.delay_worker import DelayWorker
@@ -126,3 +126,33 @@ def test_a_long_wait_ahead_in_a_tier_partition_does_not_hold_a_short_one_behind_
     assert tier.delay_s * 1000 <= waited_ms <= (tier.delay_s + SLACK_S) * 1000, waited_ms
     offsets = committed(s.kafka.bootstrap_servers, s.topology.groups.delay, tier.topic, 2)
     assert offsets[0] == 2  # both left the tier partition, committed after they were acknowledged
+
+
+def test_a_held_partition_given_back_by_a_rebalance_is_released_when_due(pipeline):
+    """librdkafka keeps a partition paused across a rebalance that gives it back: a worker holding
+    both partitions' heads, through a second member joining and leaving the group (each an eager
+    rebalance that revokes and reassigns), still forwards both records once due."""
+    s = pipeline.settings
+    tier = s.topology.tiers[0].topic
+    due = datetime.now(UTC) + timedelta(seconds=6)
+    producer = Producer({"bootstrap.servers": s.kafka.bootstrap_servers})
+    for part in (0, 1):
+        producer.produce(tier, key=f"held-{part}".encode(), value=b"v", partition=part,
+                         headers=[due_header(due), (TARGET_HEADER, s.topology.expiry.encode())])
+    assert producer.flush(10) == 0
+
+    worker = DelayWorker(s, topics=[tier])
+    thread = threading.Thread(target=worker.run)
+    thread.start()
+    try:
+        eventually(lambda: len(worker.held) == 2, timeout_s=30, interval_s=0.1, what="both heads held")
+        other = Consumer({"bootstrap.servers": s.kafka.bootstrap_servers, "group.id": s.topology.groups.delay,
+                          "enable.auto.commit": False, "auto.offset.reset": "latest"})
+        other.subscribe([tier])
+        eventually(lambda: (other.poll(0.2), other.assignment())[1], timeout_s=30, what="a second member assigned")
+        other.close()  # it leaves: the worker is given every partition again
+        eventually(lambda: worker.forwarded == 2, timeout_s=30, interval_s=0.2, what="both records forwarded")
+    finally:
+        worker.stop.set()
+        thread.join(30)
+    assert sorted(m.key() for m in read_topic(s.kafka.bootstrap_servers, s.topology.expiry)) == [b"held-0", b"held-1"]
