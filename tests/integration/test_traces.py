@@ -5,7 +5,8 @@ Three hooks: one scheduled under the application's trace context, answered 429, 
 200 (two retries through a delay tier); one scheduled without a context, answered 400 (a dead
 letter), then replayed by an operator and answered 200; two found by the sweep. Each operation is
 one trace from its publish (or sweep page) to its last outcome record: every stage's span, every
-request the far side received, every outcome and dead-letter record carries it."""
+request the far side received, every outcome and dead-letter record carries it. And a role process
+sends its spans over OTLP/HTTP when `tracing.endpoint` is set."""
 
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ from lapse.kernel.kafka_clients import make_producer
 from lapse.kernel.kinds import load_kinds
 from lapse.kernel.ledger import Selection
 from lapse.kernel.models import cleanup_ledger, outbox
+from lapse.kernel.settings import REPO_ROOT
 from lapse.kernel.trace_context import TRACEPARENT, trace_id_of, traceparent_in
 from lapse.kernel.tracing import EFFECT, PROCESS, PUBLISH, RELAY, SWEEP
 from lapse.operator_actions import replay
@@ -32,6 +34,7 @@ from lapse.producers import run_relay, schedule_cleanup, sweep_once
 from tests.fixtures.effects import Answer, hook_kind, hooks_table
 from tests.fixtures.kafka import read_topic
 from tests.fixtures.polling import eventually
+from tests.fixtures.processes import role_env, run_lapse
 from tests.fixtures.spans import span_id_of, trace_of
 from tests.fixtures.workers import running_workers
 
@@ -147,3 +150,23 @@ def test_one_trace_from_schedule_to_outcome_across_a_retry_and_a_replay(pipeline
         kept = conn.execute(select(cleanup_ledger.c.traceparent).where(cleanup_ledger.c.op_key == replayed)).scalar()
     assert kept is not None and trace_id_of(kept) == traces[replayed]
     assert all(dict(m.headers()).get(TRACEPARENT) for m in outcomes[swept[1]])
+
+
+@pytest.mark.slow  # about 4 s: a `lapse relay` process
+def test_a_role_sends_its_spans_over_otlp_and_carries_the_context_it_was_given(pipeline, otlp_receiver):
+    """Tracing off in this process: schedule_cleanup carries the caller's context as it is. A
+    `lapse relay` with `tracing.endpoint` set relays the event with it and sends its span there."""
+    settings = pipeline.settings
+    with pipeline.engine.begin() as conn:
+        schedule_cleanup(conn, "release-reservation", 7, "t1", database_now(conn), settings=settings,
+                         traceparent=APP)
+        headers = conn.execute(select(outbox.c.headers)).scalar()
+    assert headers[TRACEPARENT] == APP
+
+    (done,) = run_lapse(["relay", "--exit-when-idle", "1"], cwd=REPO_ROOT, env=role_env(settings, **{
+        "tracing.endpoint": otlp_receiver.url + "/v1/traces", "tracing.service_name": "relay-under-test"}))
+    assert done.code == 0, done.stderr[-10:]
+    (record,) = read_topic(settings.kafka.bootstrap_servers, settings.topology.expiry)
+    assert traceparent_in(record.headers()) == APP
+    sent = b"".join(otlp_receiver.bodies)
+    assert RELAY.encode() in sent and b"relay-under-test" in sent and bytes.fromhex(trace_id_of(APP)) in sent
