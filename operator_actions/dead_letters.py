@@ -5,9 +5,10 @@ moves each dead_letter → pending under a new replay id (keeping the op key, so
 happens at most once), resets the attempt count to 0 so the kind's full retry budget applies
 again (the earlier attempts stay in ledger_transitions and travel in any later DLQ record's
 history), records who, why and when as a transition, and puts the event back on lapse.expiry
-through the outbox with source=replay. Rows that already went through a replay are left out
-unless `include_replayed` is given, so a replayed failure returns to the dead letters and stays
-there: nothing ever loops, and repeating a replay selects nothing new.
+through the outbox with source=replay, carrying the trace context its dead letter kept. Rows that
+already went through a replay are left out unless `include_replayed` is given, so a replayed
+failure returns to the dead letters and stays there: nothing ever loops, and repeating a replay
+selects nothing new.
 
 A discard is an operator's word that a dead letter will never be retried: one transaction moves
 at most `limit` matching dead letters (replayed ones included) dead_letter → discarded, recording
@@ -36,6 +37,7 @@ from lapse.kernel.ledger import (
     discard_dead_letters,
     event_for_row,
     release_dead_letters,
+    traces_of,
 )
 
 SOURCE = "replay"
@@ -55,11 +57,13 @@ def replay(conn: Connection, selection: Selection, *, limit: int, reason: str, a
         raise ValueError("limit must be at least 1")
     replay_id = f"replay-{uuid.uuid4().hex[:12]}"
     rows = release_dead_letters(conn, selection, limit, replay_id, now)
+    traces = traces_of(conn, [row.op_key for row in rows])
     writes = LedgerWrites(actor, now)
     for row in rows:
         writes.transition(row.op_key, DEAD_LETTER, PENDING, row.attempt, reason=reason,
                           replay_id=replay_id, correlation_id=row.correlation_id)
-        writes.expiry(expiry_topic, event_for_row(row, source=SOURCE), {"replay_id": replay_id})
+        writes.expiry(expiry_topic, event_for_row(row, source=SOURCE, traceparent=traces.get(row.op_key)),
+                      {"replay_id": replay_id})
     writes.flush(conn)
     released = [{"op_key": r.op_key, "kind": r.kind, "tenant": r.tenant, "subject_id": r.subject_id,
                  "last_failure_class": r.last_failure_class} for r in rows]

@@ -28,6 +28,8 @@ from lapse.kernel.schema_names import EXPIRY_EVENT
 from lapse.kernel.settings import Settings
 from lapse.kernel.text import one_line
 from lapse.kernel.topology import Topology
+from lapse.kernel.trace_context import carried
+from lapse.kernel.tracing import PROCESS, stage
 from lapse.processors.dead_letters import send_poison
 from lapse.processors.decode import Poison, poison_of, position_of
 from lapse.processors.leased import EffectRunner, effect_runner, run_leased
@@ -93,7 +95,8 @@ def commit_batch(
     """Make one batch durable, then move its offsets.
 
     1. DB commit: the batch's transaction (`apply_batch`), retried on deadlock, redone event by
-       event when one event fails it; then the leased external effects and their own transaction.
+       event when one event fails it; then the leased external effects and their own transaction
+       (one span of each sampled trace among the events, when spans are recorded).
     2. Produce what has no ledger change (poison to the DLQ, events of a forged tenant among it;
        early and backed-off events to a delay tier) and flush; raise if any record was not
        acknowledged.
@@ -105,7 +108,8 @@ def commit_batch(
     unrecorded: list[Invalid] = []
     # Step 1: the database commit (and the external effects' second transaction).
     if events:
-        with ctx.engine.connect() as conn:
+        traced = ((e.traceparent, e.op_key) for e in events)  # read only when spans are recorded
+        with ctx.engine.connect() as conn, stage(PROCESS, traced, {"lapse.batch.events": len(events)}):
             scope = ctx.scope(conn, now, positions)
             result, now = _apply_with_retry(scope, events, unrecorded)
             if result.leased:
@@ -237,7 +241,7 @@ def _produce_delayed(ctx: WorkerContext, event: ExpiryEvent, now: datetime) -> N
     topic, headers = delay_record(ctx.topics, event.due_at, now)
     refused = produce_or_refusal(ctx.producer, topic, key=event.op_key.encode(),
                                  value=ctx.codec.encode(EXPIRY_EVENT, expiry_record(event, now)),
-                                 headers=list(headers), on_delivery=ctx.delivery)
+                                 headers=carried(list(headers), event.traceparent), on_delivery=ctx.delivery)
     if refused is not None:
         raise DeliveryFailed(f"{topic} refused the wake-up of {event.op_key}: {refused.str()}", permanent=True)
 

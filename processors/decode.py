@@ -24,6 +24,7 @@ from lapse.kernel.ledger import ExpiryEvent, InvalidEvent, InvalidField, Positio
 from lapse.kernel.logs import get_logger
 from lapse.kernel.schema_names import EXPIRY_EVENT
 from lapse.kernel.text import one_line
+from lapse.kernel.trace_context import traceparent_in
 
 log = get_logger("processor")
 
@@ -66,7 +67,7 @@ def decode_batch(messages: list[Message], codec: Codec, kinds: Mapping[str, Clea
     poison: list[Poison] = []
     for msg in messages:
         try:
-            event = decode_event(msg.value(), codec, kinds, now)
+            event = decode_event(msg.value(), codec, kinds, now, carried_traceparent(msg))
         except DecodeError as exc:
             if exc.transient:
                 raise  # a registry outage is not bad input: fail the batch, offsets stay put
@@ -87,17 +88,26 @@ def decode_batch(messages: list[Message], codec: Codec, kinds: Mapping[str, Clea
 
 
 def decode_event(value: bytes | None, codec: Codec, kinds: Mapping[str, CleanupKind],
-                 now: datetime) -> ExpiryEvent:
-    """The event a record value carries, every field checked; raises DecodeError or InvalidEvent
-    (whose code and message name the field at fault)."""
+                 now: datetime, traceparent: str | None = None) -> ExpiryEvent:
+    """The event a record value carries, every field checked, with the record's `traceparent`;
+    raises DecodeError or InvalidEvent (whose code and message name the field at fault)."""
     if value is None:
         raise DecodeError("empty", "record has no value (tombstone)")
-    event = ExpiryEvent.from_record(codec.decode_expected(EXPIRY_EVENT, value), now)
+    event = ExpiryEvent.from_record(codec.decode_expected(EXPIRY_EVENT, value), now, traceparent)
     kind = kinds.get(event.kind)
     if kind is not None and event.attempt > kind.max_attempts:
         raise InvalidField({"attempt": f"{event.attempt} is more than the {kind.max_attempts} attempts "
                                        f"of kind {kind.name!r}"})
     return event
+
+
+def carried_traceparent(msg: Message) -> str | None:
+    """The record's valid `traceparent` header, or None: a malformed one is dropped, never a reason
+    to refuse the record."""
+    try:
+        return traceparent_in(msg.headers())
+    except Exception:  # headers the client cannot hand over: the record is judged by its value
+        return None
 
 
 def poison_of(msg: Message, code: str, reason: str) -> Poison:

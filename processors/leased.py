@@ -9,6 +9,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor, wait
+from dataclasses import replace
 
 from lapse.kernel.clock import Clock, now_in
 from lapse.kernel.kinds import CleanupKind
@@ -17,6 +18,7 @@ from lapse.kernel.ledger import APPLIED, CLAIMED, ExpiryEvent, lock_claims, rene
 from lapse.kernel.logs import get_logger
 from lapse.kernel.settings import Settings
 from lapse.kernel.text import one_line
+from lapse.kernel.tracing import EFFECT, span
 from lapse.processors.brakes import Held, PauseWatch
 from lapse.processors.effect_calls import CallerFactory, EffectCaller, callers_from_settings
 from lapse.processors.effects.base import endpoint_of
@@ -60,7 +62,9 @@ class EffectRunner:
             if self.watch is not None:
                 self.watch.stop_if_paused(call)
             called = True
-            caller(call)
+            with span(EFFECT, call.traceparent, {"lapse.op_key": call.op_key, "lapse.kind": kind.name,
+                                                 "lapse.attempt": call.attempt}) as traceparent:
+                caller(call if traceparent == call.traceparent else replace(call, traceparent=traceparent))
         except BaseException as exc:
             if ticket is not None:
                 ticket.gate.finish(ticket, exc, called=called)
@@ -168,7 +172,7 @@ def run_leased(runner: EffectRunner, scope: BatchScope, claimed: BatchResult,
     if not claimed.leased:
         return BatchResult()
     jobs = [(scope.kinds[e.kind], EffectCall(e.kind, e.op_key, claimed.attempts[e.op_key], e.subject_id,
-                                             e.tenant, claimed.targets[e.op_key]))
+                                             e.tenant, claimed.targets[e.op_key], e.traceparent))
             for e in claimed.leased]
 
     if runner.watch is None:

@@ -7,6 +7,7 @@ Work that is not due yet goes to the delay tier that covers the wait, with its `
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import datetime
 
 from sqlalchemy import Connection
@@ -18,6 +19,8 @@ from lapse.kernel.kinds import CleanupKind, declared_generations, generation_tex
 from lapse.kernel.ledger import LedgerWrites, expiry_event, insert_pending
 from lapse.kernel.models import SCHEMA
 from lapse.kernel.settings import Settings, load_settings
+from lapse.kernel.trace_context import traceparent_of
+from lapse.kernel.tracing import PUBLISH, publish_span
 
 SOURCE = "publish"
 
@@ -61,6 +64,7 @@ def schedule_cleanup(
     *,
     generation: datetime | int | None = None,
     correlation_id: str | None = None,
+    traceparent: str | None = None,
     settings: Settings | None = None,
     now: datetime | None = None,
 ) -> bool:
@@ -70,6 +74,9 @@ def schedule_cleanup(
     read from the environment (`load_settings()`), the kinds file from `kinds.file`. A kind that
     declares a generation column takes the row's value of it as `generation` (an aware datetime or
     an int): each lapse of the row is its own operation (`<kind>:<id>@<generation>`).
+    The event carries a W3C trace context (docs/design/traces.md): the span this call records
+    (under the application's active span, or `traceparent`), else `traceparent` or the active
+    span's; a malformed `traceparent` is dropped.
     Idempotent per op key: returns False (and writes nothing) when the op key already has a
     ledger row. Raises ValueError for an unknown kind, a malformed subject, a generation missing,
     unexpected or of the wrong type, or a naive `due_at`.
@@ -84,14 +91,17 @@ def schedule_cleanup(
     event = expiry_event(name, subject_id, tenant, due_at, source=SOURCE, correlation_id=correlation_id,
                          generation=_generation(kind, generations[name], subject_id, generation))
     conn = _connection(conn_or_session, settings)
-    now = now or database_now(conn)  # due now or through a delay tier: the database's clock decides
-    if not insert_pending(conn, [event], now):
-        return False
-    topic, headers = settings.topology.expiry, {}
-    if due_at > now:
-        topic, record_headers = delay_record(settings.topology, due_at, now)
-        headers = {key: value.decode() for key, value in record_headers}
-    writes = LedgerWrites(SOURCE, now)
-    writes.expiry(topic, event, headers)
-    writes.flush(conn)
-    return True
+    with publish_span(PUBLISH, traceparent_of(traceparent), {"lapse.op_key": event.op_key,
+                                                             "lapse.kind": name}) as carried:
+        event = replace(event, traceparent=carried)
+        now = now or database_now(conn)  # due now or through a delay tier: the database's clock decides
+        if not insert_pending(conn, [event], now):
+            return False
+        topic, headers = settings.topology.expiry, {}
+        if due_at > now:
+            topic, record_headers = delay_record(settings.topology, due_at, now)
+            headers = {key: value.decode() for key, value in record_headers}
+        writes = LedgerWrites(SOURCE, now)
+        writes.expiry(topic, event, headers)
+        writes.flush(conn)
+        return True

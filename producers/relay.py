@@ -24,6 +24,8 @@ from lapse.kernel.kafka_clients import DeliveryTracker
 from lapse.kernel.logs import get_logger
 from lapse.kernel.outages import Outage, is_transient
 from lapse.kernel.schema_names import CLEANUP_OUTCOME
+from lapse.kernel.trace_context import TRACEPARENT
+from lapse.kernel.tracing import RELAY, stage
 from lapse.producers import relay_queries
 from lapse.producers.relay_queries import SLOTS
 from lapse.producers.relay_slots import REBALANCE_S, SlotLease
@@ -58,6 +60,16 @@ def _publish(conn: Connection, rows: list[Any], producer: Producer, codec: Codec
     caller's transaction, which holds their locks)."""
     if not rows:
         return 0
+    traced = (((r.headers or {}).get(TRACEPARENT), r.key) for r in rows)  # read only when spans are recorded
+    with stage(RELAY, traced, {"lapse.batch.records": len(rows)}):
+        _produce(rows, producer, codec, delivery)
+    relay_queries.mark_sent(conn, [r.id for r in rows], now_in(conn, clock),
+                            (min(r.created_at for r in rows), max(r.created_at for r in rows)))
+    return len(rows)
+
+
+def _produce(rows: list[Any], producer: Producer, codec: Codec, delivery: DeliveryTracker) -> None:
+    """Produce `rows` in order and wait for every acknowledgement."""
     for row in rows:
         payload = dict(row.payload)
         if row.schema == CLEANUP_OUTCOME:
@@ -69,9 +81,6 @@ def _publish(conn: Connection, rows: list[Any], producer: Producer, codec: Codec
                          headers=headers, on_delivery=delivery)
         producer.poll(0)
     delivery.flush(producer)
-    relay_queries.mark_sent(conn, [r.id for r in rows], now_in(conn, clock),
-                            (min(r.created_at for r in rows), max(r.created_at for r in rows)))
-    return len(rows)
 
 
 def relay_until_empty(engine: Engine, producer: Producer, codec: Codec, limit: int) -> int:

@@ -45,6 +45,7 @@ from lapse.kernel.ledger import (
 )
 from lapse.kernel.logs import get_logger
 from lapse.kernel.settings import Settings
+from lapse.kernel.tracing import SWEEP, span
 from lapse.producers.emit import emit_events
 from lapse.producers.fair_pages import FairPages
 
@@ -134,7 +135,9 @@ def sweep_page(engine: Engine, producer: Producer, codec: Codec, settings: Setti
         writes.flush(conn)
     # A brought-forward row's event carries the row's attempt, so it is not taken for a stale one.
     fresh = [e for e in events if e.op_key in created] + [event_for_row(r, source=source) for r in moved]
-    emit_events(producer, codec, delivery, settings.topology.expiry, fresh, now)
+    # The page's events share its trace: one span per page, not per event.
+    with span(SWEEP, None, {"lapse.kind": kind.name, "lapse.events": len(fresh)}) as traceparent:
+        emit_events(producer, codec, delivery, settings.topology.expiry, fresh, now, traceparent)
     report.pages += 1
     report.found += len(rows)
     report.emitted += len(fresh)

@@ -35,7 +35,7 @@ from hypothesis import settings as hypothesis_settings
 
 pytest_plugins = ["tests.fixtures.kafka", "tests.fixtures.db", "tests.fixtures.pipeline", "tests.fixtures.effects",
                   "tests.fixtures.wheel", "tests.fixtures.secure_kafka", "tests.fixtures.private_postgres",
-                  "tests.fixtures.compose", "tests.fixtures.archive"]
+                  "tests.fixtures.compose", "tests.fixtures.archive", "tests.fixtures.spans"]
 
 KINDS = ("unit", "integration", "system")
 # What a unit test may not ask for: a broker or PostgreSQL (sqlite_url is fine).

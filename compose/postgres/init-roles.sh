@@ -95,7 +95,7 @@ GRANT USAGE                                                ON SEQUENCE lapse_tra
 -- process: claims, applies, retries and dead-letters; withdraws a ledger row it inserted in the
 -- same batch when its effect changed nothing.
 GRANT SELECT, INSERT, DELETE, UPDATE (state, attempt, due_at, claim_owner, claim_until, last_failure_class,
-  last_failure, duplicates, updated_at, finished_at)       ON lapse_ledger                       TO $process;
+  last_failure, duplicates, updated_at, finished_at, traceparent) ON lapse_ledger                TO $process;
 GRANT SELECT, INSERT                                       ON lapse_transitions                  TO $process;
 GRANT INSERT                                               ON lapse_outbox                       TO $process;
 GRANT USAGE                                                ON SEQUENCE lapse_transitions_id_seq  TO $process;

@@ -91,6 +91,8 @@ cleanup_ledger = Table(
     Column("created_at", UTCDateTime(), nullable=False),
     Column("updated_at", UTCDateTime(), nullable=False),
     Column("finished_at", UTCDateTime()),
+    # The W3C traceparent of a dead-lettered operation, which its replay carries on (0020).
+    Column("traceparent", String(55)),
     # Only the indexes a query needs (migration 0005 has the measurements). A partial index takes
     # an entry only for the rows its predicate keeps, and every ledger write is a non-HOT update.
     # Probes of a business row's ledger row (sweep, reconciler, status), and a subject's operations:

@@ -463,6 +463,36 @@ class ConsoleSettings(_Section):
         return self
 
 
+class TracingSettings(_Section):
+    """Traces of each operation (W3C trace context, docs/design/traces.md). The `traceparent` an
+    operation was scheduled with travels on its records whatever this says; spans are recorded and
+    sent over OTLP/HTTP only when `endpoint` is set (the `otel` extra: `pip install 'lapse[otel]'`)."""
+
+    endpoint: str | None = Field(
+        None, description="OTLP/HTTP traces endpoint the spans are sent to (`http://collector:4318/v1/traces`); "
+                          "unset: no spans are recorded, and a carried trace context still travels on.")
+    service_name: str = Field(
+        "lapse", min_length=1, max_length=128, pattern=r"^[\x21-\x7e]+$",
+        description="The spans' `service.name` (printable ASCII).")
+    sample_ratio: float = Field(
+        1.0, ge=0, le=1, description="Share of the traces Lapse starts (a publish, a sweep page) that are recorded; "
+                                     "a carried trace context keeps the sampling decision its sender made.")
+
+    @field_validator("endpoint")
+    @classmethod
+    def _http_url(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        try:
+            parts = urlsplit(value)
+            parts.port  # noqa: B018 - raises ValueError for a port that is not a number
+        except ValueError as exc:
+            raise ValueError(f"must be an http(s) URL: {exc}") from None
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError("must be an http(s) URL such as http://collector:4318/v1/traces")
+        return value
+
+
 class DevSettings(_Section):
     """Dev tools and test hooks; never needed in production."""
 
@@ -495,6 +525,7 @@ class Settings(BaseSettings):
     report: ReportSettings = Field(default_factory=ReportSettings)
     runtime: RuntimeSettings = Field(default_factory=RuntimeSettings)
     console: ConsoleSettings = Field(default_factory=ConsoleSettings)
+    tracing: TracingSettings = Field(default_factory=TracingSettings)
     dev: DevSettings = Field(default_factory=DevSettings)
 
     @classmethod

@@ -1,9 +1,10 @@
 """The caller of a declared `http` effect: one request per operation through one httpx client.
 
 The URL comes from the declared template; the op key goes out as `Idempotency-Key` (the same on
-every attempt, so the far side can drop a repeat after a lease takeover) with `Lapse-Attempt`,
-and a JSON body names the operation. The answer, or the way the request failed, becomes a
-failure class: whether the request was sent decides between temporary and ambiguous.
+every attempt, so the far side can drop a repeat after a lease takeover) with `Lapse-Attempt` and
+the operation's W3C `traceparent`, and a JSON body names the operation. The answer, or the way
+the request failed, becomes a failure class: whether the request was sent decides between
+temporary and ambiguous.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import httpx
 
 from lapse.kernel.kinds.effects import EffectCall, HttpEffect, fill_url
 from lapse.kernel.text import one_line
+from lapse.kernel.trace_context import TRACEPARENT
 from lapse.processors.effects.base import CallerSetup
 from lapse.processors.failures import (
     AMBIGUOUS,
@@ -53,13 +55,21 @@ class HttpCaller:
         except EffectFailure:
             return "?"
 
+    @staticmethod
+    def headers(call: EffectCall) -> dict[str, str]:
+        """The operation's own headers: its idempotency key, attempt and trace context."""
+        own = {"Idempotency-Key": call.op_key, "Lapse-Attempt": str(call.attempt)}
+        if call.traceparent:
+            own[TRACEPARENT] = call.traceparent
+        return own
+
     def __call__(self, call: EffectCall) -> None:
         url = render_url(self.effect.url, call)
         where = host_of(url)
         try:
             with self.client.stream(
                     self.effect.method, url,
-                    headers={"Idempotency-Key": call.op_key, "Lapse-Attempt": str(call.attempt)},
+                    headers=self.headers(call),
                     json={"op_key": call.op_key, "kind": call.kind, "subject_id": call.subject_id,
                           "tenant": call.tenant, "attempt": call.attempt}) as response:
                 status = response.status_code

@@ -37,6 +37,7 @@ class EffectCall:
     subject_id: str
     tenant: str
     target: Mapping[str, Any]
+    traceparent: str | None = None  # the W3C trace context the far side is sent (`traceparent` header)
 
 
 @dataclass(frozen=True, slots=True)

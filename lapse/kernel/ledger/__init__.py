@@ -50,6 +50,7 @@ from lapse.kernel.ledger.queries import (
     settled_row,
     settles_waiting,
     stuck_cursor,
+    traces_of,
     withdraw_settled,
 )
 from lapse.kernel.ledger.reads import (
@@ -216,6 +217,7 @@ __all__ = [
     "settles_waiting",
     "stuck_cursor",
     "time_problem",
+    "traces_of",
     "transitions_between",
     "waits_past",
     "withdraw_settled",

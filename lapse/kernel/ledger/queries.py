@@ -475,6 +475,23 @@ def add_duplicates(conn: Connection, counts: Mapping[str, int]) -> None:
     conn.execute(stmt, [{"k": k, "n": n} for k, n in counts.items()])
 
 
+def keep_traces(conn: Connection, traces: Mapping[str, str]) -> None:
+    """Keep each dead-lettered operation's traceparent (op key → traceparent) on its ledger row."""
+    if not traces:
+        return
+    stmt = update(L).where(L.c.op_key == bindparam("k")).values(traceparent=bindparam("t"))
+    conn.execute(stmt, [{"k": k, "t": t} for k, t in traces.items()])
+
+
+def traces_of(conn: Connection, op_keys: Sequence[str]) -> dict[str, str]:
+    """op key → the traceparent kept on its ledger row, for the keys that have one."""
+    if not op_keys:
+        return {}
+    stmt = select(L.c.op_key, L.c.traceparent).where(any_of(conn, L.c.op_key, list(op_keys)),
+                                                      L.c.traceparent.is_not(None))
+    return {key: traceparent for key, traceparent in conn.execute(stmt)}
+
+
 # Append ------------------------------------------------------------------------------------------
 
 def insert_transitions_and_outbox(conn: Connection, transitions: Sequence[dict[str, Any]],

@@ -92,6 +92,8 @@ class ExpiryEvent:
     replay_id: str | None
     produced_at: datetime | None = None
     attributes: Mapping[str, str] = field(default_factory=dict)
+    # The operation's W3C trace context, carried in the records' `traceparent` header (not the body).
+    traceparent: str | None = None
 
     @property
     def subject_key(self) -> str:
@@ -104,8 +106,10 @@ class ExpiryEvent:
         return {"op_key": self.op_key, "kind": self.kind, "tenant": self.tenant, "subject_id": self.subject_id}
 
     @classmethod
-    def from_record(cls, record: Mapping[str, Any], now: datetime | None = None) -> ExpiryEvent:
-        """Validate a decoded Avro record (see the module docstring) and make its event.
+    def from_record(cls, record: Mapping[str, Any], now: datetime | None = None,
+                    traceparent: str | None = None) -> ExpiryEvent:
+        """Validate a decoded Avro record (see the module docstring) and make its event, carrying
+        `traceparent` (validated by the caller: `trace_context.traceparent_in`).
 
         Raises InvalidOpKey for an op key that is malformed or does not match kind/subject_id,
         InvalidField naming every other field that fails; `now` (default: the clock) places the
@@ -131,6 +135,7 @@ class ExpiryEvent:
             replay_id=record.get("replay_id"),
             produced_at=record.get("produced_at"),
             attributes=dict(record.get("attributes") or {}),
+            traceparent=traceparent,
         )
 
 
@@ -212,21 +217,22 @@ def _missing_or_type(value: Any, expected: str) -> str:
 
 def expiry_event(kind: str, subject_id: str | int, tenant: str, due_at: datetime, *, source: str,
                  correlation_id: str | None = None, attempt: int = 0,
-                 replay_id: str | None = None, generation: str | None = None) -> ExpiryEvent:
+                 replay_id: str | None = None, generation: str | None = None,
+                 traceparent: str | None = None) -> ExpiryEvent:
     """The event of one business operation: its op key from kind, subject and generation (raises
     InvalidOpKey for a malformed one), a new correlation id unless one is carried over."""
     return ExpiryEvent(op_key=op_key(kind, subject_id, generation), kind=kind, tenant=tenant,
                        subject_id=str(subject_id), due_at=due_at,
                        correlation_id=correlation_id or new_correlation_id(), source=source,
-                       attempt=attempt, replay_id=replay_id)
+                       attempt=attempt, replay_id=replay_id, traceparent=traceparent)
 
 
-def event_for_row(row: LedgerRow, *, source: str) -> ExpiryEvent:
+def event_for_row(row: LedgerRow, *, source: str, traceparent: str | None = None) -> ExpiryEvent:
     """The event that carries a ledger row's work again: its due time, attempt, replay id and
-    correlation id as the row has them."""
+    correlation id as the row has them (and the trace context it was kept with, if any)."""
     return ExpiryEvent(op_key=row.op_key, kind=row.kind, tenant=row.tenant, subject_id=row.subject_id,
                        due_at=row.due_at, correlation_id=row.correlation_id, source=source,
-                       attempt=row.attempt, replay_id=row.replay_id)
+                       attempt=row.attempt, replay_id=row.replay_id, traceparent=traceparent)
 
 
 def expiry_record(event: ExpiryEvent, produced_at: datetime) -> dict[str, Any]:

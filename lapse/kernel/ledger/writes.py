@@ -30,6 +30,7 @@ from lapse.kernel.ledger.records import (
 from lapse.kernel.ledger.rows import ClaimedMove
 from lapse.kernel.ledger.states import APPLIED, CLAIMED, DEAD_LETTER, HELD, PENDING, SHADOWED, SKIPPED, check
 from lapse.kernel.schema_names import CLEANUP_OUTCOME, DEAD_LETTER_RECORD, EXPIRY_EVENT
+from lapse.kernel.trace_context import TRACEPARENT
 
 SHADOW_STATUS = "shadow"  # the outcome status of work a shadow-mode kind recorded instead of doing
 
@@ -48,6 +49,7 @@ class LedgerWrites:
     finished: dict[str, list[str]] = field(default_factory=lambda: {APPLIED: [], SKIPPED: []})
     moves: list[ClaimedMove] = field(default_factory=list)
     duplicates: Counter[str] = field(default_factory=Counter)
+    traces: dict[str, str] = field(default_factory=dict)  # op key → traceparent kept for a replay
 
     def transition(self, op_key: str, from_state: str | None, to_state: str, attempt: int, *,
                    failure_class: str | None = None, reason: str | None = None,
@@ -139,24 +141,30 @@ class LedgerWrites:
         if self.outcomes_topic is None:
             raise ValueError("these writes were not given an outcomes topic")
         self._outbox(self.outcomes_topic, event.op_key, CLEANUP_OUTCOME,
-                     outcome_record(event, status, attempt, self.actor, self.now, failure_class, reason))
+                     outcome_record(event, status, attempt, self.actor, self.now, failure_class, reason),
+                     traceparent=event.traceparent)
 
     def expiry(self, topic: str, event: ExpiryEvent, headers: Mapping[str, str] | None = None) -> None:
         """Publish `event` to `topic` (the expiry topic, or a delay tier) through the outbox."""
-        self._outbox(topic, event.op_key, EXPIRY_EVENT, expiry_record(event, self.now), headers)
+        self._outbox(topic, event.op_key, EXPIRY_EVENT, expiry_record(event, self.now), headers,
+                     event.traceparent)
 
     def dead_letter(self, topic: str, event: ExpiryEvent, failure_class: str, reason: str,
                     attempt: int, history: Sequence[FailureEntry], position: Position | None) -> None:
-        """Publish the dead letter of `event` to `topic` through the outbox."""
+        """Publish the dead letter of `event` to `topic` through the outbox; its trace context is
+        kept with the ledger row too, for a replay to carry on."""
         record = dead_letter_record(failure_class, reason, attempt, self.now, event=event,
                                     history=history, position=position)
         self._outbox(topic, event.op_key, DEAD_LETTER_RECORD, record,
-                     {"failure_class": failure_class, "reason": reason[:200]})
+                     {"failure_class": failure_class, "reason": reason[:200]}, event.traceparent)
+        if event.traceparent is not None:
+            self.traces[event.op_key] = event.traceparent
 
     def _outbox(self, topic: str, key: str, schema: str, payload: dict[str, Any],
-                headers: Mapping[str, str] | None = None) -> None:
+                headers: Mapping[str, str] | None = None, traceparent: str | None = None) -> None:
+        carried = {**(headers or {}), TRACEPARENT: traceparent} if traceparent else dict(headers or {})
         self.outbox.append({"topic": topic, "key": key, "schema": schema, "payload": payload,
-                            "headers": dict(headers or {}), "created_at": self.now})
+                            "headers": carried, "created_at": self.now})
 
     def flush(self, conn: Connection) -> None:
         """Write everything collected, once, in the caller's transaction; then start empty."""
@@ -165,6 +173,7 @@ class LedgerWrites:
         queries.move_claimed(conn, self.moves, self.actor, self.now)
         queries.insert_transitions_and_outbox(conn, self.transitions, self.outbox)
         queries.add_duplicates(conn, self.duplicates)
-        self.transitions, self.outbox, self.moves = [], [], []
+        queries.keep_traces(conn, self.traces)
+        self.transitions, self.outbox, self.moves, self.traces = [], [], [], {}
         self.finished = {APPLIED: [], SKIPPED: []}
         self.duplicates = Counter()

@@ -26,6 +26,7 @@ from lapse.kernel.outages import Outage, outage_in
 from lapse.kernel.settings import Settings
 from lapse.shell.signals import stop_on_signals
 from lapse.shell.startup_checks import check_kafka, check_startup
+from lapse.shell.tracing_setup import start_tracing
 
 log = get_logger("roles")
 T = TypeVar("T")
@@ -122,9 +123,11 @@ class Role(ABC, Generic[R]):
         return engine_from_settings(self.settings)
 
     def check(self) -> None:
-        """The start-up checks (StartupRefused: exit 3), the kinds where the role uses them, then that a
-        broker answers; an unreachable dependency raises its outage."""
+        """The start-up checks (StartupRefused: exit 3), tracing where it is configured, the kinds
+        where the role uses them, then that a broker answers; an unreachable dependency raises its
+        outage."""
         check_startup(self.settings, database=self.uses_database)
+        start_tracing(self.settings)
         if self.uses_kinds:
             self.kinds = load_kinds(self.settings, self.engine)
         if self.uses_kafka:
