@@ -39,7 +39,7 @@ from lapse.readers.offsets import (
     read_spans,
     read_to_end,
 )
-from lapse.readers.status import brakes_status, lag_status, status_report
+from lapse.readers.status import brakes_status, lag_status, limits_status, status_report
 
 __all__ = [
     "BROKEN",
@@ -67,6 +67,7 @@ __all__ = [
     "lag_status",
     "lapse_op_keys",
     "ledger_states",
+    "limits_status",
     "manual_consumer",
     "operation_history",
     "operation_of_subject",

@@ -13,7 +13,10 @@ from sqlalchemy import insert, select
 
 from lapse.devtools.demo_kinds import packaged_kinds_file
 from lapse.devtools.demo_tables import reservations
+from lapse.kernel.clock import database_clock
 from lapse.kernel.database import make_engine
+from lapse.kernel.kinds.limits import Limits
+from lapse.kernel.limits import EndpointStats, RouteKey, ensure_route, grant, slow_down, write_stats
 from lapse.kernel.models import cleanup_ledger, operator_actions, pauses
 from lapse.processors.rules import apply_batch
 from tests.fixtures.console import chromium, running_console, screenshot
@@ -50,6 +53,16 @@ def test_an_operator_pauses_and_resumes_a_kind_in_the_browser(kafka_bootstrap, p
     with engine.begin() as conn:
         apply_batch(scope(conn, {**kinds, RELEASE: replace(kinds[RELEASE], mode="shadow")}), [release_event(3)])
 
+    # A far side that answered a call 429 with Retry-After: 30, and the workers' last minute of calls.
+    hooks = RouteKey("notify-hook", "endpoint:partner.example:443")
+    with engine.begin() as conn:
+        ensure_route(conn, hooks, Limits(rate_per_s=40.0, concurrency=4, per="endpoint"))
+        paced = grant(conn, hooks, 1).at
+        slow_down(conn, hooks, database_clock(conn), paced_at=paced, block_s=30)
+        write_stats(conn, "worker-1", [EndpointStats("notify-hook", "partner.example:443", calls=120, throttled=6,
+                                                     waited_s=1.2, called_s=6.0, window_s=60.0, in_flight=2)],
+                    database_clock(conn))
+
     with running_console(settings) as console, chromium() as driver:
         sign_in_to(driver, console.url, OPERATOR[1], "/brakes")
         # nothing paused yet (waited for: the URL changes before the page's document has loaded)
@@ -71,6 +84,11 @@ def test_an_operator_pauses_and_resumes_a_kind_in_the_browser(kafka_bootstrap, p
         assert waiting.get_attribute("data-value") == "2"
         shadow = driver.find_element(By.CSS_SELECTOR, f"section.shadow[data-kind='{RELEASE}'] [data-outcome='apply']")
         assert shadow.text == "1"
+        route = driver.find_element(By.CSS_SELECTOR, "#limit-routes tr[data-kind='notify-hook']")
+        assert route.find_element(By.CSS_SELECTOR, ".rate").get_attribute("data-value") == "20.0"  # halved
+        assert "stopped for" in route.find_element(By.CSS_SELECTOR, ".blocked").text
+        endpoint = driver.find_element(By.CSS_SELECTOR, "#limit-endpoints tr[data-endpoint='partner.example:443']")
+        assert endpoint.find_element(By.CSS_SELECTOR, ".throttled").get_attribute("data-value") == "6.0"
         screenshot(driver, "brakes")
 
         row = driver.find_element(By.CSS_SELECTOR, f"#pauses tr[data-kind='{RELEASE}']")

@@ -1,7 +1,8 @@
 """Brakes: what is paused (since when, by whom, why, how much work waits), the held work of
-undeclared kinds and what each shadow-mode kind recorded; an operator pauses a kind (or one
-tenant of it) and resumes it, each recorded as an operator action (docs/design/brakes.md).
-`/api/v1/brakes` is the same data as JSON."""
+undeclared kinds, what each shadow-mode kind recorded and the call limits every worker shares (each
+route's rate now, a Retry-After's stop, slots held; each endpoint's last minute); an operator pauses
+a kind (or one tenant of it) and resumes it, each recorded as an operator action
+(docs/design/brakes.md, docs/design/limits.md). `/api/v1/brakes` is the same data as JSON."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from lapse import operator_actions
 from lapse.kernel.brakes import shadow_results
 from lapse.kernel.clock import engine_now
 from lapse.kernel.kinds import KindsFileError, declared_names, load_kinds
-from lapse.readers import brakes_status
+from lapse.readers import brakes_status, limits_status
 from lapse.shell.console.access import AccessRefused, Identity
 
 if TYPE_CHECKING:
@@ -38,7 +39,8 @@ def brakes_data(console: Console) -> dict[str, Any]:
     with console.engine.connect() as conn:
         found = brakes_status(conn, engine_now(console.engine), frozenset(kinds) if kinds else None)
         shadows = [shadow_results(conn, kind, latest=SHADOW_LATEST).to_dict() for kind in found["shadowed"]]
-    return {**found, "kinds": kinds, "shadows": shadows}
+        limits = limits_status(conn)
+    return {**found, "kinds": kinds, "shadows": shadows, "limits": limits}
 
 
 def routes(console: Console) -> list[BaseRoute]:
