@@ -1,5 +1,5 @@
 """One clock, the database's (docs/design/clock.md): cleanup workers and delay workers whose wall
-clocks are 300 s fast and 300 s slow, next to a normal one, over holds falling due across 75 s
+clocks are 300 s fast and 300 s slow, next to a normal one, over holds falling due across 40 s
 (and, under `make scale`, 2,400 holds across four minutes), change no business row before its due
 time by the database's clock, change each due row once, and the slow worker applies due work. A
 trigger on the business table records `clock_timestamp()`. Under `make scale` too: three such
@@ -41,7 +41,7 @@ CALL_S, LEASE_S, OPERATIONS = 20.0, 60.0, 9
 
 
 @pytest.mark.parametrize(("holds", "spread_s"), [
-    pytest.param(60, 75.0, marks=pytest.mark.slow, id="75s"),  # the suite's: the meaning is the same
+    pytest.param(48, 40.0, marks=pytest.mark.slow, id="40s"),  # the suite's: the meaning is the same
     pytest.param(2_400, 240.0, marks=pytest.mark.scale, id="four-minutes"),  # the issue's (make scale)
 ])
 def test_skewed_workers_change_nothing_early_and_apply_due_work(pipeline, tmp_path, holds, spread_s):
