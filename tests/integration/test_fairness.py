@@ -72,7 +72,9 @@ def test_a_page_takes_its_rows_in_turns_across_tenants_by_weight(db_url, weights
 
 @pytest.mark.slow
 def test_a_tenant_backlog_due_first_does_not_hold_back_the_other_tenants(pipeline, tmp_path):
-    """A holds 3,000 rows due before B-E's 100 each: every B-E row is applied before A's 600th."""
+    """A holds 3,000 rows due before B-E's 100 each: every B-E row is applied before A's 1,000th
+    (unfair, after all 3,000; 257 on a quiet machine, up to 654 on a loaded one, where a fetch
+    returns more of one partition before the next)."""
     with pipeline.engine.begin() as conn:
         add_reservations(conn, 3000, tenant="a", expires_at=PAST - timedelta(hours=1))
         for tenant in SMALL:
@@ -82,7 +84,7 @@ def test_a_tenant_backlog_due_first_does_not_hold_back_the_other_tenants(pipelin
     process_until_done(pipeline.settings, terminal=3400)
     order = completion_order(pipeline)
     last_small = max(i for i, (_, tenant) in enumerate(order) if tenant in SMALL)
-    assert sum(tenant == "a" for _, tenant in order[:last_small]) < 600, last_small
+    assert sum(tenant == "a" for _, tenant in order[:last_small]) < 1000, last_small
     assert len(order) == 3400
 
 
