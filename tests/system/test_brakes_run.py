@@ -146,7 +146,8 @@ def test_a_pause_stops_every_effect_within_5s_and_a_resume_applies_each_held_row
     assert failures == 0
 
 
-@pytest.mark.parametrize("rows", [pytest.param(2_000, id="2k"), pytest.param(50_000, id="50k", marks=pytest.mark.scale)])
+@pytest.mark.parametrize("rows", [pytest.param(2_000, id="2k"),
+                                  pytest.param(50_000, id="50k", marks=pytest.mark.scale)])
 def test_a_budget_holds_every_minute_for_three_workers_and_pauses_its_kind(pipeline, tmp_path, rows):
     p = with_demo_kinds(pipeline, tmp_path, **{RELEASE: "budget: {max_effects: 1000, per: 1m}"})
     record_changes(p.engine)
