@@ -1,11 +1,12 @@
 """One kind's due rows, handed to the sweep a page at a time in weighted turns across tenants.
 
-Which tenants have due rows is one grouped read (again every REDISCOVER_S, and whenever the known
-rows are spent); each page then gives every tenant a share (its weight over the sum of the weights
-of the tenants with rows left; what a tenant with fewer rows leaves goes to the others), each
-tenant's rows in (due, id) order from a cursor of its own, the tenants whose rows left fit their
-share read together. A page is in turns: the k-th row of a tenant
-of weight w at turn k/w. Why not one ranked query per page: docs/design/limits.md.
+Which tenants have due rows is read again every REDISCOVER_S (and whenever the known rows are
+spent, or a page is asked larger than the counts tell apart), each tenant's rows counted up to a
+page and one: a share only compares a count with a page. Each page then gives every tenant a share
+(its weight over the sum of the weights of the tenants with rows left; what a tenant with fewer
+rows leaves goes to the others), each tenant's rows in (due, id) order from a cursor of its own,
+the tenants whose rows left fit their share read together. A page is in turns: the k-th row of a
+tenant of weight w at turn k/w. Why not one ranked query per page: docs/design/limits.md.
 """
 
 from __future__ import annotations
@@ -37,20 +38,22 @@ class FairPages:
         self.after: dict[str, tuple[Any, ...]] = {}  # each tenant's cursor: its last row handed out
         self.read_at: float | None = None
         self.turn = 0  # which tenants go first when more than MAX_QUERIES want their own query
+        self.cap = 0  # a count this high says "more rows than a page" (counts are read up to it)
 
-    def _discover(self, conn: Connection) -> None:
+    def _discover(self, conn: Connection, limit: int) -> None:
+        self.cap = limit + 1
         if self.kind.has_tenant:
-            self.left = Counter({str(tenant): int(n) for tenant, n in
-                                 conn.execute(self.kind.due_tenants(self.now, MAX_TENANTS))})
+            stmt = self.kind.due_tenants(self.now, MAX_TENANTS, self.cap, walk=conn.dialect.name == "postgresql")
+            self.left = Counter({str(tenant): int(n) for tenant, n in conn.execute(stmt)})
         else:
-            self.left = Counter({"": 1_000_000_000})  # one tenant: its rows are read until none come
+            self.left = Counter({"": self.cap})  # one tenant: its rows are read until none come
         self.read_at = self.clock()
 
     def next_page(self, conn: Connection, limit: int) -> list[EligibleRow]:
         """Up to `limit` rows in turns across the tenants with due rows; [] when none is left."""
         stale = self.read_at is None or self.clock() - self.read_at >= REDISCOVER_S
-        if stale or not +self.left:
-            self._discover(conn)
+        if stale or not +self.left or limit >= self.cap:
+            self._discover(conn, limit)
         active = sorted(t for t, n in self.left.items() if n > 0)
         if not active:
             return []
@@ -73,8 +76,12 @@ class FairPages:
         for row in rows:
             self.after[row.tenant if self.kind.has_tenant else ""] = row.cursor
         for tenant in tenants:
-            # Fewer rows than asked: the tenant has none left (until the next discovery).
-            self.left[tenant] = 0 if len(rows) < limit else max(0, self.left[tenant] - got[tenant])
+            # Fewer rows than asked: the tenant has none left (until the next discovery). A count
+            # at the cap stays there: more than a page left, as far as it tells.
+            if len(rows) < limit:
+                self.left[tenant] = 0
+            elif self.left[tenant] < self.cap:
+                self.left[tenant] = max(0, self.left[tenant] - got[tenant])
         return rows
 
 

@@ -22,6 +22,8 @@ reservations = Table(
     Column("released_at", UTCDateTime()),
     Index("ix_reservations_held_due", "expires_at", "id", postgresql_where=text("status = 'held'"),
           sqlite_where=text("status = 'held'")),
+    Index("ix_reservations_held_tenant_due", "tenant", "expires_at", "id", postgresql_where=text("status = 'held'"),
+          sqlite_where=text("status = 'held'")),
 )
 
 artifacts = Table(
@@ -35,10 +37,12 @@ artifacts = Table(
     Column("deleted_at", UTCDateTime()),
     Index("ix_artifacts_live_due", "retain_until", "id", postgresql_where=text("status = 'live'"),
           sqlite_where=text("status = 'live'")),
+    Index("ix_artifacts_live_tenant_due", "tenant", "retain_until", "id", postgresql_where=text("status = 'live'"),
+          sqlite_where=text("status = 'live'")),
 )
 
 
 def create_demo_tables(engine: Engine) -> None:
-    """Create the demo's tables (and their due-time indexes) where they do not exist yet."""
+    """Create the demo's tables (and their due-time and tenant indexes) where they do not exist yet."""
     with engine.begin() as conn:
         demo_metadata.create_all(conn, checkfirst=True)

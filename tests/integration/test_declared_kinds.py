@@ -72,6 +72,9 @@ PURGE_LOG = """
     effect:
       delete: {}
 """
+ORDERS_TENANT_INDEX = ("CREATE INDEX CONCURRENTLY ix_orders_expire_order_tenant_due ON shop.orders "
+                       "(tenant_id, expires_at, id) WHERE status = 'pending' AND archived_at IS NULL AND plan IN "
+                       "('free', 'trial')")
 PURGE_LOG_INDEX = ("CREATE INDEX CONCURRENTLY ix_audit_log_purge_log_due ON shop.audit_log (created_at, id) "
                    "WHERE kind IS DISTINCT FROM 'keep'")
 
@@ -233,6 +236,15 @@ def test_kinds_check_and_list_on_a_good_and_a_bad_declaration(pg_url, shop, tmp_
     assert {k["name"]: (k["due_index"], k["privileges"]) for k in report["kinds"]} == {
         "expire-order": ("orders_pending_due", {"SELECT": True, "UPDATE": True}),
         "purge-session": ("sessions_due", {"SELECT": True, "DELETE": True})}
+    # A tenant column without a (tenant, due, id) index: suggested, not refused; the statement runs.
+    suggested = {k["name"]: k["suggestions"] for k in report["kinds"]}
+    assert suggested == {"expire-order": [f"tenant: no index on (tenant_id, expires_at, id) for the sweep's fair "
+                                          f"shares across tenants; add it: {ORDERS_TENANT_INDEX}"],
+                         "purge-session": []}
+    with shop.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+        conn.exec_driver_sql(ORDERS_TENANT_INDEX)
+    checked = kinds_cli(["check", "--json"], pg_url, good)
+    assert [k["suggestions"] for k in json.loads(checked.output)["kinds"]] == [[], []]
 
     bad = tmp_path / "bad"
     bad.mkdir()

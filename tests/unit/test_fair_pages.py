@@ -32,6 +32,17 @@ def test_a_page_is_shared_max_min_by_weight_and_filled(left, weights, limit):
             assert max(per_weight) - min(per_weight) <= 2 / min(w.values())
 
 
+@given(left=st.dictionaries(st.sampled_from("abcdefgh"), st.integers(1, 5000), min_size=1),
+       weights=st.dictionaries(st.sampled_from("abcdefgh"), st.sampled_from([0.5, 1.0, 2.0, 3.0])),
+       limit=st.integers(1, 2000))
+def test_counts_capped_at_a_page_and_one_share_a_page_as_the_full_counts_do(left, weights, limit):
+    """The sweep counts each tenant's rows only up to limit + 1: a share compares a count with at
+    most a page, so the capped counts give the very same shares."""
+    w = {t: weights.get(t, 1.0) for t in left}
+    capped = Counter({t: min(n, limit + 1) for t, n in left.items()})
+    assert shares(capped, w, limit) == shares(Counter(left), w, limit)
+
+
 def test_a_page_alternates_tenants_by_weight():
     rows = [EligibleRow(str(i), tenant, T0, (T0, i)) for i, tenant in enumerate("aaaaaabb")]
     assert [r.tenant for r in in_turns(rows, {"a": 3.0, "b": 1.0})] == list("aaabaaab")

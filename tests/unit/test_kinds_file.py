@@ -260,6 +260,9 @@ def test_check_reports_each_kind_and_describe_shows_the_declarations(tmp_path, b
     assert all(checks[name].ok for name in GOOD)
     assert checks["expire-order"].due_index == "ix_orders_due"
     assert checks["purge-session"].create_index.startswith("CREATE INDEX")
+    # A nullable tenant is read through 'default' for null: an index on the column would not serve
+    # the sweep's reads by tenant, so none is suggested (tests/integration/test_declared_kinds.py).
+    assert checks["expire-order"].suggestions == [] == checks["purge-session"].suggestions
     assert checks["typo"].problems == ["eligible.statuz: no column 'statuz' in orders"]
     listed = {k["name"]: k for k in describe(read_kinds_file(path))}
     assert listed["expire-order"]["conditions"] == [

@@ -14,7 +14,7 @@ from lapse.kernel.kinds.columns import Bind, qualified
 from lapse.kernel.kinds.declarations import DeclaredKind, KindsFile
 from lapse.kernel.kinds.effects.python import PythonKind
 from lapse.kernel.kinds.errors import KindError
-from lapse.kernel.kinds.indexes import create_index_sql, due_index
+from lapse.kernel.kinds.indexes import create_index_sql, due_index, tenant_index_suggestion
 from lapse.kernel.kinds.kind import CleanupKind
 from lapse.kernel.kinds.loading import compile_kind, load_kind
 from lapse.kernel.topology import Topology
@@ -31,6 +31,7 @@ class KindCheck:
     due_index: str | None = None
     create_index: str | None = None
     privileges: dict[str, bool] = field(default_factory=dict)
+    suggestions: list[str] = field(default_factory=list)  # what would help, the kind running without it
 
     @property
     def ok(self) -> bool:
@@ -91,6 +92,8 @@ def check_kinds(kinds_file: KindsFile, bind: Bind, lapse_schema: str | None = No
             check.create_index = create_index_sql(bind, kind)
             check.problems.append(f"due: no index on ({kind.due_column.name}, {kind.id_column.name}); "
                                   f"add it: {check.create_index}")
+        suggestion = tenant_index_suggestion(bind, kind)
+        check.suggestions += [suggestion] if suggestion else []
         check.privileges = privileges(bind, kind, decl.privileges())
         missing = [p for p, allowed in check.privileges.items() if not allowed]
         if missing:

@@ -190,25 +190,61 @@ class CleanupKind:
             stmt = stmt.where(~has_row_not_waiting_past(self.name, self.id_column, now, self.generation_sql()))
         return stmt.order_by(*cols).limit(limit)
 
-    def due_tenants(self, now: datetime, limit: int) -> Select[Any, int]:
+    @property
+    def tenant_source(self) -> ColumnElement[Any]:
+        """The tenant column itself (a kind's `tenant_column` may be it labelled)."""
+        return self.tenant_column.element if isinstance(self.tenant_column, Label) else self.tenant_column
+
+    @property
+    def tenant_index_column(self) -> str | None:
+        """The tenant column's name when the tenant is read as the column it is (not cast to text,
+        nor a null read as 'default'): an index on (tenant, due, id) then serves the sweep's reads
+        by tenant. None otherwise."""
+        tenant = self.tenant_source
+        return tenant.name if isinstance(tenant, Column) and self.has_tenant else None
+
+    def _to_emit(self, now: datetime) -> ColumnElement[bool]:
+        """The due rows the sweep must emit: no ledger row yet, or one waiting past `now`."""
+        return self.due_clause(now) & ~has_row_not_waiting_past(self.name, self.id_column, now, self.generation_sql())
+
+    def due_tenants(self, now: datetime, limit: int, cap: int, *, walk: bool) -> Select[Any, int]:
         """(tenant, rows) of the due rows the sweep must emit, per tenant, at most `limit` tenants:
-        what the sweep's pages share (one grouped read of the due rows)."""
-        tenant = self.tenant_column.element if isinstance(self.tenant_column, Label) else self.tenant_column
-        due = self.due_clause(now) & ~has_row_not_waiting_past(self.name, self.id_column, now, self.generation_sql())
-        return select(tenant, func.count()).where(due).group_by(tenant).order_by(tenant).limit(limit)
+        what the sweep's pages share. With `walk` (PostgreSQL), for a tenant read as the column it
+        is, the tenants are walked one index probe each (a recursive read of the next tenant after
+        the last) and each one's rows counted along its (tenant, due, id) index up to `cap`: bounded
+        by the tenants and `cap`, not the backlog (docs/design/limits.md). Else one grouped read of
+        the due rows, counted in full."""
+        tenant = self.tenant_source
+        if not walk or self.tenant_index_column is None:
+            return select(tenant, func.count()).where(self._to_emit(now)).group_by(tenant).order_by(tenant).limit(limit)
+        first = select(func.min(tenant)).where(self.still_eligible).scalar_subquery()
+        tenants = select(first.label("tenant")).cte("lapse_tenants", recursive=True)
+        after = select(func.min(tenant)).where(self.still_eligible, tenant > tenants.c.tenant).scalar_subquery()
+        tenants = tenants.union_all(select(after).where(tenants.c.tenant.is_not(None)))
+        rows = (select(self.id_column).where(tenant == tenants.c.tenant, self._to_emit(now)).limit(cap)
+                .correlate(tenants).subquery())
+        n = select(func.count().label("n")).select_from(rows).lateral()
+        return (select(tenants.c.tenant, n.c.n).join(n, true()).where(tenants.c.tenant.is_not(None), n.c.n > 0)
+                .order_by(tenants.c.tenant).limit(limit))
 
     def tenant_page(self, now: datetime, tenants: list[str], after: tuple[Any, ...] | None,
                     limit: int) -> Select[Any, Any, Any]:
         """The due rows the sweep must emit of `tenants`, in (due, id) order after `after`: one
-        tenant's share of a page (docs/design/limits.md)."""
-        tenant = self.tenant_column.element if isinstance(self.tenant_column, Label) else self.tenant_column
-        cols = (self.due_column, self.id_column)
+        tenant's share of a page, read along its (tenant, due, id) index where the table has one
+        (docs/design/limits.md)."""
+        tenant = self.tenant_source
+        cols: tuple[ColumnElement[Any], ...] = (self.due_column, self.id_column)
         stmt = select(self.id_column, self.tenant_column, self.due_column, *self._generation_columns()).where(
-            self.due_clause(now), ~has_row_not_waiting_past(self.name, self.id_column, now, self.generation_sql()))
+            self._to_emit(now))
+        keyset = cols
         if self.has_tenant:  # a table without a tenant column has the one tenant
-            stmt = stmt.where(tenant.in_(tenants) if len(tenants) > 1 else tenant == tenants[0])
+            one = len(tenants) == 1
+            stmt = stmt.where(tenant == tenants[0] if one else tenant.in_(tenants))
+            # One tenant's cursor as (tenant, due, id): the same rows, where that index can start.
+            keyset = (tenant, *cols) if one else cols
+            after = (tenants[0], *after) if one and after is not None else after
         if after is not None:
-            stmt = stmt.where(tuple_(*cols) > tuple_(*after))
+            stmt = stmt.where(tuple_(*keyset) > tuple_(*after))
         return stmt.order_by(*cols).limit(limit)
 
     def not_yet_due(self, conn: Connection, subjects: list[Any], now: datetime) -> dict[str, datetime]:

@@ -175,9 +175,12 @@ def database_now(conn: Connection) -> datetime:
 
 
 def due_indexes(conn: Connection, kind: CleanupKind) -> set[str]:
-    """The names of the table's indexes that lead with the kind's due column."""
+    """The names of the table's indexes that lead with the kind's due column, or with (tenant, due)
+    (the sweep's reads by tenant: the planner may count every eligible row along either)."""
     found = inspect(conn).get_indexes(kind.table.name, schema=kind.table.schema)
-    return {str(i["name"]) for i in found if i["column_names"][:1] == [kind.due_column.name]}
+    due = kind.due_column.name
+    by_tenant = [kind.tenant_index_column, due]
+    return {str(i["name"]) for i in found if i["column_names"][:1] == [due] or i["column_names"][:2] == by_tenant}
 
 
 def _reads(node: dict[str, Any], table: str) -> Iterator[tuple[str, str | None]]:

@@ -73,6 +73,7 @@ def _check_text(data: dict[str, Any]) -> str:
             lines.append(f"ok      {c['name']} ({c['effect']} on {c['table']}, index {c['due_index']})")
         else:
             lines += [f"FAILED  {c['name']}: {problem}" for problem in c["problems"]]
+        lines += [f"suggest {c['name']}: {suggestion}" for suggestion in c.get("suggestions", ())]
     lines += [f"waiting {kind}: {n} operations held; the file does not declare the kind (declare it again to "
               "resume them)" for kind, n in data.get("undeclared", {}).items()]
     return "\n".join(lines) or f"no kinds in {data['file']}"
