@@ -5,8 +5,9 @@ spent, or a page is asked larger than the counts tell apart), each tenant's rows
 page and one: a share only compares a count with a page. Each page then gives every tenant a share
 (its weight over the sum of the weights of the tenants with rows left; what a tenant with fewer
 rows leaves goes to the others), each tenant's rows in (due, id) order from a cursor of its own,
-the tenants whose rows left fit their share read together. A page is in turns: the k-th row of a
-tenant of weight w at turn k/w. Why not one ranked query per page: docs/design/limits.md.
+the tenants whose rows left fit their share read together and put first in the page (their last
+rows wait behind no other tenant's). Each part is in turns: the k-th row of a tenant of weight w at
+turn k/w. Why not one ranked query per page: docs/design/limits.md.
 """
 
 from __future__ import annotations
@@ -59,15 +60,16 @@ class FairPages:
             return []
         weights = {t: self.kind.tenant_weights.get(t, 1.0) for t in active}
         whole, share = shares(self.left, weights, limit)
+        # The tenants whose rows end in this page go first: their last row waits for no one's
+        # share but theirs (a small tenant behind a backlog finishes within one page's work).
+        ending = self._read(conn, whole, None, sum(self.left[t] for t in whole)) if whole else []
         rows: list[EligibleRow] = []
-        if whole:
-            rows += self._read(conn, whole, None, sum(self.left[t] for t in whole))
         own = sorted(share)
         start = self.turn % len(own) if own else 0
         for tenant in (own[start:] + own[:start])[:MAX_QUERIES]:
             rows += self._read(conn, [tenant], self.after.get(tenant), share[tenant])
         self.turn += MAX_QUERIES
-        return in_turns(rows, weights)
+        return in_turns(ending, weights) + in_turns(rows, weights)
 
     def _read(self, conn: Connection, tenants: list[str], after: tuple[Any, ...] | None, limit: int
               ) -> list[EligibleRow]:

@@ -70,6 +70,24 @@ def test_a_page_takes_its_rows_in_turns_across_tenants_by_weight(db_url, weights
     assert [r.tenant for r in page[:8]] == (["a", "a", "a", "b"] * 2 if weights else ["a", "b"] * 4)
 
 
+def test_the_tenants_whose_rows_end_in_a_page_come_first_in_it(db_url):
+    """A's 1,000 rows are due before B-E's 50 each: a page of 500 holds 300 of A's and all of B-E's,
+    B-E's first (in turns among them), so none of their rows waits behind A's share."""
+    engine = make_engine(db_url)
+    try:
+        with engine.begin() as conn:
+            add_reservations(conn, 1000, tenant="a", expires_at=PAST - timedelta(hours=1))
+            for tenant in SMALL:
+                add_reservations(conn, 50, tenant=tenant, expires_at=PAST)
+        kind = compile_kinds(read_kinds_file(packaged_kinds_file()), engine)[RELEASE]
+        with engine.connect() as conn:
+            page = FairPages(kind, datetime.now(UTC)).next_page(conn, 500)
+    finally:
+        engine.dispose()
+    tenants = [r.tenant for r in page]
+    assert tenants[:200] == list(SMALL) * 50 and tenants[200:] == ["a"] * 300
+
+
 @pytest.mark.slow
 def test_a_tenant_backlog_due_first_does_not_hold_back_the_other_tenants(pipeline, tmp_path):
     """A holds 3,000 rows due before B-E's 100 each: every B-E row is applied before A's 1,000th
