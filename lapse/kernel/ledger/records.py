@@ -101,9 +101,11 @@ class ExpiryEvent:
         if not isinstance(key, str):
             raise InvalidField({"op_key": _missing_or_type(key, "a string")})
         kind, subject = parse_op_key(key)
-        problems = field_problems(record, now or datetime.now(UTC))
-        if problems:
-            raise InvalidField(problems)
+        now = now or datetime.now(UTC)
+        if not _plainly_valid(record, now):  # the common case in one pass; the details only when needed
+            problems = field_problems(record, now)
+            if problems:
+                raise InvalidField(problems)
         if kind != record["kind"] or subject != record["subject_id"]:
             raise InvalidOpKey(f"op key {one_line(key, 80, escape=True)!r} does not match kind/subject_id of the event")
         return cls(
@@ -119,6 +121,35 @@ class ExpiryEvent:
             produced_at=record.get("produced_at"),
             attributes=dict(record.get("attributes") or {}),
         )
+
+
+_TEXT_FIELDS = tuple(FIELD_LIMITS.items())
+
+
+def _plainly_valid(record: Mapping[str, Any], now: datetime) -> bool:
+    """True only when `field_problems` would find nothing: every text field a string within its
+    limit, no forbidden character in any of them (one search over all of them), both times aware
+    and within the window, the attempt within its cap, no attributes. False says nothing: the
+    caller asks `field_problems`, which names what is wrong. Decoding's hot path."""
+    texts = []
+    for name, limit in _TEXT_FIELDS:
+        value = record.get(name)
+        if value is None and name == "replay_id":
+            continue
+        if type(value) is not str or not 0 < len(value) <= limit:
+            return False
+        texts.append(value)
+    if FORBIDDEN_CHARACTERS.search("".join(texts)) is not None or record.get("attributes"):
+        return False
+    latest = now + LATEST_DUE_AHEAD
+    for name in ("due_at", "produced_at"):
+        value = record.get(name)
+        if value is None and name == "produced_at":
+            continue
+        if type(value) is not datetime or value.tzinfo is None or not EARLIEST_DUE <= value <= latest:
+            return False
+    attempt = record.get("attempt", 0)
+    return type(attempt) is int and 0 <= attempt <= ATTEMPT_CAP
 
 
 def field_problems(record: Mapping[str, Any], now: datetime) -> dict[str, str]:
