@@ -29,7 +29,7 @@ from lapse.kernel.schema_names import CLEANUP_OUTCOME
 _SETTLE = """
 WITH moved AS (
     UPDATE {ledger} SET state = 'applied', attempt = attempt + 1, finished_at = %(now)s, updated_at = %(now)s
-    WHERE op_key = ANY(%(op_key)s::text[]) AND state = 'pending' AND due_at <= %(now)s
+    WHERE op_key = ANY(%(op_key)b::text[]) AND state = 'pending' AND due_at <= %(now)s
       AND claim_owner IS NULL AND claim_until IS NULL AND finished_at IS NULL
     RETURNING op_key, attempt
 ), inserted AS (
@@ -37,9 +37,9 @@ WITH moved AS (
                           replay_id, duplicates, created_at, updated_at, finished_at)
     SELECT b.op_key, b.kind, b.tenant, b.subject_id, 'applied', b.attempt + 1, b.due_at, b.correlation_id,
            b.source, b.replay_id, b.duplicates, %(now)s, %(now)s, %(now)s
-    FROM unnest(%(op_key)s::text[], %(kind)s::text[], %(tenant)s::text[], %(subject_id)s::text[],
-                %(due_at)s::timestamptz[], %(correlation_id)s::text[], %(source)s::text[], %(attempt)s::int[],
-                %(replay_id)s::text[], %(duplicates)s::int[])
+    FROM unnest(%(op_key)b::text[], %(kind)b::text[], %(tenant)b::text[], %(subject_id)b::text[],
+                %(due_at)b::timestamptz[], %(correlation_id)b::text[], %(source)b::text[], %(attempt)b::int[],
+                %(replay_id)b::text[], %(duplicates)b::int[])
          AS b(op_key, kind, tenant, subject_id, due_at, correlation_id, source, attempt, replay_id, duplicates)
     WHERE b.due_at <= %(now)s
     ON CONFLICT DO NOTHING
@@ -52,20 +52,20 @@ SELECT op_key, attempt, true FROM inserted UNION ALL SELECT op_key, attempt, fal
 # it), put in front of `_RECORD` only when there is some.
 _UNDO = """
 WITH withdrawn AS (
-    DELETE FROM {ledger} WHERE op_key = ANY(%(withdrawn)s::text[]) AND created_at = %(now)s
+    DELETE FROM {ledger} WHERE op_key = ANY(%(withdrawn)b::text[]) AND created_at = %(now)s
       AND finished_at = %(now)s AND state = 'applied'
 ), restored AS (
     UPDATE {ledger} SET state = 'pending', attempt = attempt - 1, finished_at = NULL
-    WHERE op_key = ANY(%(restored)s::text[]) AND state = 'applied' AND finished_at = %(now)s
+    WHERE op_key = ANY(%(restored)b::text[]) AND state = 'applied' AND finished_at = %(now)s
       AND updated_at = %(now)s
 ),"""
 
 _RECORD = """
 WITH done AS (
-    SELECT * FROM unnest(%(op_key)s::text[], %(kind)s::text[], %(tenant)s::text[], %(subject_id)s::text[],
-                         %(attempt)s::int[], %(due_ms)s::bigint[], %(correlation_id)s::text[],
-                         %(replay_id)s::text[], %(event_topic)s::text[], %(event_partition)s::int[],
-                         %(event_offset)s::bigint[])
+    SELECT * FROM unnest(%(op_key)b::text[], %(kind)b::text[], %(tenant)b::text[], %(subject_id)b::text[],
+                         %(attempt)b::int[], %(due_ms)b::bigint[], %(correlation_id)b::text[],
+                         %(replay_id)b::text[], %(event_topic)b::text[], %(event_partition)b::int[],
+                         %(event_offset)b::bigint[])
         AS d(op_key, kind, tenant, subject_id, attempt, due_ms, correlation_id, replay_id, event_topic,
              event_partition, event_offset)
 ), transitions AS (
