@@ -30,6 +30,7 @@ from lapse.processors.commit import WorkerContext, commit_batch
 from lapse.processors.decode import Poison, decode_batch, partition_of, position_of
 from lapse.processors.in_flight import Collected, InFlight
 from lapse.processors.metrics import observe_batch, observe_circuit_opened
+from lapse.processors.offset_commits import PendingCommits
 from lapse.processors.rewind import rewind_and_back_off
 from lapse.processors.scope import BatchResult
 
@@ -41,6 +42,9 @@ BROKER_PROBE_S = 10.0
 # How long one wait for more records lasts while a batch is in flight (the worker then checks
 # whether that batch is done).
 TOP_UP_S = 0.005
+# A commit that waits for the broker (on a revoke, on close) and is refused for a reason that may
+# pass, such as the group coordinator moving, is tried this many times, this far apart.
+COMMIT_ATTEMPTS, COMMIT_RETRY_S = 6, 0.5
 
 
 Decoded = tuple[list[ExpiryEvent], dict[str, Position], list[Poison]]  # what decode_batch returns
@@ -59,13 +63,6 @@ class WorkerStats:
     delayed: int = 0
     batch_failures: int = 0
     started: float = field(default_factory=time.monotonic)
-
-
-def _on_commit(err: KafkaError | None, partitions: list[TopicPartition]) -> None:
-    """The broker's answer to an offset commit sent without waiting (served inside consume): a
-    refusal is logged; the offsets come again with the next batch, or redelivery is absorbed."""
-    if err is not None:
-        log.warning("offset commit refused", extra={"error": err.str()})
 
 
 class CleanupWorker:
@@ -92,7 +89,8 @@ class CleanupWorker:
         )
         self.in_flight: InFlight[BatchResult] = InFlight("lapse-batch")
         self.ctx.on_consumer_thread = self.in_flight.on_consumer_thread
-        self.consumer = make_consumer(settings, settings.topology.groups.cleanup, on_commit=_on_commit)
+        self.pending = self.ctx.pending_commits = PendingCommits()
+        self.consumer = make_consumer(settings, settings.topology.groups.cleanup, on_commit=self._on_commit)
         self.circuit = DeadLetterCircuit(CircuitPolicy(
             threshold=settings.processor.circuit_threshold, min_events=settings.processor.circuit_min_events,
             window=settings.processor.circuit_window, cooldown_s=settings.processor.circuit_cooldown_s))
@@ -100,6 +98,20 @@ class CleanupWorker:
         self.outage = Outage("processor", log)
         self.closing = False  # set once close() has made its last commit
         self.failed: Collected[BatchResult] | None = None  # a batch that failed, until the loop rewinds it
+
+    def _on_commit(self, err: KafkaError | None, partitions: list[TopicPartition]) -> None:
+        """The broker's answer to an offset commit sent without waiting (served inside consume): a
+        refusal is logged, and its offsets stay pending, sent again until accepted."""
+        if err is not None:
+            log.warning("offset commit refused: sent again", extra={"error": err.str()})
+        self.pending.answered(err, partitions)
+
+    def _resend_commits(self) -> None:
+        """Send again, without waiting, the offsets whose commit went unanswered or was refused."""
+        if self.pending.due():
+            offsets = self.pending.to_send(self.owned)
+            if offsets:
+                self.consumer.commit(offsets=offsets, asynchronous=True)
 
     def _on_assign(self, consumer, partitions) -> None:
         self._collect()
@@ -124,24 +136,33 @@ class CleanupWorker:
     def _give_up(self, partitions: set[tuple[str, int]]) -> None:
         for tp in partitions:  # a later owner moves on: our offsets must not be committed again
             self.next_offset.pop(tp, None)
+        self.pending.forget(partitions)
         self.owned -= partitions
         self.at_eof -= partitions
         self.circuit.forget(partitions)
         log.info("partitions revoked", extra={"partitions": sorted(p for _, p in partitions)})
 
     def _commit_now(self, partitions: set[tuple[str, int]]) -> None:
-        """Commit, waiting for the broker, the next offset of each of `partitions` a batch finished.
-        A refusal (the group already moved on) is logged: the next owner then redelivers, and the
-        ledger absorbs it."""
+        """Commit, waiting for the broker, the next offset of each of `partitions` a batch finished;
+        a refusal that may pass (the coordinator moving) is tried again, a few times
+        (COMMIT_ATTEMPTS). A refusal that stays (the group already moved on) is logged: the next
+        owner then redelivers, and the ledger absorbs it."""
         offsets = [TopicPartition(t, p, self.next_offset[(t, p)]) for t, p in sorted(partitions)
                    if (t, p) in self.next_offset]
         if not offsets:
             return
-        try:
-            self.consumer.commit(offsets=offsets, asynchronous=False)
-        except KafkaException as exc:
-            log.warning("offset commit refused: the next owner redelivers from its last commit",
-                        extra={"error": str(exc)})
+        for attempt in range(1, COMMIT_ATTEMPTS + 1):
+            try:
+                self.pending.answered(None, self.consumer.commit(offsets=offsets, asynchronous=False) or [])
+                return
+            except KafkaException as exc:
+                err = exc.args[0] if exc.args and isinstance(exc.args[0], KafkaError) else None
+                if attempt < COMMIT_ATTEMPTS and err is not None and err.retriable():
+                    time.sleep(COMMIT_RETRY_S)
+                    continue
+                log.warning("offset commit refused: the next owner redelivers from its last commit",
+                            extra={"error": str(exc)})
+                return
 
     def run(self, exit_when_idle: float | None = None) -> WorkerStats:
         """Process until stopped (SIGTERM/SIGINT or `stop`), or idle for `exit_when_idle` seconds."""
@@ -153,6 +174,7 @@ class CleanupWorker:
         try:
             while not self.stop.is_set():
                 self._close_circuits()
+                self._resend_commits()
                 messages = self._consume()
                 if messages:
                     last_activity = time.monotonic()

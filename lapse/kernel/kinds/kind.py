@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
+from functools import cached_property
 from typing import Any
 
 from pydantic import BaseModel
@@ -135,7 +136,7 @@ class CleanupKind:
             any_of(conn, self.id_column, subjects, self.id_column.type), self.still_eligible, self.due_column > now)
         return {str(subject): due for subject, due in conn.execute(stmt)}
 
-    @property
+    @cached_property
     def has_tenant(self) -> bool:
         """Whether the tenant is read from the table (a constant stands in when it has none)."""
         return bool(find_tables(self.tenant_column, check_columns=True))

@@ -11,9 +11,8 @@ as the portable statements of `queries`, the transitions and outcomes recorded i
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, NamedTuple
 
 from sqlalchemy import Connection
 
@@ -88,8 +87,7 @@ FROM done
 _TEXTS: dict[tuple[str, str], str] = {}
 
 
-@dataclass(frozen=True, slots=True)
-class Written:
+class Written(NamedTuple):
     """A ledger row `settle` wrote: the attempt it settled at, and whether it was inserted (a first
     delivery) or moved (a waiting row)."""
 

@@ -1,0 +1,59 @@
+"""Offsets a worker commits without waiting, kept until the broker accepts them.
+
+A commit sent without waiting is refused while the group coordinator moves (a broker killed or
+restarted); dropped, its partitions' work would be delivered again to whoever reads them next.
+So each offset stays pending until acknowledged: every commit sends all pending offsets of the
+partitions still owned, merged (the newest per partition), and the worker sends them again
+between batches until they are accepted (`due`). A revoked or lost partition's pending offsets are
+forgotten, never sent. Why it is safe: docs/design/processing.md, "The commit order".
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+
+from confluent_kafka import KafkaError, TopicPartition
+
+# How long a commit may stay unanswered before the worker sends its offsets again.
+RESEND_AFTER_S = 0.5
+
+
+class PendingCommits:
+    """The offsets (next offset to read, per partition) sent and not yet acknowledged."""
+
+    def __init__(self, resend_after_s: float = RESEND_AFTER_S) -> None:
+        self.offsets: dict[tuple[str, int], int] = {}
+        self.resend_after_s = resend_after_s
+        self.sent_at = float("-inf")
+        self.refused = 0  # commits the broker refused, for logs and tests
+
+    def merge(self, offsets: Iterable[TopicPartition]) -> None:
+        """Add a batch's offsets (the newest per partition wins)."""
+        for tp in offsets:
+            key = (tp.topic, tp.partition)
+            self.offsets[key] = max(self.offsets.get(key, -1), tp.offset)
+
+    def to_send(self, owned: set[tuple[str, int]]) -> list[TopicPartition]:
+        """Every pending offset of a partition in `owned`, stamped as sent now."""
+        self.sent_at = time.monotonic()
+        return [TopicPartition(t, p, o) for (t, p), o in sorted(self.offsets.items()) if (t, p) in owned]
+
+    def due(self) -> bool:
+        """Whether offsets wait whose last commit has gone unanswered or was refused for a while."""
+        return bool(self.offsets) and time.monotonic() - self.sent_at >= self.resend_after_s
+
+    def answered(self, err: KafkaError | None, partitions: list[TopicPartition]) -> None:
+        """The broker's answer to a commit: each partition it accepted drops what it covered."""
+        if err is not None:  # all stay pending, sent again once `resend_after_s` has passed
+            self.refused += 1
+            return
+        for tp in partitions:
+            key = (tp.topic, tp.partition)
+            if tp.error is None and self.offsets.get(key, tp.offset + 1) <= tp.offset:
+                del self.offsets[key]
+
+    def forget(self, partitions: Iterable[tuple[str, int]]) -> None:
+        """Partitions given up: their offsets must never be sent again."""
+        for key in partitions:
+            self.offsets.pop(key, None)
