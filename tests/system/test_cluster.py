@@ -79,6 +79,9 @@ def test_killing_the_group_coordinator_redelivers_little(three_brokers, pg_url, 
         with pipeline.engine.connect() as conn:
             redelivered = conn.execute(select(func.sum(cleanup_ledger.c.duplicates))).scalar() or 0
         print(f"coordinator {coordinator} killed: {redelivered} of {backlog} events delivered again")
+        from tests.fixtures.kafka import committed as _c, end_offsets as _e
+        print("DEBUG", _c(settings.kafka.bootstrap_servers, settings.topology.groups.cleanup, settings.topology.expiry, 6),
+              _e(settings.kafka.bootstrap_servers, settings.topology.expiry, 6))
         assert_each_applied_once(pipeline, backlog)
         assert redelivered <= REDELIVERED_AT_MOST * backlog
     finally:

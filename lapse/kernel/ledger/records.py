@@ -122,7 +122,7 @@ def _plainly_valid(record: Mapping[str, Any], now: datetime) -> bool:
     of them), both times aware and within the window, the attempt within its cap, no attributes.
     False says nothing: the caller asks `field_problems`, which names what is wrong. Decoding's hot
     path, written for speed: a value that is not a string fails the join."""
-    get = record.get
+    get: Any = record.get  # values of any type: a wrong one fails the join below
     op_key, kind, tenant, subject = get("op_key"), get("kind"), get("tenant"), get("subject_id")
     correlation, source, replay = get("correlation_id"), get("source"), get("replay_id")
     try:
