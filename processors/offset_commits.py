@@ -4,8 +4,10 @@ A commit sent without waiting is refused while the group coordinator moves (a br
 restarted); dropped, its partitions' work would be delivered again to whoever reads them next.
 So each offset stays pending until acknowledged: every commit sends all pending offsets of the
 partitions still owned, merged (the newest per partition), and the worker sends them again
-between batches until they are accepted (`due`). A revoked or lost partition's pending offsets are
-forgotten, never sent. Why it is safe: docs/design/processing.md, "The commit order".
+between batches until they are accepted (`due`); while they are refused or unanswered
+(`stalled`), the worker holds its next batch back, so that a rebalance after a coordinator's death
+delivers again at most the batches done since the last accepted commit. A revoked or lost
+partition's pending offsets are forgotten, never sent. Why it is safe: docs/design/processing.md, "The commit order".
 """
 
 from __future__ import annotations
@@ -17,6 +19,8 @@ from confluent_kafka import KafkaError, TopicPartition
 
 # How long a commit may stay unanswered before the worker sends its offsets again.
 RESEND_AFTER_S = 0.5
+# How long offsets may wait for their acceptance before the worker holds its next batch back.
+STALLED_AFTER_S = 1.0
 
 
 class PendingCommits:
@@ -26,6 +30,8 @@ class PendingCommits:
         self.offsets: dict[tuple[str, int], int] = {}
         self.resend_after_s = resend_after_s
         self.sent_at = float("-inf")
+        self.waiting_since: float | None = None  # when the oldest pending offset was first sent
+        self.refused_since: float | None = None  # a refusal since the last time none was pending
         self.refused = 0  # commits the broker refused, for logs and tests
 
     def merge(self, offsets: Iterable[TopicPartition]) -> None:
@@ -37,23 +43,38 @@ class PendingCommits:
     def to_send(self, owned: set[tuple[str, int]]) -> list[TopicPartition]:
         """Every pending offset of a partition in `owned`, stamped as sent now."""
         self.sent_at = time.monotonic()
+        if self.offsets and self.waiting_since is None:
+            self.waiting_since = self.sent_at
         return [TopicPartition(t, p, o) for (t, p), o in sorted(self.offsets.items()) if (t, p) in owned]
 
     def due(self) -> bool:
         """Whether offsets wait whose last commit has gone unanswered or was refused for a while."""
         return bool(self.offsets) and time.monotonic() - self.sent_at >= self.resend_after_s
 
+    def stalled(self, after_s: float = STALLED_AFTER_S) -> bool:
+        """Whether commits are refused, or have gone unanswered for `after_s`: the worker then holds
+        its next batch back (what it did meanwhile would be delivered again if the group rebalanced)."""
+        return bool(self.offsets) and (self.refused_since is not None or (
+            self.waiting_since is not None and time.monotonic() - self.waiting_since >= after_s))
+
     def answered(self, err: KafkaError | None, partitions: list[TopicPartition]) -> None:
         """The broker's answer to a commit: each partition it accepted drops what it covered."""
         if err is not None:  # all stay pending, sent again once `resend_after_s` has passed
             self.refused += 1
+            self.refused_since = self.refused_since or time.monotonic()
             return
         for tp in partitions:
             key = (tp.topic, tp.partition)
             if tp.error is None and self.offsets.get(key, tp.offset + 1) <= tp.offset:
                 del self.offsets[key]
+        self._settle()
 
     def forget(self, partitions: Iterable[tuple[str, int]]) -> None:
         """Partitions given up: their offsets must never be sent again."""
         for key in partitions:
             self.offsets.pop(key, None)
+        self._settle()
+
+    def _settle(self) -> None:
+        if not self.offsets:
+            self.waiting_since = self.refused_since = None

@@ -194,12 +194,44 @@ class CleanupWorker:
                 if messages:
                     messages, decoded = self._without_open_circuits(messages, decoded)
                 if messages:
+                    messages, decoded = self._hold_while_commits_stall(messages, decoded)
+                if messages:
                     self._hand_over(messages, decoded)
                 elif exit_when_idle is not None and self._idle(last_activity, exit_when_idle):
                     break
         finally:
             self.close()
         return self.stats
+
+    def _hold_while_commits_stall(self, messages: list[Message], decoded: Decoded) -> tuple[list[Message], Decoded]:
+        """While offsets already sent are refused or go unanswered (the group coordinator moving),
+        the next batch waits with consumption paused, its commits sent again: what the worker did
+        meanwhile would be delivered again if the group rebalanced before they are accepted. Returns
+        the batch as it goes on: without partitions given up meanwhile, with records the consumer
+        still handed over while paused."""
+        if not self.pending.stalled():
+            return messages, decoded
+        held = [TopicPartition(t, p) for t, p in sorted(self.owned)]
+        self.consumer.pause(held)
+        log.warning("offset commits refused or unanswered: the next batch waits until they are accepted")
+        more: list[Message] = []
+        try:
+            while self.pending.stalled() and not self.stop.is_set():
+                self._resend_commits()
+                more += self._consume()  # serves the answers and any rebalance meanwhile
+        finally:
+            self.consumer.resume([tp for tp in held if (tp.topic, tp.partition) in self.owned
+                                  and not self.circuit.is_open((tp.topic, tp.partition))])
+        kept = [m for m in [*messages, *more] if partition_of(m) in self.owned]
+        if not more and len(kept) == len(messages):
+            return messages, decoded
+        try:
+            return kept, self._decode(kept)
+        except Exception as exc:
+            if not is_transient(exc):
+                raise
+            self._retry_later(kept, exc)
+            return [], ([], {}, [])
 
     def _rethrow_failure(self, behind: list[Message]) -> bool:
         """If the batch in flight failed: raise its error, or (for an outage) rewind it together

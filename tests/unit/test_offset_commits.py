@@ -48,3 +48,15 @@ def test_nothing_is_due_while_a_commit_is_unanswered():
     pending.merge([TopicPartition(*A, 10)])
     pending.to_send({A})
     assert not pending.due()
+
+
+def test_commits_stall_when_refused_or_unanswered_and_not_once_accepted():
+    pending = PendingCommits()
+    assert not pending.stalled()
+    pending.merge([TopicPartition(*A, 10)])
+    offsets = pending.to_send({A})
+    assert not pending.stalled(after_s=60) and pending.stalled(after_s=0)  # unanswered for long enough
+    pending.answered(KafkaError(KafkaError._WAIT_COORD), offsets)
+    assert pending.stalled(after_s=60)  # refused: at once
+    pending.answered(None, offsets)
+    assert not pending.stalled(after_s=0)
