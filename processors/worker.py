@@ -98,6 +98,9 @@ class CleanupWorker:
         self.outage = Outage("processor", log)
         self.closing = False  # set once close() has made its last commit
         self.failed: Collected[BatchResult] | None = None  # a batch that failed, until the loop rewinds it
+        # Partitions paused while commits stalled that a rebalance took and may have given back
+        # paused: resumed once assigned (`_resume_held`).
+        self.held_back: set[tuple[str, int]] = set()
 
     def _on_commit(self, err: KafkaError | None, partitions: list[TopicPartition]) -> None:
         """The broker's answer to an offset commit sent without waiting (served inside consume): a
@@ -176,6 +179,8 @@ class CleanupWorker:
                 self._close_circuits()
                 self._resend_commits()
                 messages = self._consume()
+                if self.held_back:
+                    self._resume_held()
                 if messages:
                     last_activity = time.monotonic()
                 try:
@@ -211,8 +216,8 @@ class CleanupWorker:
         still handed over while paused."""
         if not self.pending.stalled():
             return messages, decoded
-        held = [TopicPartition(t, p) for t, p in sorted(self.owned)]
-        self.consumer.pause(held)
+        self.held_back = {tp for tp in self.owned if not self.circuit.is_open(tp)}
+        self.consumer.pause([TopicPartition(t, p) for t, p in sorted(self.held_back)])
         log.warning("offset commits refused or unanswered: the next batch waits until they are accepted")
         more: list[Message] = []
         try:
@@ -220,8 +225,7 @@ class CleanupWorker:
                 self._resend_commits()
                 more += self._consume()  # serves the answers and any rebalance meanwhile
         finally:
-            self.consumer.resume([tp for tp in held if (tp.topic, tp.partition) in self.owned
-                                  and not self.circuit.is_open((tp.topic, tp.partition))])
+            self._resume_held()
         kept = [m for m in [*messages, *more] if partition_of(m) in self.owned]
         if not more and len(kept) == len(messages):
             return messages, decoded
@@ -232,6 +236,14 @@ class CleanupWorker:
                 raise
             self._retry_later(kept, exc)
             return [], ([], {}, [])
+
+    def _resume_held(self) -> None:
+        """Resume the partitions a stall paused that this worker owns now (again), but for those
+        whose circuit is open; the rest are resumed once a rebalance gives them back."""
+        ready = {tp for tp in self.held_back if tp in self.owned and not self.circuit.is_open(tp)}
+        if ready:
+            self.consumer.resume([TopicPartition(t, p) for t, p in sorted(ready)])
+        self.held_back -= ready | {tp for tp in self.held_back if self.circuit.is_open(tp)}
 
     def _rethrow_failure(self, behind: list[Message]) -> bool:
         """If the batch in flight failed: raise its error, or (for an outage) rewind it together
