@@ -7,7 +7,10 @@ partitions still owned, merged (the newest per partition), and the worker sends 
 between batches until they are accepted (`due`); while they are refused or unanswered
 (`stalled`), the worker holds its next batch back, so that a rebalance after a coordinator's death
 delivers again at most the batches done since the last accepted commit. A revoked or lost
-partition's pending offsets are forgotten, never sent. Why it is safe: docs/design/processing.md, "The commit order".
+partition's pending offsets are forgotten, never sent while another member owns it; if a lost
+partition is given back, the work done for it before is durable, so its offset is committed then,
+forward only (never below the group's), before anything is read from it again. Why it is safe:
+docs/design/processing.md, "The commit order".
 """
 
 from __future__ import annotations
@@ -33,6 +36,9 @@ class PendingCommits:
         self.waiting_since: float | None = None  # when the oldest pending offset was first sent
         self.refused_since: float | None = None  # a refusal since the last time none was pending
         self.refused = 0  # commits the broker refused, for logs and tests
+        # Next offsets of work done for partitions lost before their commit was accepted: if the
+        # group gives one back, its offset is committed then (`set_aside`, `given_back`).
+        self.aside: dict[tuple[str, int], int] = {}
 
     def merge(self, offsets: Iterable[TopicPartition]) -> None:
         """Add a batch's offsets (the newest per partition wins)."""
@@ -78,3 +84,11 @@ class PendingCommits:
     def _settle(self) -> None:
         if not self.offsets:
             self.waiting_since = self.refused_since = None
+
+    def set_aside(self, done: dict[tuple[str, int], int]) -> None:
+        """Keep the next offsets of work done for partitions lost with their commits unaccepted."""
+        self.aside.update(done)
+
+    def given_back(self, partitions: Iterable[tuple[str, int]]) -> dict[tuple[str, int], int]:
+        """The offsets set aside for `partitions`, now assigned again (and no longer set aside)."""
+        return {tp: self.aside.pop(tp) for tp in partitions if tp in self.aside}

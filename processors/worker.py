@@ -119,8 +119,28 @@ class CleanupWorker:
     def _on_assign(self, consumer, partitions) -> None:
         self._collect()
         self.reached_broker = True
-        self.owned |= {(p.topic, p.partition) for p in partitions}
+        assigned = {(p.topic, p.partition) for p in partitions}
+        self.owned |= assigned
+        self._catch_up(assigned)
         log.info("partitions assigned", extra={"partitions": sorted(p.partition for p in partitions)})
+
+    def _catch_up(self, assigned: set[tuple[str, int]]) -> None:
+        """Partitions given back after this worker lost them with their commits unaccepted (its
+        session expired while the group coordinator moved): the work it did for them is durable, so
+        their offsets are committed now, forward only, and reading resumes after that work."""
+        back = self.pending.given_back(assigned)
+        if not back:
+            return
+        try:
+            found = self.consumer.committed([TopicPartition(t, p) for t, p in sorted(back)], timeout=10)
+        except KafkaException as exc:
+            log.warning("committed offsets unreadable: the work before is delivered again", extra={"error": str(exc)})
+            return
+        group = {(tp.topic, tp.partition): tp.offset for tp in found}
+        ahead = {tp: offset for tp, offset in back.items() if offset > group.get(tp, -1)}
+        if ahead:
+            self.next_offset.update(ahead)
+            self._commit_now(set(ahead))
 
     def _on_revoke(self, consumer, partitions) -> None:
         """Collect the batch in flight (it commits while the partitions are still ours), commit the
@@ -132,9 +152,12 @@ class CleanupWorker:
         self._give_up(revoked)
 
     def _on_lost(self, consumer, partitions) -> None:
-        """Partitions already taken from us (the session expired): nothing may be committed."""
+        """Partitions already taken from us (the session expired): nothing may be committed while
+        they are not ours; their offsets are set aside in case the group gives them back."""
         self._collect()
-        self._give_up({(p.topic, p.partition) for p in partitions})
+        lost = {(p.topic, p.partition) for p in partitions}
+        self.pending.set_aside({tp: offset for tp, offset in self.next_offset.items() if tp in lost})
+        self._give_up(lost)
 
     def _give_up(self, partitions: set[tuple[str, int]]) -> None:
         for tp in partitions:  # a later owner moves on: our offsets must not be committed again

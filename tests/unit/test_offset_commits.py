@@ -60,3 +60,11 @@ def test_commits_stall_when_refused_or_unanswered_and_not_once_accepted():
     assert pending.stalled(after_s=60)  # refused: at once
     pending.answered(None, offsets)
     assert not pending.stalled(after_s=0)
+
+
+def test_offsets_set_aside_for_a_lost_partition_come_back_with_it_once():
+    pending = PendingCommits()
+    pending.set_aside({A: 10, B: 4})
+    assert pending.given_back({A}) == {A: 10}
+    assert pending.given_back({A}) == {}
+    assert pending.given_back({A, B}) == {B: 4}
