@@ -16,6 +16,7 @@ docs/design/processing.md, "The commit order".
 from __future__ import annotations
 
 import time
+from collections import deque
 from collections.abc import Iterable
 
 from confluent_kafka import KafkaError, TopicPartition
@@ -33,8 +34,8 @@ class PendingCommits:
         self.offsets: dict[tuple[str, int], int] = {}
         self.resend_after_s = resend_after_s
         self.sent_at = float("-inf")
-        self.waiting_since: float | None = None  # when the oldest pending offset was first sent
-        self.refused_since: float | None = None  # a refusal since the last time none was pending
+        self.unanswered: deque[float] = deque()  # when each commit still unanswered was sent
+        self.refused_since: float | None = None  # refused ever since (an acceptance ends it)
         self.refused = 0  # commits the broker refused, for logs and tests
         # Next offsets of work done for partitions lost before their commit was accepted: if the
         # group gives one back, its offset is committed then (`set_aside`, `given_back`).
@@ -49,8 +50,8 @@ class PendingCommits:
     def to_send(self, owned: set[tuple[str, int]]) -> list[TopicPartition]:
         """Every pending offset of a partition in `owned`, stamped as sent now."""
         self.sent_at = time.monotonic()
-        if self.offsets and self.waiting_since is None:
-            self.waiting_since = self.sent_at
+        if self.offsets:
+            self.unanswered.append(self.sent_at)
         return [TopicPartition(t, p, o) for (t, p), o in sorted(self.offsets.items()) if (t, p) in owned]
 
     def due(self) -> bool:
@@ -61,14 +62,21 @@ class PendingCommits:
         """Whether commits are refused, or have gone unanswered for `after_s`: the worker then holds
         its next batch back (what it did meanwhile would be delivered again if the group rebalanced)."""
         return bool(self.offsets) and (self.refused_since is not None or (
-            self.waiting_since is not None and time.monotonic() - self.waiting_since >= after_s))
+            bool(self.unanswered) and time.monotonic() - self.unanswered[0] >= after_s))
 
     def answered(self, err: KafkaError | None, partitions: list[TopicPartition]) -> None:
-        """The broker's answer to a commit: each partition it accepted drops what it covered."""
+        """The broker's answer to a commit sent without waiting (the oldest unanswered one)."""
+        if self.unanswered:
+            self.unanswered.popleft()
         if err is not None:  # all stay pending, sent again once `resend_after_s` has passed
             self.refused += 1
             self.refused_since = self.refused_since or time.monotonic()
             return
+        self.refused_since = None
+        self.accepted(partitions)
+
+    def accepted(self, partitions: list[TopicPartition]) -> None:
+        """Offsets the broker accepted: each partition drops what they covered."""
         for tp in partitions:
             key = (tp.topic, tp.partition)
             if tp.error is None and self.offsets.get(key, tp.offset + 1) <= tp.offset:
@@ -83,7 +91,7 @@ class PendingCommits:
 
     def _settle(self) -> None:
         if not self.offsets:
-            self.waiting_since = self.refused_since = None
+            self.refused_since = None
 
     def set_aside(self, done: dict[tuple[str, int], int]) -> None:
         """Keep the next offsets of work done for partitions lost with their commits unaccepted."""

@@ -179,7 +179,7 @@ class CleanupWorker:
             return
         for attempt in range(1, COMMIT_ATTEMPTS + 1):
             try:
-                self.pending.answered(None, self.consumer.commit(offsets=offsets, asynchronous=False) or [])
+                self.pending.accepted(self.consumer.commit(offsets=offsets, asynchronous=False) or [])
                 return
             except KafkaException as exc:
                 err = exc.args[0] if exc.args and isinstance(exc.args[0], KafkaError) else None

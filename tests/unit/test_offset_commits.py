@@ -68,3 +68,14 @@ def test_offsets_set_aside_for_a_lost_partition_come_back_with_it_once():
     assert pending.given_back({A}) == {A: 10}
     assert pending.given_back({A}) == {}
     assert pending.given_back({A, B}) == {B: 4}
+
+
+def test_commits_answered_one_by_one_never_stall_a_steady_stream():
+    """Each batch's commit is answered while newer offsets are pending: no stall."""
+    pending = PendingCommits()
+    for offset in range(10, 100, 10):
+        pending.merge([TopicPartition(*A, offset)])
+        sent = pending.to_send({A})
+        pending.merge([TopicPartition(*A, offset + 5)])  # the next batch's, before the answer
+        pending.answered(None, sent)
+        assert not pending.stalled(after_s=0)
