@@ -26,12 +26,7 @@ from lapse.kernel.models import cleanup_ledger, ledger_transitions, outbox
 from lapse.kernel.schema_names import CLEANUP_OUTCOME
 
 _SETTLE = """
-WITH moved AS (
-    UPDATE {ledger} SET state = 'applied', attempt = attempt + 1, finished_at = %(now)s, updated_at = %(now)s
-    WHERE op_key = ANY(%(op_key)b::text[]) AND state = 'pending' AND due_at <= %(now)s
-      AND claim_owner IS NULL AND claim_until IS NULL AND finished_at IS NULL
-    RETURNING op_key, attempt
-), inserted AS (
+WITH inserted AS (
     INSERT INTO {ledger} (op_key, kind, tenant, subject_id, state, attempt, due_at, correlation_id, source,
                           replay_id, duplicates, created_at, updated_at, finished_at)
     SELECT b.op_key, b.kind, b.tenant, b.subject_id, 'applied', b.attempt + 1, b.due_at, b.correlation_id,
@@ -42,6 +37,13 @@ WITH moved AS (
          AS b(op_key, kind, tenant, subject_id, due_at, correlation_id, source, attempt, replay_id, duplicates)
     WHERE b.due_at <= %(now)s
     ON CONFLICT DO NOTHING
+    RETURNING op_key, attempt
+), moved AS (
+    UPDATE {ledger} SET state = 'applied', attempt = attempt + 1, finished_at = %(now)s, updated_at = %(now)s
+    WHERE op_key = ANY(ARRAY(SELECT k FROM unnest(%(op_key)b::text[]) AS k
+                             EXCEPT SELECT op_key FROM inserted))
+      AND state = 'pending' AND due_at <= %(now)s
+      AND claim_owner IS NULL AND claim_until IS NULL AND finished_at IS NULL
     RETURNING op_key, attempt
 )
 SELECT op_key, attempt, true FROM inserted UNION ALL SELECT op_key, attempt, false FROM moved
