@@ -9,15 +9,17 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from sqlalchemy import create_engine, text
+from sqlalchemy import create_engine, select, text
 
+from lapse.devtools.bench.bound import SetBasedSql, batch_row, write_batch
 from lapse.devtools.bench.databases import seed_held
 from lapse.devtools.bench.end_state import verify_end_state
 from lapse.devtools.bench.events import reservation_event
 from lapse.devtools.bench.lean import LeanSql, apply_many, apply_one, driver_connection
 from lapse.devtools.bench.report import summarize
+from lapse.devtools.demo_tables import reservations
 from lapse.kernel.database import engine_from_settings, qualified_name
-from lapse.kernel.models import cleanup_ledger, outbox
+from lapse.kernel.models import cleanup_ledger, ledger_transitions, outbox
 from lapse.kernel.settings import load_settings
 from lapse.shell.app import main
 from tests.fixtures.db import admin_url
@@ -130,6 +132,34 @@ def test_the_lean_baseline_statements_reach_lapse_end_state(lean_db, path):
     finally:
         raw.close()
     assert verify_end_state(settings, events) == {"verified": True, "reason": None}
+
+
+def test_the_bound_sql_releases_once_and_records_what_it_could_not_release_as_skipped(lean_db):
+    """The database bound's (and the Quix peer's) set-based SQL: a batch with a duplicate of work
+    done before and a reservation paid meanwhile releases the rest once, and records the paid one
+    skipped, with its transition and outcome."""
+    settings, engine, _, events = lean_db
+    sql = SetBasedSql.for_names(qualified_name(engine, cleanup_ledger), qualified_name(engine, ledger_transitions),
+                                qualified_name(engine, outbox), qualified_name(engine, reservations))
+    with engine.begin() as c:
+        c.execute(text("UPDATE reservations SET status = 'paid' WHERE id = 10"))
+    raw, conn = driver_connection(engine)
+    try:
+        with conn.cursor() as cur:
+            cur.execute(sql.create_batch)
+            for batch in (events[:5], events):  # the second batch repeats the first five
+                write_batch(cur, sql, [batch_row(e, "t", 0, i) for i, e in enumerate(batch)], "w",
+                            settings.topology.outcomes)
+                conn.commit()
+    finally:
+        raw.close()
+    with engine.connect() as c:
+        states = dict(c.execute(select(cleanup_ledger.c.op_key, cleanup_ledger.c.state)).all())
+        steps = sorted(c.execute(select(ledger_transitions.c.op_key, ledger_transitions.c.to_state)).all())
+        outcomes = sorted((k, p["status"]) for k, p in c.execute(select(outbox.c.key, outbox.c.payload)))
+    expected = {e.op_key: "applied" for e in events[:9]} | {events[9].op_key: "skipped"}
+    assert states == expected
+    assert steps == sorted(expected.items()) and outcomes == sorted(expected.items())
 
 
 def test_end_state_verification_names_what_is_missing(lean_db):

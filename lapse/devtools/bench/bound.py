@@ -32,6 +32,23 @@ BATCH_COLUMNS = (("op_key", "text"), ("kind", "text"), ("tenant", "text"), ("sub
                  ("event_partition", "int4"), ("event_offset", "int8"))
 BATCH_TABLE = "lapse_bench_batch"
 
+# The transition and the outcome of each row of `{{done}}`, recorded `{{status}}`: two CTEs.
+_RECORD = """
+t AS (
+    INSERT INTO {{transitions}} (op_key, from_state, to_state, attempt, actor, replay_id, correlation_id, at,
+                                 event_topic, event_partition, event_offset)
+    SELECT op_key, 'pending', '{status}', attempt + 1, %(worker)s, replay_id, correlation_id, now(),
+           event_topic, event_partition, event_offset FROM {done}
+), o AS (
+    INSERT INTO {{outbox}} (topic, key, schema, payload, headers, created_at)
+    SELECT %(topic)s, op_key, '{{schema}}',
+           json_build_object('op_key', op_key, 'kind', kind, 'tenant', tenant, 'subject_id', subject_id,
+                             'status', '{status}', 'attempt', attempt + 1, 'failure_class', NULL, 'reason', NULL,
+                             'due_at', due_ms, 'occurred_at', (extract(epoch from now()) * 1000)::int8,
+                             'correlation_id', correlation_id, 'replay_id', replay_id, 'worker', %(worker)s),
+           '{{{{}}}}', now() FROM {done}
+)"""
+
 _CLAIM_AND_APPLY = """
 WITH b AS MATERIALIZED (SELECT * FROM pg_temp.{batch}),
 ins AS (
@@ -45,41 +62,16 @@ ins AS (
     WHERE r.id = ANY(ARRAY(SELECT b.subject FROM b JOIN ins USING (op_key))) AND r.id = b.subject
       AND r.tenant = b.tenant AND r.status = 'held' AND r.expires_at <= now()
     RETURNING b.op_key
-), done AS MATERIALIZED (SELECT b.* FROM b JOIN rel USING (op_key)),
-t AS (
-    INSERT INTO {transitions} (op_key, from_state, to_state, attempt, actor, replay_id, correlation_id, at,
-                               event_topic, event_partition, event_offset)
-    SELECT op_key, 'pending', 'applied', attempt + 1, %(worker)s, replay_id, correlation_id, now(),
-           event_topic, event_partition, event_offset FROM done
-), o AS (
-    INSERT INTO {outbox} (topic, key, schema, payload, headers, created_at)
-    SELECT %(topic)s, op_key, '{schema}',
-           json_build_object('op_key', op_key, 'kind', kind, 'tenant', tenant, 'subject_id', subject_id,
-                             'status', 'applied', 'attempt', attempt + 1, 'failure_class', NULL, 'reason', NULL,
-                             'due_at', due_ms, 'occurred_at', (extract(epoch from now()) * 1000)::int8,
-                             'correlation_id', correlation_id, 'replay_id', replay_id, 'worker', %(worker)s),
-           '{{}}', now() FROM done
-)
+), done AS MATERIALIZED (SELECT b.* FROM b JOIN rel USING (op_key)),""" + _RECORD.format(status="applied", done="done") + """
 SELECT op_key FROM ins WHERE op_key NOT IN (SELECT op_key FROM rel)
 """
 
 _SKIP = """
 WITH s AS (
     UPDATE {ledger} SET state = 'skipped' WHERE op_key = ANY(%(keys)s) AND finished_at = now() RETURNING op_key
-), b AS (SELECT * FROM pg_temp.{batch} WHERE op_key IN (SELECT op_key FROM s)),
-t AS (
-    INSERT INTO {transitions} (op_key, from_state, to_state, attempt, actor, replay_id, correlation_id, at,
-                               event_topic, event_partition, event_offset)
-    SELECT op_key, 'pending', 'skipped', attempt + 1, %(worker)s, replay_id, correlation_id, now(),
-           event_topic, event_partition, event_offset FROM b
-)
-INSERT INTO {outbox} (topic, key, schema, payload, headers, created_at)
-SELECT %(topic)s, op_key, '{schema}',
-       json_build_object('op_key', op_key, 'kind', kind, 'tenant', tenant, 'subject_id', subject_id,
-                         'status', 'skipped', 'attempt', attempt + 1, 'failure_class', NULL, 'reason', NULL,
-                         'due_at', due_ms, 'occurred_at', (extract(epoch from now()) * 1000)::int8,
-                         'correlation_id', correlation_id, 'replay_id', replay_id, 'worker', %(worker)s),
-       '{{}}', now() FROM b
+), b AS (SELECT * FROM pg_temp.{batch} WHERE op_key IN (SELECT op_key FROM s)),""" + _RECORD.format(
+    status="skipped", done="b") + """
+SELECT count(*) FROM b
 """
 
 

@@ -6,17 +6,13 @@ fails with a line saying how to make it, and the run goes on."""
 
 from __future__ import annotations
 
-import json
 import shutil
-import subprocess
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
 from lapse.devtools.bench.bound import BATCH_COLUMNS, SetBasedSql
-from lapse.devtools.bench.ledger_watch import StageFailed, ledger_span, wait_terminal
-from lapse.devtools.brokers import terminate_process
+from lapse.devtools.bench.ledger_watch import StageFailed, run_watched
 from lapse.devtools.demo_tables import reservations
 from lapse.kernel.codec import Codec
 from lapse.kernel.database import engine_from_settings, qualified_name
@@ -45,26 +41,9 @@ def run_quix(settings: Settings, events: int, python: Path = DEFAULT_PYTHON, par
             "schema": Codec.from_settings(settings).store.current[EXPIRY_EVENT].schema_json,
             "sql": sql.as_dict(), "types": [kind for _, kind in BATCH_COLUMNS],
             "commit_every": PARTITION_BATCH * partitions, "state_dir": state_dir}
-    proc = subprocess.Popen([str(python.absolute()), str(PEER)], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, cwd=state_dir)
-    assert proc.stdin is not None
-    with proc.stdin:
-        proc.stdin.write(json.dumps(args).encode())
-    started = time.time()
     try:
-        try:
-            seen_at = wait_terminal(engine, events, alive=lambda: proc.poll() is None, stall_s=90)
-        except StageFailed as exc:
-            proc.kill()
-            err = proc.stderr.read() if proc.stderr is not None else b""
-            tail = err.decode(errors="replace").strip().splitlines()[-3:]
-            raise StageFailed(f"quix peer: {exc}: {' | '.join(tail)}") from None
-        span = ledger_span(engine, events, seen_at)
+        result = run_watched([str(python.absolute()), str(PEER)], args, engine, events, state_dir, "quix peer")
     finally:
-        terminate_process(proc, 15.0)
-        if proc.stderr is not None:
-            proc.stderr.close()
         engine.dispose()
         shutil.rmtree(state_dir, ignore_errors=True)
-    return {"events": events, "seconds": round(span.seconds, 3), "events_per_s": round(span.rate, 1),
-            "startup_s": round(seen_at - started - span.seconds, 3), "batch_size": PARTITION_BATCH}
+    return {**result, "batch_size": PARTITION_BATCH}
