@@ -5,13 +5,14 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cksum pyproject.toml | cut -d' ' -f1)
 JARS := build/kafka/libs/.resolved
 
-.PHONY: help demo check lint docs test scale storm bench soak broker venv postgres kafka-jars quix-peer chromium promtool clean
+.PHONY: help demo check lint docs test test-pythons scale storm bench soak broker venv postgres kafka-jars quix-peer chromium promtool clean
 
 help:
 	@echo "make demo       - the pipeline end to end on the embedded broker and SQLite"
 	@echo "make check      - the fast loop: ruff, mypy, import contracts, then tests/unit (no broker)"
 	@echo "make lint       - ruff, mypy, the import contracts and vulture (dead code) only"
 	@echo "make test       - ruff, mypy, import contracts, then the whole suite on Apache Kafka and PostgreSQL"
+	@echo "make test-pythons - the unit tests on every Python 3.11+ this machine has (pyenv's or python3.X), a .venv-3.X each"
 	@echo "make docs       - the docs site (part of make test): references generated from the models, mkdocs build --strict into build/site"
 	@echo "make scale      - the tests on millions of rows and minutes of load (2,000,000-row prune plans, a short soak, the bench smoke)"
 	@echo "make storm      - the kill storm: random SIGKILLs of workers and relays for 60 s over 20,000 events"
@@ -69,6 +70,11 @@ docs: venv
 
 test: lint docs postgres kafka-jars chromium promtool
 	$(BIN)/pytest -n 2 -m "not bench and not storm and not scale" -q --durations=15
+
+# Each Python 3.11+ found (pyenv's versions, or python3.X on PATH) in a virtual environment of its
+# own, .venv-3.X; one line per Python. TEST_ARGS="tests/unit tests/integration" runs more.
+test-pythons:
+	@scripts/test-pythons.sh
 
 scale: venv postgres kafka-jars quix-peer
 	$(BIN)/pytest -n 2 -m scale -q

@@ -19,8 +19,10 @@ _.inspector
 # alembic: each revision's module variables.
 _.branch_labels
 
-# click: a ParamType's conversion. uvicorn: the flag that stops a server.
+# click: a ParamType's conversion, a group's listing of its commands in --help. uvicorn: the flag
+# that stops a server.
 _.convert
+_.format_commands
 _.should_exit
 
 # signal.signal: a handler's parameters. functools.lru_cache: an argument that is only a cache key.

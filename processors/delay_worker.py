@@ -75,7 +75,7 @@ class DelayWorker:
         self.delivery = DeliveryTracker()
         self.codec = Codec.from_settings(settings)
         self.budget = OriginalBudget.under(message_max_bytes(settings))
-        self.outage = Outage("delay", log)
+        self.outage = Outage("delay", log, settings=settings)
 
     def _on_assign(self, consumer, partitions) -> None:
         self.owned |= {(p.topic, p.partition) for p in partitions}

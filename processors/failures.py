@@ -3,14 +3,15 @@
 An effect reports a failure by raising `EffectFailure` with one of four classes; anything else it
 raises is classified here, and so is a far side's status code (HTTP, or an S3 error's status) and
 its Retry-After. `decide` turns a failure into the next ledger step: a retry at a persisted time
-(full-jitter exponential backoff, or exactly the server's Retry-After), or a dead letter.
+(jittered exponential backoff, or exactly the server's Retry-After), or a dead letter.
 
 A rate-limited failure burns no attempt, so attempts alone would never end an operation that is
 rate-limited for ever. Its end is a deadline instead: the kind's `rate_limited_for_s`, measured
 from the operation's first failed attempt (of its current replay: a replay starts a new run).
 Past it, the next rate-limited failure is a dead letter of class `rate_limited` whose reason says
 how many deferrals since when. So every operation ends within `max_attempts` attempt-burning
-failures plus the deadline.
+failures plus the deadline. A rate-limited failure without a Retry-After backs off on the count of
+rate-limited tries so far (not the attempt, which does not rise), so its waits grow to the cap.
 """
 
 from __future__ import annotations
@@ -44,7 +45,8 @@ class EffectFailure(Exception):
     500 characters with no control characters (a NUL would make PostgreSQL refuse the very row that
     records the failure)."""
 
-    def __init__(self, failure_class: str, reason: str, retry_after: float | datetime | None = None):
+    def __init__(self, failure_class: str, reason: str, retry_after: float | datetime | None = None, *,
+                 slow_down: bool = False, stop_route: bool = False):
         if failure_class not in CLASSES:
             raise ValueError(f"unknown failure class {failure_class!r}")
         if isinstance(retry_after, datetime) and retry_after.tzinfo is None:
@@ -54,6 +56,11 @@ class EffectFailure(Exception):
         self.failure_class = failure_class
         self.reason = reason
         self.retry_after = retry_after
+        # What the answer asks of every call of the route (processors/limiter.py), not only of this
+        # operation: "too many" (a 429, a SlowDown) halves the route's rate; a far side's Retry-After
+        # (a 429's, a 503's) stops the route's calls until then.
+        self.slow_down = slow_down
+        self.stop_route = stop_route and retry_after is not None
 
     def wait_s(self, now: datetime) -> float | None:
         """The Retry-After wait from `now` (the database's), clamped; None: back off as usual."""
@@ -116,12 +123,16 @@ def clamped_wait(seconds: float) -> float:
 
 def for_status(status: int, reason: str, retry_after: float | datetime | None = None) -> EffectFailure | None:
     """The failure a far side's status code means, or None for success (2xx): 429 is rate_limited
-    (with `retry_after`, None meaning "back off as usual"), 408 and 5xx temporary, anything else
-    (a redirect, another 4xx) invalid: retrying the same request cannot help."""
+    and slows the route down (with `retry_after`, None meaning "back off as usual"); a 503 with a
+    Retry-After is rate_limited too (the far side said when to come back: no attempt is burnt);
+    408 and other 5xx are temporary; anything else (a redirect, another 4xx) invalid: retrying the
+    same request cannot help."""
     if 200 <= status < 300:
         return None
     if status == 429:
-        return EffectFailure(RATE_LIMITED, reason, retry_after=retry_after)
+        return EffectFailure(RATE_LIMITED, reason, retry_after=retry_after, slow_down=True, stop_route=True)
+    if status == 503 and retry_after is not None:
+        return EffectFailure(RATE_LIMITED, reason, retry_after=retry_after, stop_route=True)
     if status == 408 or 500 <= status < 600:
         return EffectFailure(TEMPORARY, reason)
     return EffectFailure(INVALID, reason)
@@ -138,9 +149,12 @@ class Decision:
     due_at: datetime | None = None
 
 
-def backoff_seconds(kind: CleanupKind, attempt: int, rng: random.Random) -> float:
-    """Full jitter: uniform in [0, min(cap, base * 2**attempt)]."""
-    return rng.uniform(0, min(kind.retry_cap_s, kind.retry_base_s * 2 ** attempt))
+def backoff_seconds(kind: CleanupKind, tries: int, rng: random.Random) -> float:
+    """Capped exponential backoff with equal jitter: uniform in [d/2, d] where d = min(cap, base *
+    2**tries). The lower half grows with every try, so waits provably grow to the cap; the upper half
+    spreads operations that failed together (tests/unit/test_backoff.py)."""
+    nominal = min(kind.retry_cap_s, kind.retry_base_s * 2.0 ** min(tries, 64))
+    return rng.uniform(nominal / 2, nominal)
 
 
 def to_millis(ts: datetime) -> datetime:
@@ -171,7 +185,7 @@ def decide(kind: CleanupKind, attempt_before: int, failure: EffectFailure, now: 
                 f"rate limited {deferrals.rate_limited + 1} times since {since.isoformat()}, past the "
                 f"kind's {kind.rate_limited_for_s:g} s deadline; last: {reason}", 500))
         asked = failure.wait_s(now)
-        wait = asked if asked is not None else backoff_seconds(kind, attempt_before, rng)
+        wait = asked if asked is not None else backoff_seconds(kind, deferrals.rate_limited, rng)
         return Decision(True, attempt_before, cls, reason, to_millis(now + timedelta(seconds=wait)))
     attempt = attempt_before + 1
     if cls == INVALID:

@@ -53,7 +53,7 @@ def apply_fast_path(scope: BatchScope, unique: Mapping[str, ExpiryEvent], extra:
         changed = apply(scope.conn, [subject for _, subject in ours], scope.now)
         for event, _ in ours:
             row = written[event.op_key]
-            if event.subject_id in changed:
+            if event.subject_key in changed:
                 applied.append((event, row.attempt))
             else:
                 (withdrawn if row.fresh else restored).append(event.op_key)
@@ -74,11 +74,11 @@ def ready(scope: BatchScope, kind: CleanupKind, batch: list[ExpiryEvent], presen
     tenants = kind.has_tenant
     out = []
     for event in batch:
-        row = present.get(event.subject_id)
+        row = present.get(event.subject_key)
         if (row is not None and row.eligible and due_by(row.due_at, scope.now)
                 and (not tenants or row.tenant == event.tenant)):
             try:
-                out.append((event, kind.parse_subject(event.subject_id)))
+                out.append((event, kind.parse_key(event.subject_key)))
             except ValueError:
                 continue  # invalid: the careful path dead-letters it
     return out

@@ -6,6 +6,7 @@ How leases are renewed, and why a takeover records each effect once: docs/design
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor, wait
 
@@ -14,12 +15,13 @@ from lapse.kernel.kinds import CleanupKind
 from lapse.kernel.kinds.effects import EffectCall
 from lapse.kernel.ledger import APPLIED, CLAIMED, ExpiryEvent, lock_claims, renew_leases
 from lapse.kernel.logs import get_logger
-from lapse.kernel.rate_limit import TokenBucket
 from lapse.kernel.settings import Settings
 from lapse.kernel.text import one_line
 from lapse.processors.brakes import Held, PauseWatch
 from lapse.processors.effect_calls import CallerFactory, EffectCaller, callers_from_settings
+from lapse.processors.effects.base import endpoint_of
 from lapse.processors.failures import AMBIGUOUS, TEMPORARY, EffectFailure, classify
+from lapse.processors.limiter import Limiter
 from lapse.processors.retries import FailedAttempt, record_failures
 from lapse.processors.rules import external_effect
 from lapse.processors.scope import BatchResult, BatchScope
@@ -28,29 +30,43 @@ log = get_logger("leased")
 
 
 class EffectRunner:
-    """Runs `EffectCall`s on a thread pool, rate-limited per kind. Each kind's caller is built
-    once, on first use, by `build` (`callers_from_settings` in a worker; tests pass their own)."""
+    """Runs `EffectCall`s on a thread pool, each through its route's limits (`limiter`, shared with
+    every worker; set by `run_leased` on first use). Each kind's caller is built once, on first use,
+    by `build` (`callers_from_settings` in a worker; tests pass their own)."""
 
     def __init__(self, build: CallerFactory, concurrency: int = 8, max_renewals: int = 3) -> None:
         self.build = build
         self.pool = ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="effect")
         self.max_renewals = max_renewals
-        self.buckets: dict[str, TokenBucket] = {}
         self.callers: dict[str, EffectCaller] = {}
         self.watch: PauseWatch | None = None  # the pauses the calls check, set on first use
+        self.limiter: Limiter | None = None  # the limits the calls go through, set on first use
 
     def caller(self, kind: CleanupKind) -> EffectCaller:
         """The kind's caller, built on first use (on the batch's thread, not in the pool)."""
         if kind.name not in self.callers:
             self.callers[kind.name] = self.build(kind)
-            self.buckets[kind.name] = TokenBucket(kind.effect_rate_per_s)
         return self.callers[kind.name]
 
-    def _call(self, kind: CleanupKind, caller: EffectCaller, call: EffectCall) -> None:
-        self.buckets[kind.name].acquire()
-        if self.watch is not None:
-            self.watch.stop_if_paused(call)  # a pause made since the claim: the call does not start
-        caller(call)
+    def _call(self, kind: CleanupKind, caller: EffectCaller, call: EffectCall, deadline: float) -> None:
+        """One call: its route's slots (none came before `deadline`: rate-limited, not made), the
+        pauses (a pause made since the claim: the call does not start), the call."""
+        ticket = None
+        if self.limiter is not None:
+            endpoint = endpoint_of(caller, call)
+            ticket = self.limiter.gate(kind, endpoint, call.tenant).admit(endpoint, deadline)
+        called = False
+        try:
+            if self.watch is not None:
+                self.watch.stop_if_paused(call)
+            called = True
+            caller(call)
+        except BaseException as exc:
+            if ticket is not None:
+                ticket.gate.finish(ticket, exc, called=called)
+            raise
+        if ticket is not None:
+            ticket.gate.finish(ticket, None)
 
     def run(self, jobs: list[tuple[CleanupKind, EffectCall]], lease_s: float,
             renew: Callable[[list[str]], None]) -> dict[str, EffectFailure | Held | None]:
@@ -61,7 +77,10 @@ class EffectRunner:
         out: dict[str, EffectFailure | Held | None] = {}
         futures = {}
         unusable: dict[str, str] = {}  # kind → why its caller could not be built, in this run
-        for kind, call in jobs:
+        # A call must start while one lease period is left for it; a call not started by then is
+        # deferred (rate-limited), never reported ambiguous.
+        deadline = time.monotonic() + lease_s / 3 * self.max_renewals
+        for kind, call in sorted(jobs, key=lambda job: not job[0].high_priority):  # high priority first
             if kind.name not in unusable:
                 try:
                     caller = self.caller(kind)
@@ -72,7 +91,7 @@ class EffectRunner:
             if kind.name in unusable:
                 out[call.op_key] = EffectFailure(TEMPORARY, unusable[kind.name])
                 continue
-            futures[self.pool.submit(self._call, kind, caller, call)] = call.op_key
+            futures[self.pool.submit(self._call, kind, caller, call, deadline)] = call.op_key
         pending = set(futures)
         for renewals in range(self.max_renewals + 1):
             if not pending:
@@ -81,6 +100,10 @@ class EffectRunner:
             if not pending or renewals == self.max_renewals:
                 break
             renew([futures[f] for f in pending])
+            if self.limiter is not None:
+                self.limiter.renew()
+        if self.limiter is not None:
+            self.limiter.release_idle()
         for future, key in futures.items():
             if future in pending:
                 out[key] = EffectFailure(AMBIGUOUS, "effect still running when the lease ran out")
@@ -90,8 +113,11 @@ class EffectRunner:
         return out
 
     def close(self) -> None:
-        """Stop the pool (running calls finish on their own) and close the callers' clients."""
+        """Stop the pool (running calls finish on their own), give the limits' slots back and close
+        the callers' clients."""
         self.pool.shutdown(wait=False, cancel_futures=True)
+        if self.limiter is not None:
+            self.limiter.close()
         for caller in self.callers.values():
             close = getattr(caller, "close", None)
             if close is not None:
@@ -123,7 +149,7 @@ def complete(scope: BatchScope, events: Sequence[ExpiryEvent],
             failed.append(FailedAttempt(event, failure, row.state, row.attempt))
     for kind_name, batch in done.items():
         kind: CleanupKind = scope.kinds[kind_name]
-        external_effect(kind).complete(scope.conn, [kind.parse_subject(e.subject_id) for e in batch], scope.now)
+        external_effect(kind).complete(scope.conn, [kind.parse_key(e.subject_key) for e in batch], scope.now)
         for event in batch:
             result.applied.append(event.op_key)
             scope.writes.finish(event, CLAIMED, APPLIED, held[event.op_key].attempt + 1)
@@ -147,6 +173,8 @@ def run_leased(runner: EffectRunner, scope: BatchScope, claimed: BatchResult,
 
     if runner.watch is None:
         runner.watch = PauseWatch(scope.conn.engine)
+    if runner.limiter is None:
+        runner.limiter = Limiter(scope.conn.engine, scope.worker, scope.lease.total_seconds())
 
     def renew(op_keys: list[str]) -> None:
         with scope.conn.begin():

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections import Counter as Tally
 
-from prometheus_client import Counter, Histogram
+from prometheus_client import Counter, Gauge, Histogram
 
 from lapse.kernel.ledger import ExpiryEvent
 from lapse.processors.scope import BatchResult
@@ -30,6 +30,29 @@ BATCH_SIZE = Histogram("lapse_batch_size", "Records per processed batch.",
                        buckets=(1, 5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000))
 BATCH_SECONDS = Histogram("lapse_batch_seconds", "Wall time of one batch, decode to offset commit.",
                           buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30))
+
+# The calls of external effects, per kind and endpoint (an HTTP host and port, a bucket, a topic).
+EFFECT_CALLS = Counter("lapse_effect_calls", "Calls of external effects made, by outcome (ok; throttled: a 429 or "
+                       "SlowDown; else the failure class).", ["kind", "endpoint", "outcome"])
+CALLS_IN_FLIGHT = Gauge("lapse_effect_calls_in_flight", "Calls of external effects under way.",
+                        ["kind", "endpoint"], multiprocess_mode="livesum")
+SLOT_WAIT = Histogram("lapse_effect_slot_wait_seconds", "Time a call waited for its slots (concurrency, then "
+                      "rate) before it started.", ["kind", "endpoint"],
+                      buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30))
+CALL_SECONDS = Histogram("lapse_effect_call_seconds", "Time in the downstream call.", ["kind", "endpoint"],
+                         buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30))
+
+
+def observe_in_flight(kind: str, endpoint: str, change: int) -> None:
+    """One call more (or less) under way."""
+    CALLS_IN_FLIGHT.labels(kind=kind, endpoint=endpoint).inc(change)
+
+
+def observe_call(kind: str, endpoint: str, outcome: str, waited_s: float, called_s: float) -> None:
+    """Count one call made: its outcome, how long it waited for its slots, how long it took."""
+    EFFECT_CALLS.labels(kind=kind, endpoint=endpoint, outcome=outcome).inc()
+    SLOT_WAIT.labels(kind=kind, endpoint=endpoint).observe(waited_s)
+    CALL_SECONDS.labels(kind=kind, endpoint=endpoint).observe(called_s)
 
 
 def observe_circuit_opened() -> None:

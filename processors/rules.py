@@ -49,8 +49,8 @@ log = get_logger("processor")
 @dataclass(frozen=True)
 class KindRun:
     """One kind's claimed events after step 4: those left to record (not leased) with their
-    parsed subjects, the subject ids the in-database effect changed, the invalid ones, and the
-    business rows that existed before the effect (a subject without one waits for it)."""
+    parsed subjects, the subjects (by `subject_key`) the in-database effect changed, the invalid
+    ones, and the business rows that existed before the effect (a subject without one waits for it)."""
 
     kind: CleanupKind
     to_record: list[tuple[ExpiryEvent, Any]]
@@ -156,8 +156,8 @@ def subjects_present(scope: BatchScope, events: Mapping[str, ExpiryEvent]) -> di
         if event.kind not in scope.kinds:
             continue  # undeclared: held by the brakes
         try:
-            by_kind.setdefault(event.kind, {})[event.subject_id] = scope.kinds[event.kind].parse_subject(
-                event.subject_id)
+            by_kind.setdefault(event.kind, {})[event.subject_key] = scope.kinds[event.kind].parse_key(
+                event.subject_key)
         except ValueError:
             continue
     return {name: scope.kinds[name].subject_rows(scope.conn, list(subjects.values()))
@@ -174,7 +174,7 @@ def set_aside_forged(scope: BatchScope, events: Mapping[str, ExpiryEvent],
     events that go on."""
     mismatched: dict[str, tuple[ExpiryEvent, str, str]] = {}
     for key, event in events.items():
-        business = present.get(event.kind, {}).get(event.subject_id)
+        business = present.get(event.kind, {}).get(event.subject_key)
         if business is None or business.tenant == event.tenant:
             continue  # the common case, decided without a look at the kind
         kind = scope.kinds.get(event.kind)
@@ -225,13 +225,13 @@ def held_back_by_event(scope: BatchScope, events: Mapping[str, ExpiryEvent], bef
         subjects = []
         for event in batch:
             try:
-                subjects.append(kind.parse_subject(event.subject_id))
+                subjects.append(kind.parse_key(event.subject_key))
             except ValueError:
                 continue  # no business row can match: as for a missing one (dead-lettered when claimed)
         rows = kind.subject_rows(scope.conn, subjects)
         recheck = recheck_at(kind, scope.now)
         for e in batch:
-            r, waits_until = rows.get(e.subject_id), before[e.op_key].due_at
+            r, waits_until = rows.get(e.subject_key), before[e.op_key].due_at
             if (waits_until > recheck) if r is None else (not r.eligible or r.due_at < waits_until):
                 early.append(e.op_key)
     return early
@@ -275,17 +275,17 @@ def run_kind(scope: BatchScope, kind: CleanupKind, batch: list[ExpiryEvent],
     invalid: list[Invalid] = []
     for event in batch:
         try:
-            subjects[event.subject_id] = kind.parse_subject(event.subject_id)
+            subjects[event.subject_key] = kind.parse_key(event.subject_key)
         except ValueError as exc:
             invalid.append((event, str(exc)))
-    parsed = [e for e in batch if e.subject_id in subjects]
+    parsed = [e for e in batch if e.subject_key in subjects]
     handled: set[str] = set()
     if kind.apply_in_db is not None:
         changed = kind.apply_in_db(scope.conn, list(subjects.values()), scope.now)
     else:
         handled = lease_external(scope, kind, parsed, subjects, before)
         changed = set()
-    to_record = [(e, subjects[e.subject_id]) for e in parsed if e.op_key not in handled]
+    to_record = [(e, subjects[e.subject_key]) for e in parsed if e.op_key not in handled]
     return KindRun(kind, to_record, changed, invalid, present)
 
 
@@ -297,7 +297,7 @@ def tenant_mismatches(kind: CleanupKind, batch: list[ExpiryEvent], present: Mapp
     if not kind.has_tenant:
         return
     for event in batch:
-        row = present.get(event.subject_id)
+        row = present.get(event.subject_key)
         if row is not None and row.tenant != event.tenant:
             yield event, (f"tenant mismatch: the event says {one_line(event.tenant, TENANT_SHOWN, escape=True)!r}, "
                           f"the business row says {one_line(row.tenant, TENANT_SHOWN, escape=True)!r}")
@@ -318,7 +318,7 @@ def lease_external(scope: BatchScope, kind: CleanupKind, events: list[ExpiryEven
     targets = external_effect(kind).targets(scope.conn, list(subjects.values()), scope.now)
     lost: list[FailedAttempt] = []
     for event in events:
-        if event.subject_id in targets:
+        if event.subject_key in targets:
             row = before[event.op_key]
             taken_over = row.state == CLAIMED
             if taken_over and (not kind.idempotent_effect or row.attempt + 1 >= kind.max_attempts):
@@ -328,11 +328,11 @@ def lease_external(scope: BatchScope, kind: CleanupKind, events: list[ExpiryEven
                 continue
             attempt = row.attempt + taken_over  # the attempts so far, a lost one included
             scope.result.leased.append(event)
-            scope.result.targets[event.op_key] = targets[event.subject_id]
+            scope.result.targets[event.op_key] = targets[event.subject_key]
             scope.result.attempts[event.op_key] = attempt + 1
             scope.writes.event_transition(event, row.state, CLAIMED, attempt)
     record_failures(scope, lost)
-    return {event.op_key for event in events if event.subject_id in targets}
+    return {event.op_key for event in events if event.subject_key in targets}
 
 
 def record_run(scope: BatchScope, run: KindRun, before: Mapping[str, LedgerRow]
@@ -340,18 +340,18 @@ def record_run(scope: BatchScope, run: KindRun, before: Mapping[str, LedgerRow]
     """Step 5 for one kind: applied where the effect changed the subject, else skipped; returns
     the events whose business row turned out to be due later (with that due time), and those
     whose business row does not exist (yet)."""
-    unchanged = [subject for e, subject in run.to_record if e.subject_id not in run.changed]
+    unchanged = [subject for e, subject in run.to_record if e.subject_key not in run.changed]
     moved = run.kind.not_yet_due(scope.conn, unchanged, scope.now) if unchanged else {}
     later: list[tuple[ExpiryEvent, datetime]] = []
     missing: list[ExpiryEvent] = []
     for event, _ in run.to_record:
-        if event.subject_id in moved:
-            later.append((event, moved[event.subject_id]))
+        if event.subject_key in moved:
+            later.append((event, moved[event.subject_key]))
             continue
-        if event.subject_id not in run.changed and event.subject_id not in run.present:
+        if event.subject_key not in run.changed and event.subject_key not in run.present:
             missing.append(event)
             continue
-        status = APPLIED if event.subject_id in run.changed else SKIPPED
+        status = APPLIED if event.subject_key in run.changed else SKIPPED
         (scope.result.applied if status == APPLIED else scope.result.skipped).append(event.op_key)
         row = before[event.op_key]
         scope.writes.finish(event, row.state, status, row.attempt + 1)

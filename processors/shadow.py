@@ -54,14 +54,14 @@ def live_would(scope: BatchScope, kind: CleanupKind, batch: list[ExpiryEvent]
     out: dict[str, tuple[str, dict[str, Any]]] = {}
     for event in batch:
         try:
-            subjects[event.subject_id] = kind.parse_subject(event.subject_id)
+            subjects[event.subject_key] = kind.parse_key(event.subject_key)
         except ValueError as exc:
             out[event.op_key] = (DEAD_LETTER, {"dead_letter": one_line(str(exc), 200, escape=True)})
     rows = kind.full_rows(scope.conn, list(subjects.values()))
     for event in batch:
         if event.op_key in out:
             continue
-        found = rows.get(event.subject_id)
+        found = rows.get(event.subject_key)
         out[event.op_key] = verdict(kind, event, found, scope) if found else (SKIP, {"skip": "no business row"})
     return out
 

@@ -97,12 +97,14 @@ class CleanupWorker:
         self.in_flight: InFlight[BatchResult] = InFlight("lapse-batch")
         self.ctx.on_consumer_thread = self.in_flight.on_consumer_thread
         self.pending = self.ctx.pending_commits = PendingCommits()
-        self.consumer = make_consumer(settings, settings.topology.groups.cleanup, on_commit=self._on_commit)
+        # Small per-partition fetches interleave the partitions in every batch (docs/design/limits.md).
+        self.consumer = make_consumer(settings, settings.topology.groups.cleanup, on_commit=self._on_commit,
+                                      **{"max.partition.fetch.bytes": settings.processor.partition_fetch_bytes})
         self.circuit = DeadLetterCircuit(CircuitPolicy(
             threshold=settings.processor.circuit_threshold, min_events=settings.processor.circuit_min_events,
             window=settings.processor.circuit_window, cooldown_s=settings.processor.circuit_cooldown_s))
         self.next_offset: dict[tuple[str, int], int] = {}
-        self.outage = Outage("processor", log)
+        self.outage = Outage("processor", log, settings=settings)
         self.closing = False  # set once close() has made its last commit
         self.failed: Collected[BatchResult] | None = None  # a batch that failed, until the loop rewinds it
         # Partitions paused while commits stalled that a rebalance took and may have given back

@@ -6,10 +6,11 @@ from lapse.producers.publish import schedule_cleanup
 from lapse.producers.relay import relay_batch, relay_until_empty, run_relay
 from lapse.producers.relay_queries import SLOTS
 from lapse.producers.relay_slots import slot_holders
-from lapse.producers.sweep import SweepReport, sweep_once
+from lapse.producers.sweep import EmitWindow, SweepReport, sweep_once
 
 __all__ = [
     "SLOTS",
+    "EmitWindow",
     "SweepReport",
     "emit_events",
     "relay_batch",

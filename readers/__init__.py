@@ -3,6 +3,7 @@ operation's history (`lapse show`), committed offsets and their resets, and the 
 This module is the room's face."""
 
 from lapse.readers.analytics import AnalyticsOptions, run_analytics
+from lapse.readers.archived_history import archived_operation
 from lapse.readers.audit import BROKEN, EVENT_FIELDS, INCOMPLETE, AuditReport, run_audit
 from lapse.readers.console_queries import (
     GROUPED_CAP,
@@ -12,11 +13,20 @@ from lapse.readers.console_queries import (
     ledger_states,
     operation_of_subject,
     operator_action,
-    tenant_operations,
     throughput,
     transition_buckets,
 )
-from lapse.readers.history import correlated_op_keys, has_operation, iso, operation_history
+from lapse.readers.coverage import gap_line
+from lapse.readers.history import (
+    correlated_op_keys,
+    has_operation,
+    iso,
+    known_kind,
+    known_tenant,
+    lapse_op_keys,
+    operation_history,
+    tenant_operations,
+)
 from lapse.readers.offsets import (
     OffsetsError,
     Span,
@@ -29,7 +39,6 @@ from lapse.readers.offsets import (
     read_spans,
     read_to_end,
 )
-from lapse.readers.partition_ends import EndNotReached
 from lapse.readers.status import brakes_status, lag_status, status_report
 
 __all__ = [
@@ -39,9 +48,9 @@ __all__ = [
     "INCOMPLETE",
     "AnalyticsOptions",
     "AuditReport",
-    "EndNotReached",
     "OffsetsError",
     "Span",
+    "archived_operation",
     "brakes_status",
     "committed",
     "correlated_op_keys",
@@ -49,10 +58,14 @@ __all__ = [
     "dead_letter_groups",
     "execute_reset",
     "filtered_dead_letters",
+    "gap_line",
     "group_lag",
     "has_operation",
     "iso",
+    "known_kind",
+    "known_tenant",
     "lag_status",
+    "lapse_op_keys",
     "ledger_states",
     "manual_consumer",
     "operation_history",

@@ -1,12 +1,17 @@
-"""The audit: replay the retained history (expiry events, outcomes, dead letters) and check it.
+"""The audit: replay the history (expiry events, outcomes, dead letters) and check it.
 
 The topics are read by manual assignment, with no group and no commits, each partition to its end:
 partition EOF at or past the high watermark captured at the start (`partition_ends`), so the audit
 is exact on Apache Kafka and on the embedded broker, whose ListOffsets answer can be short of the
-end (PITFALLS.md). A partition that cannot be read to its end in time makes the audit refuse
-(`EndNotReached`, naming it and how far it got); a partition whose offsets did not all yield a
-record makes it incomplete — never "invariants hold". Records are joined by op key into small
-per-key tuples (payloads are not kept), and a window with no records is "nothing to audit".
+end (PITFALLS.md). With an archive, the offsets a topic no longer holds are read from the archive's
+files first, so archive and topic are one history. Whatever part of the window could not be read —
+offsets retention deleted before they were archived, an archive file missing or altered, a
+partition that stalled before its end — is a gap (`coverage`), named per partition with its first
+offset and time, and makes the audit incomplete unless gaps are allowed; a partition whose offsets
+did not all yield a record makes it incomplete too — never "invariants hold" over what was not
+read. Records are joined by op key into small per-key tuples (payloads are not kept), and a window
+with no records is "nothing to audit". Whether an event waited past the grace is judged against
+the database's now, which the caller's clock gives once the history was read.
 """
 
 from __future__ import annotations
@@ -14,17 +19,30 @@ from __future__ import annotations
 import sys
 import time
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import Any, TextIO
 
-from confluent_kafka import Consumer, Message
+from confluent_kafka import Consumer
 
+from lapse.archive import ArchiveReader, FileDamaged, ManifestEntry
+from lapse.kernel.clock import Clock
 from lapse.kernel.codec import Codec, DecodeError
 from lapse.kernel.ledger import APPLIED, SETTLED, TERMINAL, millis
 from lapse.kernel.schema_names import CLEANUP_OUTCOME, DEAD_LETTER_RECORD, EXPIRY_EVENT
 from lapse.kernel.settings import Settings
-from lapse.readers.offsets import Span, manual_consumer, offsets_at, partitions_of, watermarks
+from lapse.readers.coverage import (
+    NOT_RETAINED,
+    NOT_RETAINED_NO_ARCHIVE,
+    STALLED,
+    Gap,
+    Piece,
+    Window,
+    gap_line,
+    holes,
+)
+from lapse.readers.offsets import Span, manual_consumer, starts
 from lapse.readers.partition_ends import EndTracker, read_to_ends
 
 SAMPLE = 20  # op keys listed per finding; counts are always complete
@@ -36,7 +54,7 @@ NOTHING = "nothing to audit"
 EVENT_FIELDS = ("op_key", "replay_id")
 OUTCOME_FIELDS = ("outcome_id", "op_key", "status", "occurred_at", "replay_id")
 DEAD_LETTER_FIELDS = ("op_key", "dead_lettered_at")
-STALL_S = 30.0  # a partition with no record and no end for this long is not read to its end
+STALL_S = 30.0  # a partition with no record and no end for this long is given up: a gap
 
 
 @dataclass
@@ -45,7 +63,10 @@ class AuditReport:
 
     since: str | None = None
     until: str | None = None
+    at: str | None = None                                        # the database's now the grace was judged at
+    archive: str | None = None                                   # the archive read with the topics
     records: dict[str, int] = field(default_factory=dict)
+    archived: dict[str, int] = field(default_factory=dict)       # of them, read from the archive
     undecodable: dict[str, int] = field(default_factory=dict)
     gaps: list[dict[str, Any]] = field(default_factory=list)
     events_seen: int = 0
@@ -66,6 +87,7 @@ class AuditReport:
     in_range: dict[str, int] = field(default_factory=dict)      # offsets from each start to the end reached
     scanned: dict[str, int] = field(default_factory=dict)       # records read from them (before --since/--until)
     unread: list[dict[str, Any]] = field(default_factory=list)  # partitions whose offsets did not all yield a record
+    gaps_allowed: bool = False                                   # --allow-gaps: gaps are named, not failed on
     incomplete: list[str] = field(default_factory=list)
     verdict: str = NOTHING
 
@@ -81,7 +103,7 @@ class Progress:
         self.stream = stream or sys.stderr
         self.enabled = self.stream.isatty()
 
-    def __call__(self, _msg: Message | None = None) -> None:
+    def __call__(self, _msg: object = None) -> None:
         self.done += 1
         if self.enabled and (time.monotonic() - self.last > 0.2 or self.done >= self.total):
             self.last = time.monotonic()
@@ -148,79 +170,134 @@ class _History:
         self.dead_ms[key] = max(at, self.dead_ms.get(key, at))
 
 
-def _plan_spans(consumer: Consumer, topic: str, since: datetime | None, report: AuditReport) -> list[Span]:
-    parts = partitions_of(consumer, topic)
-    marks = watermarks(consumer, topic, parts)
-    hints = offsets_at(consumer, topic, parts, since) if since else {}
-    spans = []
-    for p in parts:
-        low, high = marks[p]
-        if since is None:
-            start = low
-            if low > 0:
-                report.gaps.append({"topic": topic, "partition": p, "first_retained": low,
-                                    "note": "retention deleted offsets before this one"})
-        else:
-            hint = hints[p]
-            start = high if hint < 0 else max(hint, low)
-        spans.append(Span(topic, p, start, high))
-    return spans
+@dataclass
+class _Partition:
+    """How one partition is read: the topic from `start` (its retained offsets are [low, high)),
+    and before it the archive's entries holding offsets below `low`."""
+
+    topic: str
+    partition: int
+    low: int
+    high: int
+    start: int
+    archived: list[ManifestEntry]
 
 
-def run_audit(settings: Settings, *, since: datetime | None = None, until: datetime | None = None,
-              grace: timedelta = timedelta(minutes=5), now: datetime | None = None,
-              progress: bool = True, stall_s: float = STALL_S) -> AuditReport:
-    """Read the three topics to their ends and build the report. `since` None means from the
-    beginning. Raises EndNotReached when a partition makes no progress for `stall_s` seconds
-    before its end."""
-    now = now or datetime.now(UTC)
-    report = AuditReport(since=since.isoformat() if since else None,
-                         until=until.isoformat() if until else None)
+def _plan(consumer: Consumer, topic: str, since: datetime | None, archive: ArchiveReader | None) -> list[_Partition]:
+    return [_Partition(topic, s.partition, s.low, s.high, s.start,
+                       archive.topic_entries(topic, s.partition, below=s.low) if archive else [])
+            for s in starts(consumer, topic, since)]
+
+
+def _from_archive(archive: ArchiveReader, plan: list[_Partition], window: Window,
+                  gaps: list[Gap]) -> Iterator[tuple[str, int, bytes]]:
+    """(topic, timestamp, value) of every archived record below each partition's retained offsets
+    that the window may hold; a damaged file is a gap (its records are never given)."""
+    for part in plan:
+        position = 0
+        for entry in part.archived:
+            end = min(entry.end, part.low)
+            if not window.may_hold(entry) or end <= position:
+                continue
+            try:
+                for record in archive.records(part.topic, entry):
+                    if position <= record.offset < end:  # overlapping files are read once
+                        position = record.offset + 1
+                        yield part.topic, record.timestamp_ms, record.value or b""
+            except FileDamaged as exc:
+                gaps.append(Gap(part.topic, part.partition, entry.first, end, str(exc), first_ms=entry.first_ms))
+            position = max(position, end)
+
+
+def _gaps(plan: list[_Partition], tracker: EndTracker, window: Window, archive: ArchiveReader | None,
+          stall_s: float) -> list[Gap]:
+    """The holes before and between each partition's pieces, and its stall, if it stalled."""
+    found = []
+    for part in plan:
+        read = tracker.parts[(part.topic, part.partition)]
+        pieces = [Piece(e.first, min(e.end, part.low), e.first_ms, e.last_ms) for e in part.archived]
+        # Read from past the retained head, Kafka answered that the head is older than `since`.
+        head_ms = read.first_ms if part.start == part.low else (window.since_ms or 0) - 1
+        pieces.append(Piece(part.low, read.end or read.position, head_ms, read.last_ms))
+        found += holes(part.topic, part.partition, pieces, window, NOT_RETAINED if archive else NOT_RETAINED_NO_ARCHIVE)
+        if read.stalled:
+            found.append(Gap(part.topic, part.partition, read.position, max(read.captured, read.position + 1),
+                             f"{STALLED} ({stall_s:g}s)", after_ms=read.last_ms))
+    return found
+
+
+def run_audit(settings: Settings, *, clock: Clock, since: datetime | None = None, until: datetime | None = None,
+              grace: timedelta = timedelta(minutes=5), progress: bool = True, stall_s: float = STALL_S,
+              archive: ArchiveReader | None = None, allow_gaps: bool = False) -> AuditReport:
+    """Read the three topics to their ends (with `archive`, its files first, for what the topics no
+    longer hold) and build the report. `since` None means from the beginning; `clock` gives the
+    database's now once everything was read, against which the grace is judged. A partition that
+    makes no progress for `stall_s` seconds before its end is a gap."""
+    report = AuditReport(since=since.isoformat() if since else None, until=until.isoformat() if until else None,
+                         archive=archive.url if archive else None, gaps_allowed=allow_gaps)
     codec = Codec.from_settings(settings)
     expected = {settings.topology.expiry: EXPIRY_EVENT, settings.topology.outcomes: CLEANUP_OUTCOME,
                 settings.topology.dlq: DEAD_LETTER_RECORD}
     fields = {settings.topology.expiry: EVENT_FIELDS, settings.topology.outcomes: OUTCOME_FIELDS,
               settings.topology.dlq: DEAD_LETTER_FIELDS}
     history = _History()
-    since_ms = millis(since) if since else None
-    until_ms = millis(until) if until else None
+    window = Window(millis(since) if since else None, millis(until) if until else None)
+    records: Counter[str] = Counter()
+    undecodable: Counter[str] = Counter()
+
+    def take(topic: str, ts_ms: int, value: bytes) -> bool:
+        if not window.holds(ts_ms):
+            return False
+        records[topic] += 1
+        try:
+            record = codec.decode_fields(expected[topic], value, fields[topic])
+        except DecodeError:
+            undecodable[topic] += 1
+            return True
+        if topic == settings.topology.expiry:
+            history.event(record, ts_ms)
+        elif topic == settings.topology.outcomes:
+            history.outcome(record)
+        else:
+            history.dead_letter(record)
+        return True
+
     consumer = manual_consumer(settings)
     scanned: Counter[str] = Counter()
+    archived: Counter[str] = Counter()
+    gaps: list[Gap] = []
     try:
-        spans = [s for topic in expected for s in _plan_spans(consumer, topic, since, report)]
+        plan = [part for topic in expected for part in _plan(consumer, topic, since, archive)]
+        spans = [Span(part.topic, part.partition, part.start, part.high) for part in plan]
         tracker = EndTracker(spans, time.monotonic())
-        bar = Progress(sum(s.size for s in spans)) if progress else None
-        records: Counter[str] = Counter()
-        undecodable: Counter[str] = Counter()
+        bar = Progress(sum(s.size for s in spans) + sum(e.records for part in plan for e in part.archived)
+                       ) if progress else None
+        if archive is not None:
+            for topic, ts_ms, value in _from_archive(archive, plan, window, gaps):
+                if bar:
+                    bar()
+                archived[topic] += take(topic, ts_ms, value)
         for msg in read_to_ends(consumer, spans, tracker, stall_s=stall_s, on_message=bar):
-            topic, ts_ms = msg.topic(), msg.timestamp()[1]
-            if topic is None:  # read_to_ends yields records only
+            read_from = msg.topic()
+            if read_from is None:  # read_to_ends yields records only
                 continue
-            scanned[topic] += 1
-            if (since_ms is not None and ts_ms < since_ms) or (until_ms is not None and ts_ms >= until_ms):
-                continue
-            records[topic] += 1
-            try:
-                record = codec.decode_fields(expected[topic], msg.value() or b"", fields[topic])
-            except DecodeError:
-                undecodable[topic] += 1
-                continue
-            if topic == settings.topology.expiry:
-                history.event(record, ts_ms)
-            elif topic == settings.topology.outcomes:
-                history.outcome(record)
-            else:
-                history.dead_letter(record)
+            scanned[read_from] += 1
+            take(read_from, msg.timestamp()[1], msg.value() or b"")
         if bar:
             bar.close()
     finally:
         consumer.close()
+    gaps += _gaps(plan, tracker, window, archive, stall_s)
+    now = clock()
+    report.at = now.isoformat()
     report.records = {t: records[t] for t in expected}
+    report.archived = {t: archived[t] for t in expected}
     report.undecodable = {t: undecodable[t] for t in expected}
     report.in_range = {t: sum((p.end or p.position) - p.start for p in tracker.parts.values() if p.topic == t)
                        for t in expected}
     report.scanned = {t: scanned[t] for t in expected}
     report.unread = tracker.short()
+    report.gaps = [g.to_dict() for g in sorted(gaps, key=lambda g: (g.topic, g.partition, g.first_offset))]
     _summarise(history, report, cutoff_ms=millis(min(until or now, now) - grace))
     judge(report)
     return report
@@ -228,8 +305,15 @@ def run_audit(settings: Settings, *, since: datetime | None = None, until: datet
 
 def judge(report: AuditReport) -> None:
     """Set `incomplete` and the verdict: broken invariants first; then whatever was not read (an
-    audit that did not see everything cannot say the invariants hold); then an empty window."""
+    audit that did not see everything cannot say the invariants hold; gaps only unless allowed);
+    then an empty window."""
     held = sum(report.in_range.values())
+    if report.gaps and not report.gaps_allowed:
+        missing = sum(g["records"] for g in report.gaps)
+        parts = len({(g["topic"], g["partition"]) for g in report.gaps})
+        report.incomplete.append(f"{missing} offsets in the window could not be read, in {parts} "
+                                 f"partition{'' if parts == 1 else 's'} (--allow-gaps accepts that)")
+        report.incomplete += [gap_line(g) for g in report.gaps[:SAMPLE]]
     if report.unread:
         missing = sum(u["missing"] for u in report.unread)
         if not sum(report.scanned.values()):

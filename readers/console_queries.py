@@ -7,9 +7,8 @@ and the ledger rows of a replay's op keys. Read-only; each statement walks an in
   and total walk the same index, at most GROUPED_CAP rows;
 - throughput: transitions by the state reached, ix_lapse_transitions_at over the window, and the
   same counted per time bucket for the charts;
-- an operation by business id: ix_lapse_ledger_kind_subject (unique); a tenant's operations walk
-  that index within a kind (else the primary key), at most TENANT_SCAN rows a page, and keep those
-  of the tenant (there is no tenant index: a write on the hot path would pay for it);
+- an operation by business id: ix_lapse_ledger_kind_subject (unique) (a tenant's operations are
+  `lapse show --tenant`'s, `history.tenant_operations`, along ix_lapse_ledger_tenant);
 - daily reports: the primary key (report_key sorts by date), newest first;
 - an operator action, op keys' rows: the primary key.
 """
@@ -19,7 +18,7 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import ColumnElement, Connection, Integer, cast, func, literal, or_, select, tuple_
+from sqlalchemy import ColumnElement, Connection, Integer, cast, func, literal, select, tuple_
 
 from lapse.kernel.ledger import DEAD_LETTER
 from lapse.kernel.models import cleanup_ledger as L
@@ -31,8 +30,6 @@ from lapse.kernel.models import operator_actions as A
 THROUGHPUT_WINDOWS = (timedelta(minutes=5), timedelta(minutes=60))
 # Dead letters a group count or total reads at most (the figures say when they stopped there).
 GROUPED_CAP = 50_000
-# Ledger rows one page of a tenant's operations walks at most.
-TENANT_SCAN = 20_000
 # The columns a dead letter is listed with (those of `lapse dlq list`, plus its correlation id).
 DEAD_LETTER_COLUMNS = (L.c.op_key, L.c.kind, L.c.tenant, L.c.subject_id, L.c.attempt, L.c.last_failure_class,
                        L.c.last_failure, L.c.replay_id, L.c.correlation_id, L.c.finished_at)
@@ -94,39 +91,6 @@ def operation_of_subject(conn: Connection, kind: str, subject_id: str) -> str | 
     """The op key of the ledger row of business row (`kind`, `subject_id`), None: none."""
     stmt = select(L.c.op_key).where(L.c.kind == kind, L.c.subject_id == subject_id)
     return conn.execute(stmt).scalar_one_or_none()
-
-
-TENANT_COLUMNS = (L.c.op_key, L.c.kind, L.c.subject_id, L.c.state, L.c.attempt, L.c.due_at, L.c.updated_at,
-                  L.c.last_failure_class)
-
-
-def tenant_operations(conn: Connection, tenant: str, *, kind: str | None = None, after: str | None = None,
-                      limit: int = 50, scan: int = TENANT_SCAN) -> dict[str, Any]:
-    """One page of `tenant`'s operations (of `kind` where given) in index order (subject id within
-    a kind, else op key) after the key `after`: at most `limit`, found among at most `scan` rows
-    walked along the index. `next` is the key the following page starts after (None: the end)."""
-    order = L.c.subject_id if kind else L.c.op_key
-    walked = select(*TENANT_COLUMNS, L.c.tenant, order.label("page_key"))
-    if kind:
-        walked = walked.where(L.c.kind == kind)
-    if after is not None:
-        walked = walked.where(order > after)
-    walk = walked.order_by(order).limit(scan).subquery()
-    counted = select(walk, func.count().over().label("walked"), func.max(walk.c.page_key).over().label("last")
-                     ).subquery()
-    stmt = (select(counted).where(or_(counted.c.tenant == tenant, counted.c.page_key == counted.c.last))
-            .order_by(counted.c.page_key).limit(limit + 1))
-    rows = [dict(row) for row in conn.execute(stmt).mappings()]
-    found = [r for r in rows if r["tenant"] == tenant]
-    if len(found) > limit:
-        found, more_after = found[:limit], found[limit - 1]["page_key"]
-    elif rows and rows[-1]["walked"] >= scan:
-        more_after = rows[-1]["last"]
-    else:
-        more_after = None
-    columns = [c.name for c in TENANT_COLUMNS]
-    return {"operations": [{c: r[c] for c in columns} for r in found], "next": more_after,
-            "walked": rows[-1]["walked"] if rows else 0}
 
 
 def throughput(conn: Connection, now: datetime) -> list[dict[str, Any]]:
@@ -191,5 +155,5 @@ def ledger_states(conn: Connection, op_keys: list[str]) -> dict[str, dict[str, A
 
 
 __all__ = ["GROUPED_CAP", "THROUGHPUT_WINDOWS", "daily_reports", "dead_letter_groups", "filtered_dead_letters",
-           "ledger_states", "operation_of_subject", "operator_action", "tenant_operations", "throughput",
+           "ledger_states", "operation_of_subject", "operator_action", "throughput",
            "transition_buckets"]

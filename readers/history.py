@@ -1,7 +1,8 @@
 """One operation's whole history for `lapse show`: its ledger row, every transition (failed
 attempts with their class and reason, replays with their id), the outbox records written for it
-with when each was sent, and, for a dead letter, its failure history. The SQL is in
-`history_queries`; times here are UTC ISO 8601 strings.
+with when each was sent, and, for a dead letter, its failure history; and the operations of a
+subject that lapsed more than once (a kind with a generation). The SQL is in `history_queries`;
+times here are UTC ISO 8601 strings.
 """
 
 from __future__ import annotations
@@ -12,16 +13,20 @@ from typing import Any
 
 from sqlalchemy import Connection
 
-from lapse.kernel.ledger import DEAD_LETTER
+from lapse.kernel.ledger import DEAD_LETTER, op_key_parts, parse_op_key
 from lapse.kernel.schema_names import DEAD_LETTER_RECORD
 from lapse.kernel.topology import Topology
 from lapse.readers.history_queries import (
     LedgerRecord,
     OutboxRecord,
     TransitionRecord,
+    known_kind,
+    known_tenant,
+    lapses_statement,
     ledger_record,
     op_keys_of_correlation,
     outbox_of,
+    tenant_page,
     transitions_of,
 )
 
@@ -99,6 +104,16 @@ def has_operation(conn: Connection, op_key: str) -> bool:
     return ledger_record(conn, op_key) is not None
 
 
+def lapse_op_keys(conn: Connection, op_key: str, limit: int) -> list[str]:
+    """For an op key without a generation (`<kind>:<subject_id>`), the op keys of every lapse of that
+    subject, oldest first, at most `limit` (the key itself among them when it has a row); empty for
+    an op key that names a generation (it is one lapse)."""
+    kind, subject_id, generation = op_key_parts(op_key)
+    if generation is not None:
+        return []
+    return list(conn.execute(lapses_statement(kind, subject_id, limit)).scalars())
+
+
 def correlated_op_keys(conn: Connection, correlation_id: str, since: datetime, until: datetime,
                        limit: int) -> list[str]:
     """Op keys of the operations created with `correlation_id`, oldest first; when there are none,
@@ -106,4 +121,18 @@ def correlated_op_keys(conn: Connection, correlation_id: str, since: datetime, u
     return op_keys_of_correlation(conn, correlation_id, since, until, limit)
 
 
-__all__ = ["correlated_op_keys", "has_operation", "iso", "operation_history", "topic_role"]
+def tenant_operations(conn: Connection, tenant: str, kind: str | None, after: str | None,
+                      limit: int) -> dict[str, Any]:
+    """A page of `tenant`'s operations (of `kind`, when given) after the op key `after`, in (kind,
+    op key) order: `operations` (op key, kind, state, attempt, due, updated, last failure class) and
+    `next`, the op key to give as `after` for the next page (None: this was the last)."""
+    start = (parse_op_key(after)[0], after) if after is not None else None
+    lines = tenant_page(conn, tenant, kind, start, limit + 1)
+    shown = [{**asdict(line), "due_at": iso(line.due_at), "updated_at": iso(line.updated_at)}
+             for line in lines[:limit]]
+    return {"tenant": tenant, "kind": kind, "operations": shown,
+            "next": shown[-1]["op_key"] if len(lines) > limit else None}
+
+
+__all__ = ["correlated_op_keys", "has_operation", "iso", "known_kind", "known_tenant", "lapse_op_keys",
+           "operation_history", "tenant_operations", "topic_role"]

@@ -10,9 +10,14 @@ each statement walks an index (the module's notes say which, and what a walk cos
 - outbox records (`key` is the op key, not indexed): unsent ones through ix_lapse_outbox_unsent
   (the relay's backlog), sent ones through ix_lapse_outbox_sent from the row's creation on (every
   record sent since then, up to the purge horizon);
+- op keys of a subject's lapses (a kind with a generation): ix_lapse_ledger_kind_subject;
 - op keys of a correlation id: the operations created with it through ix_lapse_ledger_correlation;
   only when there is none, the transitions of a time window through ix_lapse_transitions_at (an id
-  that arrived later, with a redelivery or a replay: that walk reads every transition of the window).
+  that arrived later, with a redelivery or a replay: that walk reads every transition of the window);
+- a tenant's operations, a page at a time in (kind, op key) order: ix_lapse_ledger_tenant
+  (tenant, kind, op_key), one range walk of at most a page;
+- whether a kind or a tenant is known: one probe of ix_lapse_ledger_kind_subject or
+  ix_lapse_ledger_tenant.
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ from dataclasses import dataclass, fields
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import Connection, Select, func, select, union_all
+from sqlalchemy import Connection, Select, exists, func, select, tuple_, union_all
 
 from lapse.kernel.models import cleanup_ledger as L
 from lapse.kernel.models import ledger_transitions as T
@@ -136,6 +141,13 @@ def outbox_of(conn: Connection, row: LedgerRecord) -> list[OutboxRecord]:
     return [OutboxRecord(*r) for r in conn.execute(outbox_statement(row))]
 
 
+def lapses_statement(kind: str, subject_id: str, limit: int) -> Select[Any]:
+    """Op keys of every operation of one subject of `kind`, oldest first, at most `limit`: one per
+    lapse for a kind with a generation (ix_lapse_ledger_kind_subject)."""
+    return (select(L.c.op_key).where(L.c.kind == kind, L.c.subject_id == subject_id)
+            .order_by(L.c.created_at, L.c.op_key).limit(limit))
+
+
 def correlation_statement(correlation_id: str, since: datetime, until: datetime, limit: int) -> Select[Any]:
     """Op keys with a transition carrying `correlation_id` recorded in [since, until), first seen
     first, at most `limit` (ix_lapse_transitions_at: reads every transition of the window)."""
@@ -157,3 +169,46 @@ def op_keys_of_correlation(conn: Connection, correlation_id: str, since: datetim
     with a transition carrying it in that window."""
     created = list(conn.execute(created_with_statement(correlation_id, since, until, limit)).scalars())
     return created or list(conn.execute(correlation_statement(correlation_id, since, until, limit)).scalars())
+
+
+@dataclass(frozen=True, slots=True)
+class OperationLine:
+    """One operation of a tenant's list: where it stands."""
+
+    op_key: str
+    kind: str
+    subject_id: str
+    state: str
+    attempt: int
+    due_at: datetime
+    updated_at: datetime
+    last_failure_class: str | None
+
+
+OPERATION_LINE_COLUMNS = tuple(L.c[f.name] for f in fields(OperationLine))
+
+
+def tenant_page_statement(tenant: str, kind: str | None, after: tuple[str, str] | None, limit: int) -> Select[Any]:
+    """A page of `tenant`'s operations (of `kind` only, when given) after the (kind, op key)
+    `after`, in (kind, op key) order: one range of ix_lapse_ledger_tenant."""
+    stmt = select(*OPERATION_LINE_COLUMNS).where(L.c.tenant == tenant)
+    if kind is not None:
+        stmt = stmt.where(L.c.kind == kind)
+    if after is not None:
+        stmt = stmt.where(tuple_(L.c.kind, L.c.op_key) > tuple_(*after))
+    return stmt.order_by(L.c.kind, L.c.op_key).limit(limit)
+
+
+def tenant_page(conn: Connection, tenant: str, kind: str | None, after: tuple[str, str] | None,
+                limit: int) -> list[OperationLine]:
+    return [OperationLine(*row) for row in conn.execute(tenant_page_statement(tenant, kind, after, limit))]
+
+
+def known_kind(conn: Connection, kind: str) -> bool:
+    """Whether any operation of `kind` is in the ledger."""
+    return bool(conn.execute(select(exists().where(L.c.kind == kind))).scalar())
+
+
+def known_tenant(conn: Connection, tenant: str) -> bool:
+    """Whether any operation of `tenant` is in the ledger."""
+    return bool(conn.execute(select(exists().where(L.c.tenant == tenant))).scalar())

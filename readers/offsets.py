@@ -69,6 +69,31 @@ def offsets_at(consumer: Consumer, topic: str, partitions: list[int], ts: dateti
 
 
 @dataclass(frozen=True)
+class Start:
+    """Where to read one partition from: its retained offsets [low, high) and `start`, the first
+    offset at or after the time asked (low when none was asked, high when no record is that late)."""
+
+    partition: int
+    low: int
+    high: int
+    start: int
+
+
+def starts(consumer: Consumer, topic: str, since: datetime | None) -> list[Start]:
+    """Each partition's Start. Kafka's answer for `since` is a starting hint only (the embedded
+    broker answers 0 for every time): a reader still filters records by their timestamp."""
+    parts = partitions_of(consumer, topic)
+    marks = watermarks(consumer, topic, parts)
+    hints = offsets_at(consumer, topic, parts, since) if since else {}
+    found = []
+    for p in parts:
+        low, high = marks[p]
+        start = low if since is None else (high if hints[p] < 0 else max(hints[p], low))
+        found.append(Start(p, low, high, start))
+    return found
+
+
+@dataclass(frozen=True)
 class Span:
     """Offsets [start, end) of one partition to read."""
 
@@ -288,6 +313,6 @@ def execute_reset(admin: AdminClient, group: str, plan: list[Reset]) -> None:
         raise OffsetsError(f"offset reset failed for {failed[0].topic}[{failed[0].partition}]: {failed[0].error}")
 
 
-__all__ = ["OffsetsError", "PartitionLag", "Reset", "Span", "active_members",
+__all__ = ["OffsetsError", "PartitionLag", "Reset", "Span", "Start", "active_members",
            "committed", "execute_reset", "group_lag", "manual_consumer", "offsets_at",
-           "partitions_of", "plan_reset", "read_spans", "read_to_end", "watermarks"]
+           "partitions_of", "plan_reset", "read_spans", "read_to_end", "starts", "watermarks"]

@@ -5,7 +5,8 @@ captured before reading began. EOF is the end of the log as the reader reaches i
 Kafka and on the embedded tansu broker, whose ListOffsets answer can be short of the end
 (PITFALLS.md); the captured watermark guards against an EOF reported too early. The end is never
 guessed from a quiet spell: a partition that makes no progress (no record, no EOF) for `stall_s`
-seconds stops the read with `EndNotReached`, naming it and how far it got.
+seconds is given up (`PartitionEnd.stalled`), the others are read on, and the reader says what it
+could not read (the audit reports it as a gap).
 """
 
 from __future__ import annotations
@@ -18,12 +19,6 @@ from typing import Any
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
 
 from lapse.readers.offsets import Span
-
-SHOWN = 5  # partitions named in a refusal; the count is always complete
-
-
-class EndNotReached(Exception):
-    """Some partitions could not be read to their end in time; str(self) is one line."""
 
 
 @dataclass
@@ -39,10 +34,13 @@ class PartitionEnd:
     progressed_at: float
     records: int = 0
     end: int | None = None
+    stalled: bool = False  # given up: no progress for the stall time before its end
+    first_ms: int | None = None  # the timestamp of the first record read
+    last_ms: int | None = None  # the timestamp of the last record read
 
     @property
     def done(self) -> bool:
-        return self.end is not None
+        return self.end is not None or self.stalled
 
     @property
     def missing(self) -> int:
@@ -63,13 +61,16 @@ class EndTracker:
     def pending(self) -> list[PartitionEnd]:
         return [p for p in self.parts.values() if not p.done]
 
-    def record(self, topic: str, partition: int, offset: int, now: float) -> bool:
-        """A record arrived; False when it is not one to count (unknown partition, already done,
-        before the start or seen before)."""
+    def record(self, topic: str, partition: int, offset: int, now: float, ts_ms: int | None = None) -> bool:
+        """A record (with its timestamp) arrived; False when it is not one to count (unknown
+        partition, already done, before the start or seen before)."""
         part = self.parts.get((topic, partition))
         if part is None or part.done or offset < part.position:
             return False
         part.position, part.records, part.progressed_at = offset + 1, part.records + 1, now
+        if part.first_ms is None:
+            part.first_ms = ts_ms
+        part.last_ms = ts_ms
         return True
 
     def eof(self, topic: str, partition: int, offset: int, now: float) -> None:
@@ -81,17 +82,16 @@ class EndTracker:
         if offset >= part.captured and offset >= part.position:  # a short EOF is no progress
             part.end, part.progressed_at = offset, now
 
-    def stalled(self, now: float, stall_s: float) -> list[PartitionEnd]:
-        return [p for p in self.pending if now - p.progressed_at >= stall_s]
+    def give_up_stalled(self, now: float, stall_s: float) -> list[PartitionEnd]:
+        """Give up the pending partitions that made no progress for `stall_s` seconds; returns them."""
+        stalled = [p for p in self.pending if now - p.progressed_at >= stall_s]
+        for part in stalled:
+            part.stalled = True
+        return stalled
 
-    def refusal(self, stalled: list[PartitionEnd], stall_s: float) -> str:
-        """The one-line reason to refuse: which partitions stopped, where, and where they had to reach."""
-        shown = ", ".join(f"{p.topic}[{p.partition}] at offset {p.position} of at least {p.captured} "
-                          f"({p.records} records read)" for p in stalled[:SHOWN])
-        more = f" and {len(stalled) - SHOWN} more" if len(stalled) > SHOWN else ""
-        return (f"{len(stalled)} partition{'' if len(stalled) == 1 else 's'} not read to the end "
-                f"(no record and no end-of-partition for {stall_s:g}s): {shown}{more}; the broker did not "
-                "deliver the whole log, so the invariants cannot be checked")
+    def given_up(self) -> list[PartitionEnd]:
+        """The partitions given up before their end, in the order of the spans."""
+        return [p for p in self.parts.values() if p.stalled]
 
     def short(self) -> list[dict[str, Any]]:
         """Partitions read to their end whose offsets did not all yield a record."""
@@ -103,8 +103,8 @@ def read_to_ends(consumer: Consumer, spans: list[Span], tracker: EndTracker, *, 
                  on_message: Callable[[Message], None] | None = None,
                  clock: Callable[[], float] = time.monotonic) -> Iterator[Message]:
     """Yield every record from each span's start to its partition's end (`tracker` says where
-    each stands), by manual assignment; raises EndNotReached when a partition stalls for
-    `stall_s` seconds before its end."""
+    each stands), by manual assignment; a partition that stalls for `stall_s` seconds before its
+    end is given up (`EndTracker.given_up`)."""
     if not spans:
         return
     consumer.assign([TopicPartition(s.topic, s.partition, s.start) for s in spans])
@@ -125,12 +125,10 @@ def read_to_ends(consumer: Consumer, spans: list[Span], tracker: EndTracker, *, 
                     elif err.fatal():
                         raise KafkaException(err)
                     continue
-                if tracker.record(topic, partition, offset, now):
+                if tracker.record(topic, partition, offset, now, msg.timestamp()[1]):
                     if on_message is not None:
                         on_message(msg)
                     yield msg
-            stalled = tracker.stalled(clock(), stall_s)
-            if stalled:
-                raise EndNotReached(tracker.refusal(stalled, stall_s))
+            tracker.give_up_stalled(clock(), stall_s)
     finally:
         consumer.unassign()

@@ -1,6 +1,6 @@
 """`lapse status` figures: the ledger by state and kind, the alarm signals (oldest eligible but
-unfinished operation, expired claims, dead letters, the outbox backlog) and consumer lag of every
-declared group.
+unfinished operation, expired claims, dead letters, the outbox backlog), the call limits (each
+route's rate and slots, each endpoint's calls) and consumer lag of every declared group.
 
 The alarm's oldest eligible age is the oldest of two: unfinished ledger rows past due, and due
 business rows that have no ledger row yet (with no sweep running, nothing else shows them)."""
@@ -15,7 +15,18 @@ from sqlalchemy import Connection, Engine, func, or_, select
 
 from lapse.kernel.brakes import ALL_TENANTS, read_pauses
 from lapse.kernel.clock import database_now
-from lapse.kernel.findings import AUDIT, CIRCUIT, CLOCK, LAST_PASS, LAST_VERDICT, RECONCILE, latest_findings
+from lapse.kernel.findings import (
+    ARCHIVE,
+    AUDIT,
+    CIRCUIT,
+    CLOCK,
+    LAST_PASS,
+    LAST_VERDICT,
+    RECONCILE,
+    TRANSITIONS_ARCHIVED,
+    Finding,
+    latest_findings,
+)
 from lapse.kernel.kinds import CleanupKind, KindsFileError, declared_names, load_kinds
 from lapse.kernel.ledger import (
     DEAD_LETTER,
@@ -32,6 +43,7 @@ from lapse.kernel.ledger import (
     parked_counts,
 )
 from lapse.kernel.ledger.partitions import OUTBOX, TRANSITIONS, default_rows
+from lapse.kernel.limits import endpoints_status, routes_status
 from lapse.kernel.settings import Settings
 from lapse.readers.offsets import OffsetsError, group_lag, group_states
 
@@ -73,13 +85,17 @@ ELIGIBLE_CAP = 10_000
 
 def eligible_work(conn: Connection, kind: CleanupKind, now: datetime, cap: int = ELIGIBLE_CAP) -> dict[str, Any]:
     """Due business rows of `kind` still eligible whose cleanup is not done: no ledger row yet, or
-    an unfinished one. Counted up to `cap` along the kind's (due, id) index, with the oldest due."""
-    waiting = or_(~has_ledger_row(kind.name, kind.id_column),
-                  ledger_state_of(kind.name, kind.id_column).in_(UNFINISHED))
+    an unfinished one (for a kind with a generation, of the row's current generation: a subject
+    that lapsed again is work left). Counted up to `cap` along the kind's (due, id) index, with the
+    oldest due, and the kind's generation column when it has one."""
+    generation = kind.generation_sql()  # a kind with one: the work of the row's current generation
+    waiting = or_(~has_ledger_row(kind.name, kind.id_column, generation),
+                  ledger_state_of(kind.name, kind.id_column, generation).in_(UNFINISHED))
     due = (select(kind.due_column.label("due")).where(kind.still_eligible, kind.due_column <= now, waiting)
            .order_by(kind.due_column, kind.id_column).limit(cap).subquery())
     rows, oldest = conn.execute(select(func.count(), func.min(due.c.due))).one()
-    return {"rows": rows, "capped": rows >= cap, "oldest_due_age_s": _age_s(now, oldest)}
+    work = {"rows": rows, "capped": rows >= cap, "oldest_due_age_s": _age_s(now, oldest)}
+    return work if kind.generation is None else {**work, "generation": kind.generation.name}
 
 
 def eligible_status(settings: Settings, conn: Connection, now: datetime) -> dict[str, Any] | None:
@@ -119,13 +135,22 @@ DEFAULT_ROWS_CAP = 10_000
 def findings_status(conn: Connection, now: datetime) -> dict[str, Any]:
     """What the roles last found: the dead-letter circuits open at `now`, the reconciler's last
     pass and the audit's last verdict (None: never recorded), the clock skew of each role process
-    that measured it in the last CLOCK_FRESH by the database's clock (a process gone is left out)."""
+    that measured it in the last CLOCK_FRESH by the database's clock (a process gone is left out),
+    and how far the archive of transitions reaches, with its lag by the database's clock (the
+    archive's lag on the topics is its group's lag)."""
     kept = latest_findings(conn)
-    shown_after = database_now(conn) - CLOCK_FRESH
-    one = {(f.role, f.subject): f.to_dict() for f in kept if f.role in (RECONCILE, AUDIT)}
+    db_now = database_now(conn)
+    shown_after = db_now - CLOCK_FRESH
+    one = {(f.role, f.subject): f for f in kept if f.role in (RECONCILE, AUDIT, ARCHIVE)}
+    archived = one.get((ARCHIVE, TRANSITIONS_ARCHIVED))
     return {"open_circuits": [f.to_dict() for f in kept if f.role == CIRCUIT and f.until and f.until > now],
-            "reconciler": one.get((RECONCILE, LAST_PASS)), "audit": one.get((AUDIT, LAST_VERDICT)),
-            "clocks": [f.to_dict() for f in kept if f.role == CLOCK and f.at >= shown_after]}
+            "reconciler": _dict(one.get((RECONCILE, LAST_PASS))), "audit": _dict(one.get((AUDIT, LAST_VERDICT))),
+            "clocks": [f.to_dict() for f in kept if f.role == CLOCK and f.at >= shown_after],
+            "archive": None if archived is None else {**archived.to_dict(), "lag_s": _age_s(db_now, archived.at)}}
+
+
+def _dict(finding: Finding | None) -> dict[str, Any] | None:
+    return None if finding is None else finding.to_dict()
 
 
 def brakes_status(conn: Connection, now: datetime, declared: frozenset[str] | None) -> dict[str, Any]:
@@ -152,6 +177,19 @@ def brakes_status(conn: Connection, now: datetime, declared: frozenset[str] | No
             "shadowed": dict(sorted(shadowed.items())), "held": sum(held.values())}
 
 
+def limits_status(conn: Connection) -> dict[str, Any]:
+    """The call limits as every worker shares them, at the database's now: each route used in the
+    last hour (its rate now and declared, how long a Retry-After still stops it, the concurrency
+    slots held) and each endpoint's calls over the workers' last minute (in flight, per minute,
+    429s, the mean wait for a slot and time in the call)."""
+    now = database_now(conn)
+    routes = [{"kind": r.key.kind, "route": r.key.route, "rate_per_s": round(r.rate_per_s, 2),
+               "ceiling_per_s": r.ceiling_per_s, "concurrency": r.concurrency, "slots_held": r.slots_held,
+               "blocked_for_s": _age_s(r.blocked_until, now) if r.blocked_until else None}
+              for r in routes_status(conn, now)]
+    return {"routes": routes, "endpoints": [e.to_dict() for e in endpoints_status(conn, now)]}
+
+
 def declared_or_none(settings: Settings) -> frozenset[str] | None:
     """The kind names the kinds file declares; None without a readable file (status still answers)."""
     try:
@@ -174,6 +212,7 @@ def status_report(settings: Settings, engine: Engine, now: datetime, *, lag: boo
         report["eligible"] = eligible_status(settings, conn, now)
         report["findings"] = findings_status(conn, now)
         report["brakes"] = brakes_status(conn, now, declared_or_none(settings))
+        report["limits"] = limits_status(conn)
         report["outside_partitions"] = outside_partitions(conn)
     ages = [report["oldest_eligible_age_s"], *(k["oldest_due_age_s"] for k in (report["eligible"] or {}).values())]
     report["oldest_eligible_age_s"] = max((a for a in ages if a is not None), default=None)

@@ -6,7 +6,9 @@ subject that did not exist when its event came: brought forward to now), and led
 `pending`, `claimed` (lease long expired) or `retry_scheduled` (due long ago). It re-emits them
 with `source=reconciler` the normal way (ledger first, then produce to lapse.expiry and flush),
 paced by a token bucket. An `applied` or `skipped` row whose business
-record still looks eligible is an anomaly: reported, never fixed here.
+record still looks eligible is an anomaly: reported, never fixed here. For a kind with a generation
+the row that counts is that of the business row's current generation: an eligible row whose earlier
+lapse was applied is a new generation (a gap, `new_generation`, re-emitted), not an anomaly.
 """
 
 from __future__ import annotations
@@ -52,6 +54,7 @@ SOURCE = "reconciler"
 ACTOR = "reconciler"
 NO_LEDGER = "no_ledger"
 WAITING_PAST_DUE = queries.WAITING_PAST_DUE  # a due row whose pending ledger row waits past now
+NEW_GENERATION = queries.NEW_GENERATION  # a subject that lapsed again: no row for its current generation
 ANOMALY_REASONS = {APPLIED: "applied_but_eligible", SKIPPED: "skipped_but_eligible"}
 # The ledger states the reconciler re-emits when stuck, with the reason it reports for each.
 STUCK_REASONS = {PENDING: "stuck_pending", CLAIMED: "stuck_claimed", RETRY_SCHEDULED: "stuck_retry"}
@@ -138,16 +141,17 @@ class Reconciler:
                 return
             report.pages += 1
             report.scanned += page.rows_scanned
-            missing, waiting = [], []
+            missing: dict[str, list[EligibleRow]] = {}
+            waiting = []
             for row, state in page.attention:
-                if state is None:
-                    missing.append(row)
+                if state is None or state == NEW_GENERATION:
+                    missing.setdefault(state or NO_LEDGER, []).append(row)
                 elif state == WAITING_PAST_DUE:
-                    waiting.append(kind.op_key(row.subject_id))
+                    waiting.append(kind.op_key(row.subject_id, row.generation))
                 elif state in ANOMALY_REASONS:
-                    self._anomaly(report, ANOMALY_REASONS[state], kind.op_key(row.subject_id))
-            if missing:
-                self._reemit_missing(kind, missing, now, report)
+                    self._anomaly(report, ANOMALY_REASONS[state], kind.op_key(row.subject_id, row.generation))
+            for reason, rows in missing.items():
+                self._reemit_missing(kind, rows, reason, now, report)
             if waiting:
                 self._reemit_waiting(waiting, now, report)
             cursor = page.cursor
@@ -161,19 +165,22 @@ class Reconciler:
         log.warning("ledger says done but the business row is still eligible",
                     extra={"op_key": key, "reason": reason})
 
-    def _reemit_missing(self, kind: CleanupKind, rows: list[EligibleRow], now: datetime,
+    def _reemit_missing(self, kind: CleanupKind, rows: list[EligibleRow], reason: str, now: datetime,
                         report: ReconcileReport) -> None:
-        events = [expiry_event(kind.name, r.subject_id, r.tenant, r.due_at, source=SOURCE) for r in rows]
+        """Record and emit the work of eligible rows with no ledger row (`reason`: none at all, or
+        none for the row's current generation while an earlier one has one)."""
+        events = [expiry_event(kind.name, r.subject_id, r.tenant, r.due_at, source=SOURCE, generation=r.generation)
+                  for r in rows]
         self.bucket.acquire(len(events))
         with self.engine.begin() as conn:
             created = set(insert_pending(conn, events, now))
             fresh = [e for e in events if e.op_key in created]  # the others: the sweep got there first
             writes = LedgerWrites(ACTOR, now)
             for event in fresh:
-                writes.transition(event.op_key, None, PENDING, event.attempt, reason=NO_LEDGER,
+                writes.transition(event.op_key, None, PENDING, event.attempt, reason=reason,
                                   correlation_id=event.correlation_id)
             writes.flush(conn)
-        report.count(report.gaps, NO_LEDGER, len(fresh))
+        report.count(report.gaps, reason, len(fresh))
         self._produce(fresh, now, report)
 
     def _reemit_waiting(self, op_keys: list[str], now: datetime, report: ReconcileReport) -> None:

@@ -35,13 +35,13 @@ from hypothesis import settings as hypothesis_settings
 
 pytest_plugins = ["tests.fixtures.kafka", "tests.fixtures.db", "tests.fixtures.pipeline", "tests.fixtures.effects",
                   "tests.fixtures.wheel", "tests.fixtures.secure_kafka", "tests.fixtures.private_postgres",
-                  "tests.fixtures.compose"]
+                  "tests.fixtures.compose", "tests.fixtures.archive"]
 
 KINDS = ("unit", "integration", "system")
 # What a unit test may not ask for: a broker or PostgreSQL (sqlite_url is fine).
 NOT_FOR_UNIT = {"kafka_bootstrap", "kafka_server", "embedded_bootstrap", "_kafka_under_test",
                 "pg_template", "pg_url", "pg_empty_url", "db_url", "engine", "pipeline", "secure_kafka",
-                "login_role", "three_brokers", "private_postgres"}
+                "login_role", "three_brokers", "private_postgres", "moto_server"}
 # Module (under tests/) -> the xdist group its tests run in with -n (see the module docstring).
 GROUPS = {
     "system/test_bench.py": "heavy",  # the quick bench: every stage, naive and Faust consumers, 1 and 2 workers

@@ -106,6 +106,12 @@ GRANT SELECT, INSERT                                       ON lapse_pauses      
 GRANT SELECT, INSERT, DELETE                               ON lapse_budget_usage                 TO $process;
 GRANT USAGE                                                ON SEQUENCE lapse_budget_usage_id_seq TO $process;
 GRANT SELECT, INSERT, UPDATE (at, outcome, would)          ON lapse_shadow_effects               TO $process;
+-- call limits shared by every worker: the routes' pacing, the concurrency slots, the last minute's figures.
+GRANT SELECT, INSERT, UPDATE (ceiling_per_s, rate_per_s, rate_at, next_at, lowered_at, blocked_until, concurrency)
+                                                           ON lapse_limit_routes                 TO $process;
+GRANT SELECT, INSERT, UPDATE (holder, until)               ON lapse_limit_slots                  TO $process;
+GRANT SELECT, INSERT, DELETE, UPDATE (at, in_flight, calls, throttled, waited_s, called_s, window_s)
+                                                           ON lapse_limit_stats                  TO $process;
 
 -- relay: publishes the outbox and marks its rows sent.
 GRANT SELECT, UPDATE (sent_at)                             ON lapse_outbox                       TO $relay;
@@ -128,6 +134,9 @@ GRANT SELECT                                               ON lapse_outbox_defau
 GRANT SELECT                                               ON lapse_daily_reports                TO $monitor;
 GRANT SELECT                                               ON lapse_operator_actions             TO $monitor;
 GRANT SELECT                                               ON lapse_pauses                       TO $monitor;
+GRANT SELECT                                               ON lapse_limit_routes                 TO $monitor;
+GRANT SELECT                                               ON lapse_limit_slots                  TO $monitor;
+GRANT SELECT                                               ON lapse_limit_stats                  TO $monitor;
 
 -- prune: removes what retention no longer keeps, deletes DEFAULT's old rows, and rotates the time
 -- partitions through the owner's functions.
@@ -162,6 +171,9 @@ GRANT USAGE                                                ON SEQUENCE lapse_ope
 GRANT SELECT, INSERT, DELETE                               ON lapse_pauses                       TO $console;
 GRANT SELECT, DELETE                                       ON lapse_budget_usage                 TO $console;
 GRANT SELECT                                               ON lapse_shadow_effects               TO $console;
+GRANT SELECT                                               ON lapse_limit_routes                 TO $console;
+GRANT SELECT                                               ON lapse_limit_slots                  TO $console;
+GRANT SELECT                                               ON lapse_limit_stats                  TO $console;
 SQL
   echo "lapse: grants applied (each service's role: its tables, and its columns where it updates)"
 }

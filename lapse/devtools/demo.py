@@ -31,6 +31,7 @@ from lapse.kernel.topology import load_topology
 from lapse.processors import FilesystemObjectStore
 from lapse.producers import emit_events, sweep_once
 from lapse.readers import Span, manual_consumer, partitions_of, read_spans
+from lapse.shell.progress import progress_bar
 from lapse.shell.provisioning import apply, plan
 from lapse.shell.roles import pipeline_roles
 from lapse.shell.supervisor import Supervisor
@@ -129,6 +130,12 @@ def seed_and_emit(settings: Settings, engine: Engine, reservations_n: int, rng: 
                        artifacts_expired=len(artifact_ids))
 
 
+def terminal_rows(engine: Engine) -> int:
+    """Ledger rows in a terminal state (the progress bar's count)."""
+    with engine.connect() as conn:
+        return int(conn.execute(select(func.count()).where(cleanup_ledger.c.state.in_(list(TERMINAL)))).scalar_one())
+
+
 def settled(engine: Engine) -> bool:
     """Every ledger row terminal and every outbox row published."""
     with engine.connect() as conn:
@@ -214,7 +221,12 @@ def run_demo(settings: Settings, *, reservations_n: int, workers: int, timeout_s
     sup.start()
     deadline = time.monotonic() + timeout_s
     try:
-        sup.watch(until=lambda: settled(engine) or time.monotonic() > deadline, poll_s=0.5)
+        with progress_bar("cleaning up", length=summary.expired + summary.artifacts_expired) as bar:
+            def done() -> bool:
+                bar.update(terminal_rows(engine) - bar.pos)
+                return settled(engine) or time.monotonic() > deadline
+
+            sup.watch(until=done, poll_s=0.5)
     finally:
         sup.shutdown()
     summary.elapsed_s = round(time.monotonic() - started, 2)

@@ -31,8 +31,11 @@ from sqlalchemy import (
     any_,
     bindparam,
     cast,
+    func,
     insert,
+    select,
     text,
+    tuple_,
 )
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import DBAPIError
@@ -99,6 +102,18 @@ def run_prepared(conn: Connection, sql: str, params: Mapping[str, Any]) -> list[
                                   connection_invalidated=invalidated, dialect=conn.dialect) from exc
     finally:
         cursor.close()
+
+
+def pairs_of(conn: Connection, columns: tuple[ColumnElement[Any], ColumnElement[Any]],
+             pairs: Sequence[tuple[Any, Any]]) -> ColumnElement[bool]:
+    """`(a, b) IN (SELECT * FROM unnest(CAST(:a AS type[]), CAST(:b AS type[])))` on PostgreSQL (one
+    array parameter per column, zipped), `(a, b) IN ((…), …)` elsewhere."""
+    if conn.dialect.name == "postgresql":
+        arrays = [cast(bindparam(None, _array_literal([pair[i] for pair in pairs]), type_=Text),
+                       postgresql.ARRAY(column.type)) for i, column in enumerate(columns)]
+        rows = func.unnest(*arrays).table_valued("a", "b").render_derived()
+        return tuple_(*columns).in_(select(rows.c.a, rows.c.b))
+    return tuple_(*columns).in_([tuple(pair) for pair in pairs])
 
 
 def _to_json(rows: Any) -> str:

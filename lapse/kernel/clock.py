@@ -32,6 +32,15 @@ def database_now(conn: Connection) -> datetime:
     return value.astimezone(UTC)
 
 
+def database_clock(conn: Connection) -> datetime:
+    """The database's clock at this statement (PostgreSQL: `clock_timestamp()`, not the
+    transaction's start: what a decision taken after waiting for a lock must read), aware UTC."""
+    if conn.dialect.name == "sqlite":
+        return database_now(conn)
+    value: datetime = conn.execute(_POSTGRES_CLOCK).scalar_one()
+    return value.astimezone(UTC)
+
+
 def now_in(conn: Connection, clock: Clock | None = None) -> datetime:
     """The now of the transaction on `conn`: `clock()` when one is set, else the database's."""
     return clock() if clock is not None else database_now(conn)

@@ -1,7 +1,7 @@
 """Findings: the latest word of each role on each subject, kept in `lapse_findings` so that status
 and the console can show what the roles found without having run them — the reconciler's last pass,
 the audit's last verdict, each dead-letter circuit a worker opened, each process's clock skew, each
-budget that paused its kind.
+budget that paused its kind, how far the archive of the ledger's transitions reaches.
 
 One row per (role, subject), overwritten in place: a handful of rows, read whole by primary key.
 Every statement on the table is named here. Recording a finding never stops the role that found
@@ -21,8 +21,9 @@ from sqlalchemy.exc import SQLAlchemyError
 from lapse.kernel.logs import get_logger
 from lapse.kernel.models import findings as F
 
-RECONCILE, AUDIT, CIRCUIT, CLOCK, BUDGET = "reconcile", "audit", "circuit", "clock", "budget"
+RECONCILE, AUDIT, CIRCUIT, CLOCK, BUDGET, ARCHIVE = "reconcile", "audit", "circuit", "clock", "budget", "archive"
 LAST_PASS, LAST_VERDICT = "last pass", "last verdict"  # the subjects of the reconciler's and the audit's rows
+TRANSITIONS_ARCHIVED = "transitions"  # the subject of the archive's row
 log = get_logger("findings")
 
 

@@ -1,6 +1,6 @@
 """Table definitions (SQLAlchemy Core) of Lapse's own tables: the cleanup ledger, its
-transitions, the outbox, the daily reports, the operator actions, the findings and the brakes
-(pauses, budget usage, shadow effects). Alembic migrations create
+transitions, the outbox, the daily reports, the operator actions, the findings, the brakes
+(pauses, budget usage, shadow effects) and the call limits (routes, slots, stats). Alembic migrations create
 exactly these; a test compares them.
 
 Lapse's tables live in their own namespace so they never collide with a user's tables: every name
@@ -19,6 +19,7 @@ from sqlalchemy import (
     Column,
     Date,
     DateTime,
+    Float,
     Index,
     Integer,
     MetaData,
@@ -92,8 +93,9 @@ cleanup_ledger = Table(
     Column("finished_at", UTCDateTime()),
     # Only the indexes a query needs (migration 0005 has the measurements). A partial index takes
     # an entry only for the rows its predicate keeps, and every ledger write is a non-HOT update.
-    # Probes of a business row's ledger row (sweep, reconciler, status).
-    Index("ix_lapse_ledger_kind_subject", "kind", "subject_id", unique=True),
+    # Probes of a business row's ledger row (sweep, reconciler, status), and a subject's operations:
+    # one per lapse for a kind with a generation (`<kind>:<id>@<generation>`), so not unique (0018).
+    Index("ix_lapse_ledger_kind_subject", "kind", "subject_id"),
     # The unfinished rows by state and due time: the reconciler's stuck keyset, the oldest
     # unfinished due time, bring-forward. Partial on PostgreSQL only: SQLite's planner uses a
     # partial index only when the query repeats its WHERE term.
@@ -116,6 +118,8 @@ cleanup_ledger = Table(
     Index("ix_lapse_ledger_parked", "state", "kind", "tenant", "op_key",
           postgresql_where=text("state IN ('held', 'shadowed')"),
           sqlite_where=text("state IN ('held', 'shadowed')")),
+    # A tenant's operations by kind: `lapse show --tenant`, and whether a tenant is known (0014).
+    Index("ix_lapse_ledger_tenant", "tenant", "kind", "op_key"),
     schema=SCHEMA,
 )
 
@@ -261,6 +265,56 @@ shadow_effects = Table(
     Column("would", JSON, nullable=False),
     Index("ix_lapse_shadow_effects_kind_at", "kind", "at"),  # a kind's results, newest first
     Index("ix_lapse_shadow_effects_at", "at"),  # retention's prune, by age
+    schema=SCHEMA,
+)
+
+
+# The call limits (docs/design/limits.md): one row per route — a kind's calls, or those to one
+# endpoint or of one tenant of it (`route`: '', 'endpoint:HOST', 'tenant:NAME') — with its adaptive
+# rate, the start of its next free call slot and the end of a Retry-After; all times the database's.
+limit_routes = Table(
+    "lapse_limit_routes",
+    metadata,
+    Column("kind", String(64), primary_key=True),
+    Column("route", String(300), primary_key=True),
+    Column("ceiling_per_s", Float, nullable=False),  # the declared rate
+    Column("rate_per_s", Float, nullable=False),  # the rate now: halved by a 429, climbing back
+    Column("rate_at", UTCDateTime(), nullable=False),  # when rate_per_s was set
+    Column("next_at", UTCDateTime(), nullable=False),  # no call slot is handed out before it
+    Column("lowered_at", UTCDateTime()),  # the last halving
+    Column("blocked_until", UTCDateTime()),  # a Retry-After: no call starts before it
+    Column("concurrency", Integer),  # the declared calls in flight (null: none)
+    schema=SCHEMA,
+)
+
+# A route's concurrency slots, leased: a worker holds a slot until `until` (the database's time,
+# renewed while its calls run); a worker that dies leaves it to expire.
+limit_slots = Table(
+    "lapse_limit_slots",
+    metadata,
+    Column("kind", String(64), primary_key=True),
+    Column("route", String(300), primary_key=True),
+    Column("slot", Integer, primary_key=True),
+    Column("holder", String(128)),
+    Column("until", UTCDateTime()),
+    schema=SCHEMA,
+)
+
+# What each worker saw of the calls to each endpoint of a kind (an HTTP host, a bucket, a topic) over
+# its last minute, written every few seconds while it calls: status sums the fresh rows.
+limit_stats = Table(
+    "lapse_limit_stats",
+    metadata,
+    Column("kind", String(64), primary_key=True),
+    Column("endpoint", String(300), primary_key=True),
+    Column("worker", String(128), primary_key=True),
+    Column("at", UTCDateTime(), nullable=False),
+    Column("in_flight", Integer, nullable=False),
+    Column("calls", Integer, nullable=False),
+    Column("throttled", Integer, nullable=False),  # answered 429 (or a store's SlowDown)
+    Column("waited_s", Float, nullable=False),  # waiting for a slot, summed over the calls
+    Column("called_s", Float, nullable=False),  # in the downstream call, summed over the calls
+    Column("window_s", Float, nullable=False),  # how long the counts above cover
     schema=SCHEMA,
 )
 

@@ -7,7 +7,8 @@ database (connection lost or refused, statement timeout, read-only or failing ov
 refused for good), the schema registry (network error, timeout, 5xx, 429) — and False for what
 no retry cures (bad SQL, a fatal or permanent Kafka error, an unknown schema id, a bug). A role
 rewinds and waits out the first kind with `Outage`, a capped and jittered backoff that logs one
-warning when an outage starts and one info line when it ends, not one per try.
+warning when an outage starts, naming what is away (`kafka at host:9092 unreachable`), another
+every REPEAT_WARNING_S while it lasts, and one info line when it ends, not one per try.
 """
 
 from __future__ import annotations
@@ -21,18 +22,24 @@ from typing import Any
 
 import psycopg
 from confluent_kafka import KafkaError, KafkaException
-from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import ArgumentError, DBAPIError, InterfaceError, OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 
 from lapse.kernel.codec import DecodeError
 from lapse.kernel.kafka_clients import PERMANENT_ERRORS, DeliveryFailed
 from lapse.kernel.schema_registry import SchemaRegistryError
+from lapse.kernel.settings import Settings
 
 # The first wait of an outage and the longest one (seconds); each failure doubles the wait.
 BACKOFF_BASE_S = 0.5
 BACKOFF_CAP_S = 10.0
 # The error text an outage's warning carries, at most.
 ERROR_CHARS = 300
+# While an outage lasts, its warning is repeated this often (seconds), with how long it has lasted.
+REPEAT_WARNING_S = 30.0
+# How many causes deep an error is searched for the outage it was raised while meeting.
+CAUSES_FOLLOWED = 5
 
 
 # The SQLSTATEs of a database that is away, failing over or read-only for a while: whatever the
@@ -113,6 +120,43 @@ def is_transient(exc: BaseException) -> bool:
     return False
 
 
+def outage_in(exc: BaseException) -> BaseException | None:
+    """`exc` or the error it was raised from or while handling (a few steps down) that is an outage."""
+    seen: BaseException | None = exc
+    for _ in range(CAUSES_FOLLOWED):
+        if seen is None:
+            return None
+        if is_transient(seen):
+            return seen
+        seen = seen.__cause__ or seen.__context__
+    return None
+
+
+def _database_named(settings: Settings) -> str:
+    """The database as an operator names it: backend, host, port and name (no user, password or query)."""
+    try:
+        url = make_url(settings.database.url_plain())
+    except ArgumentError:
+        return "database"
+    if url.get_backend_name() == "sqlite":
+        return f"database {url.database}"
+    where = f"{url.host or 'localhost'}" + (f":{url.port}" if url.port else "")
+    return f"database {url.get_backend_name()}://{where}/{url.database or ''}"
+
+
+def dependency_named(exc: BaseException, settings: Settings | None) -> str:
+    """What is away, for the outage's warning: `kafka at host:9092 unreachable`, `database
+    postgresql://host:5432/shop unavailable (read-only)`, the schema registry's own message."""
+    found = outage_in(exc) or exc
+    if isinstance(found, (DBAPIError, psycopg.Error, PoolTimeout)):
+        database = _database_named(settings) if settings is not None else "database"
+        return f"{database} unavailable ({database_outage(found) or 'busy'})"
+    if isinstance(found, (KafkaException, DeliveryFailed)):
+        return f"kafka at {settings.kafka.bootstrap_servers} unreachable" if settings is not None \
+            else "kafka unreachable"
+    return " ".join(str(found).split())[:ERROR_CHARS] or type(found).__name__
+
+
 def backoff_s(failures: int, *, base_s: float = BACKOFF_BASE_S, cap_s: float = BACKOFF_CAP_S,
               rng: Callable[[], float] = random.random) -> float:
     """The wait after the `failures`-th failure in a row: base·2^(failures-1), capped, then jittered
@@ -124,12 +168,18 @@ def backoff_s(failures: int, *, base_s: float = BACKOFF_BASE_S, cap_s: float = B
 
 class Outage:
     """One role's current outage: how many tries failed in a row and since when. `wait(exc, stop)`
-    sleeps the next backoff (ending early when `stop` is set); `over()` after a success."""
+    sleeps the next backoff (ending early when `stop` is set); `over()` after a success. With
+    `settings` the warnings name the broker or database at their address."""
 
-    def __init__(self, role: str, log: logging.Logger, *, base_s: float = BACKOFF_BASE_S,
-                 cap_s: float = BACKOFF_CAP_S, rng: Callable[[], float] = random.random) -> None:
+    def __init__(self, role: str, log: logging.Logger, *, settings: Settings | None = None,
+                 base_s: float = BACKOFF_BASE_S, cap_s: float = BACKOFF_CAP_S, rng: Callable[[], float] = random.random,
+                 repeat_s: float = REPEAT_WARNING_S, clock: Callable[[], float] = time.monotonic) -> None:
         self.role = role
         self.log = log
+        self.settings = settings
+        self.repeat_s = repeat_s
+        self.clock = clock
+        self.warned = 0.0  # when the outage's warning was last logged
         self.base_s = base_s
         self.cap_s = cap_s
         self.rng = rng
@@ -142,14 +192,19 @@ class Outage:
         self.failures += 1
         delay = backoff_s(self.failures, base_s=self.base_s, cap_s=self.cap_s, rng=self.rng)
         error = " ".join(str(exc).split())[:ERROR_CHARS] or type(exc).__name__
+        now = self.clock()
         if self.failures == 1:
             self.outages += 1
-            self.since = time.monotonic()
+            self.since = self.warned = now
             fields = {**extra, "error_type": type(exc).__name__, "error": error}
             if (database := database_outage(exc)) is not None:  # "read-only", "connection lost", …
                 fields.update(database=database, sqlstate=sqlstate(exc))
-            self.log.warning(f"{self.role}: dependency unavailable, retrying with backoff until it is back",
-                             extra=fields)
+            self.log.warning(f"{self.role}: dependency unavailable, retrying with backoff until it is back: "
+                             f"{dependency_named(exc, self.settings)}", extra=fields)
+        elif now - self.warned >= self.repeat_s:
+            self.warned = now
+            self.log.warning(f"{self.role}: still unavailable after {now - self.since:.0f} s, retrying: "
+                             f"{dependency_named(exc, self.settings)}", extra={**extra, "error": error})
         else:
             self.log.debug(f"{self.role}: still unavailable", extra={
                 **extra, "failures": self.failures, "retry_in_s": round(delay, 2), "error": error})
@@ -160,5 +215,5 @@ class Outage:
         """A try succeeded: end the outage (logged once, with how long it lasted)."""
         if self.failures:
             self.log.info(f"{self.role}: dependency back, resuming", extra={
-                "failures": self.failures, "outage_s": round(time.monotonic() - self.since, 1)})
+                "failures": self.failures, "outage_s": round(self.clock() - self.since, 1)})
             self.failures = 0

@@ -1,6 +1,7 @@
 """A token bucket: at most `rate` acquisitions per second on average, bursts up to `burst`.
 
-Used to pace external effects per kind and the reconciler's recovery traffic.
+Paces the reconciler's recovery traffic in one process. (External effects are paced for every
+worker at once: `lapse.kernel.limits`.)
 """
 
 from __future__ import annotations

@@ -41,6 +41,8 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_STATE_DIR = Path(".lapse")
 # Where endpoints listen unless configured: this host only.
 LOOPBACK = "127.0.0.1"
+# The URL scheme of PostgreSQL through psycopg 3 (the driver a `postgres://` URL is given).
+PSYCOPG_SCHEME = "postgresql+psycopg"
 _LABEL = r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
 _HOST_NAME = re.compile(rf"(?=.{{1,253}}$){_LABEL}(?:\.{_LABEL})*")
 
@@ -223,6 +225,22 @@ class DatabaseSettings(_Section):
     ssl_key: Path | None = Field(None, description="PostgreSQL sslkey: client certificate's key.")
     ssl_key_password: SecretStr | None = Field(None, description="PostgreSQL sslpassword: the client key's password.")
 
+    @field_validator("url", mode="before")
+    @classmethod
+    def _psycopg_driver(cls, value: Any) -> Any:
+        """`postgres://` and `postgresql://` (libpq's and most platforms' spelling) mean PostgreSQL
+        through psycopg 3, the driver Lapse ships with; another PostgreSQL driver is refused with the fix."""
+        text = value.get_secret_value() if isinstance(value, SecretStr) else value
+        if not isinstance(text, str):
+            return value
+        scheme, sep, rest = text.partition("://")
+        if not sep or not (scheme in ("postgres", "postgresql") or scheme.startswith(("postgres+", "postgresql+"))):
+            return value
+        if scheme.partition("+")[2] not in ("", "psycopg"):
+            raise ValueError(f"Lapse reaches PostgreSQL through psycopg 3: write {PSYCOPG_SCHEME}:// "
+                             f"instead of {scheme[:40]}://")
+        return f"{PSYCOPG_SCHEME}://{rest}"
+
     def url_plain(self) -> str:
         return self.url.get_secret_value()
 
@@ -255,6 +273,11 @@ class ProcessorSettings(_Section):
     circuit_window: int = Field(200, ge=1, description="Outcomes per partition the circuit looks at.")
     circuit_cooldown_s: float = Field(60.0, gt=0, description="How long a tripped partition stays paused.")
     effect_concurrency: int = Field(8, ge=1, le=256, description="External effects run at once per worker.")
+    partition_fetch_bytes: int = Field(
+        4096, ge=1, le=10_485_760,
+        description="Most bytes fetched from one expiry partition at a time (max.partition.fetch.bytes; the broker "
+                    "still sends at least one record batch): small, so a batch takes records from every partition "
+                    "in turn and work queued in one partition is not held back by a backlog in the others.")
 
 
 class ProducerSettings(_Section):
@@ -262,6 +285,11 @@ class ProducerSettings(_Section):
 
     sweep_page_size: int = Field(500, ge=1, le=100_000, description="Rows per sweep page.")
     sweep_interval_s: float = Field(5.0, gt=0, description="Pause between sweeps in `lapse run`.")
+    sweep_in_flight: int = Field(
+        20_000, ge=1, le=1_000_000,
+        description="Most events of one kind the sweep keeps emitted but not yet done (fewer when the processors "
+                    "are slower: about 2 s of their pace), so a backlog waits in the business table, where the "
+                    "next page still puts another tenant or a high-priority kind first.")
     # Each batch waits once for the broker's acknowledgements and once for its commit: at 500 rows
     # that wait was most of a batch and the relay fell behind one worker (3,365 rows/s on 2 cores).
     relay_batch_size: int = Field(2000, ge=1, le=100_000, description="Outbox rows per relay batch.")
@@ -296,6 +324,28 @@ class RetentionSettings(_Section):
     interval_s: float = Field(300.0, gt=0, description="Pause between prune passes in `lapse run`.")
 
 
+class ArchiveSettings(_Section):
+    """The archive (`lapse archive`, and a role of `lapse run` when `url` is set): the expiry events,
+    outcomes, dead letters and the ledger's transitions as files, one per partition and span."""
+
+    url: str | None = Field(
+        None, description="Where the archive writes: s3://bucket/prefix (the `s3` extra) or file:///folder "
+                          "(unset: no archive).")
+    endpoint_url: str | None = Field(None, description="Endpoint of an S3-compatible store (unset: AWS S3).")
+    region: str | None = Field(None, description="Region of the S3 store (unset: boto3's default).")
+    file_span_s: int = Field(
+        3600, ge=1, le=86_400, description="Each file holds a partition's records of one span of this many "
+                                           "seconds (by record time); the archive lags by up to a span.")
+    close_after_s: float = Field(
+        60.0, ge=0, description="How long after its span a quiet partition's file waits for more records before "
+                                "it is closed (s, by the database's clock).")
+    max_file_records: int = Field(
+        1_000_000, ge=1, le=100_000_000, description="Most records in one file (a busy span is split).")
+    transitions_lookback_s: float = Field(
+        3600.0, gt=0, description="How far before a transitions window's start its rows' `at` may lie: longer "
+                                  "than any transaction that writes transitions stays open (s).")
+
+
 class ReportSettings(_Section):
     """Where the daily report goes."""
 
@@ -327,7 +377,13 @@ class RuntimeSettings(_Section):
                            pattern=r"^[\x21-\x7e]+$",
                            description="Claim owner name (printable ASCII, at most the ledger's 128 characters).")
     log_level: str = Field("INFO", description="Log level.")
-    log_format: Literal["json", "text"] = Field("json", description="Log line format.")
+    log_format: Literal["auto", "text", "json"] = Field(
+        "auto", description="Log line format: text (time, level, role, message, then key=value fields) or JSON "
+                            "(one object per line); auto: text on a terminal, JSON otherwise.")
+    log_tracebacks: bool = Field(
+        False, description="Log each error's whole traceback, not only its last line (`lapse --debug` and the "
+                           "DEBUG level turn it on).")
+    log_file: Path | None = Field(None, description="Append the log lines to this file instead of stderr.")
     metrics_port: int | None = Field(None, description="Serve Prometheus metrics on this port.")
     clock_skew_bound_s: float = Field(
         5.0, gt=0, description="How far this machine's wall clock may be from the database's before each "
@@ -410,8 +466,9 @@ class ConsoleSettings(_Section):
 class DevSettings(_Section):
     """Dev tools and test hooks; never needed in production."""
 
-    crash_point: Literal["after_db_commit", "after_produce"] | None = Field(
-        None, description="Test hook: exit the worker process abruptly at this point of a batch.")
+    crash_point: Literal["after_db_commit", "after_produce", "archive_after_file", "archive_after_manifest"] | None = (
+        Field(None, description="Test hook: exit the worker process abruptly at this point of a batch (or the archive "
+                                "at this point of a file's commit)."))
     object_store_fault_rate: float = Field(
         0.0, ge=0, le=1, description="Share of object deletes that fail on purpose (demo: 429, 503, invalid key).")
     kafka_jars: Path = Field(
@@ -434,6 +491,7 @@ class Settings(BaseSettings):
     producer: ProducerSettings = Field(default_factory=ProducerSettings)
     reconciler: ReconcilerSettings = Field(default_factory=ReconcilerSettings)
     retention: RetentionSettings = Field(default_factory=RetentionSettings)
+    archive: ArchiveSettings = Field(default_factory=ArchiveSettings)
     report: ReportSettings = Field(default_factory=ReportSettings)
     runtime: RuntimeSettings = Field(default_factory=RuntimeSettings)
     console: ConsoleSettings = Field(default_factory=ConsoleSettings)

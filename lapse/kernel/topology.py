@@ -28,6 +28,9 @@ _TOPIC_KEYS = {"role", "partitions", "replication_factor", "retention", "config"
 EFFECT_ROLE = "effect"  # a topic a `kafka-produce` effect writes to (any number of them)
 TOPIC_ROLES = ("expiry", "outcomes", "dlq", EFFECT_ROLE)
 GROUP_ROLES = ("cleanup", "delay", "analytics")
+# Group roles a topics file may leave out: a file from before the archive has no archive group, and
+# runs everything but the archive (which then refuses to start, naming what to add).
+OPTIONAL_GROUP_ROLES = ("archive",)
 # Group roles an older topics.yaml may still name although nothing consumes as them any more
 # (`reports`: the daily report reads the ledger, not a topic). Such a file is accepted: the role
 # and its group name in topic group lists are dropped, with one warning, so `lapse status` shows
@@ -35,7 +38,8 @@ GROUP_ROLES = ("cleanup", "delay", "analytics")
 RETIRED_GROUP_ROLES = ("reports",)
 # Roles that may have a Kafka principal of their own (`principals:`); `lapse report` reads only the
 # database, so it has none. What each may do is derived in lapse.shell.acls.
-PRINCIPAL_ROLES = ("sweep", "process", "relay", "delay", "reconcile", "audit", "status", "analytics", "console")
+PRINCIPAL_ROLES = ("sweep", "process", "relay", "delay", "reconcile", "audit", "status", "analytics", "console",
+                   "archive")
 _PRINCIPAL = re.compile(r"^[A-Za-z]+:[^\s;,]+$")  # Kafka's `Type:name`, e.g. User:lapse-sweep
 
 # logging directly, as `lapse.kernel.logs.get_logger` names it: that module imports the settings,
@@ -72,11 +76,16 @@ class DelayTier:
 
 @dataclass(frozen=True)
 class Groups:
-    """Consumer group names by role (prefix applied)."""
+    """Consumer group names by role (prefix applied); `archive` None when the file declares none."""
 
     cleanup: str
     delay: str
     analytics: str
+    archive: str | None = None
+
+    def by_role(self) -> dict[str, str]:
+        """The declared groups by role (an optional role left out when the file names none)."""
+        return {role: group for role, group in vars(self).items() if group is not None}
 
 
 @dataclass(frozen=True)
@@ -218,12 +227,13 @@ def _groups(path: Path, doc: dict[str, Any], prefix: str) -> tuple[Groups, set[s
     """The group of each role, and the names of retired roles' groups the file still declares."""
     declared = doc.get("groups")
     if not isinstance(declared, dict) or not set(GROUP_ROLES) <= set(declared) <= {
-            *GROUP_ROLES, *RETIRED_GROUP_ROLES}:
-        raise _fail(path, "groups", f"must name the group of each role: {', '.join(GROUP_ROLES)}")
+            *GROUP_ROLES, *OPTIONAL_GROUP_ROLES, *RETIRED_GROUP_ROLES}:
+        raise _fail(path, "groups", f"must name the group of each role: {', '.join(GROUP_ROLES)} "
+                                    f"(and may name {', '.join(OPTIONAL_GROUP_ROLES)})")
     for role, name in declared.items():
         if not isinstance(name, str) or not _NAME.fullmatch(prefix + name):
             raise _fail(path, f"groups.{role}", "group names use only letters, digits, '.', '_' and '-'")
-    live = {role: prefix + declared[role] for role in GROUP_ROLES}
+    live = {role: prefix + declared[role] for role in (*GROUP_ROLES, *OPTIONAL_GROUP_ROLES) if role in declared}
     retired = {prefix + declared[role] for role in RETIRED_GROUP_ROLES if role in declared}
     for role in RETIRED_GROUP_ROLES:
         if role in declared:
@@ -274,7 +284,7 @@ def load_topology(path: Path, prefix: str = "", replication_factor: int | None =
     groups, retired = _groups(path, doc, prefix)
     specs = [_topic(path, declared, body, prefix, default_rf, default_config, replication_factor)
              for declared, body in doc["topics"].items()]
-    known = set(vars(groups).values())
+    known = set(groups.by_role().values())
     for spec in specs:
         unknown = sorted(set(spec.groups) - known - retired)
         if unknown:

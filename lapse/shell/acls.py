@@ -18,7 +18,8 @@ What each role does (and so may do):
 - analytics: the Faust app reads outcomes in the analytics group and keeps its changelog and
   assignor topics under the group's name (READ, WRITE, CREATE, DESCRIBE on that topic prefix);
 - console: what status may (the lag it shows) and READ on the dlq, whose poison records it lists
-  by manual assignment. A replay writes the ledger and the outbox only: the relay publishes it.
+  by manual assignment. A replay writes the ledger and the outbox only: the relay publishes it;
+- archive: consume the expiry, outcomes and dlq topics in the archive group (READ the three + group).
 Manual readers use throwaway group ids under MANUAL_GROUP_PREFIX: READ on that group prefix.
 Producers are idempotent; WRITE on a topic covers that (Kafka 2.8+), no cluster right is needed.
 
@@ -96,6 +97,11 @@ def role_grants(topology: Topology, role: str) -> list[Grant]:
         grants = [*_topics(who, "READ", [t.outcomes]), Grant(GROUP, t.groups.analytics, LITERAL, who, "READ"),
                   *(Grant(TOPIC, internal, PREFIXED, who, op) for op in ("CREATE", "DESCRIBE", "READ", "WRITE")),
                   manual_group]
+    elif role == "archive":
+        if t.groups.archive is None:
+            return []  # no archive group declared: the archive does not run
+        grants = [*_topics(who, "READ", [t.expiry, t.outcomes, t.dlq]),
+                  Grant(GROUP, t.groups.archive, LITERAL, who, "READ")]
     else:
         raise ValueError(f"no ACLs are defined for role {role!r}")
     return grants
@@ -111,6 +117,6 @@ def owned_resources(topology: Topology) -> set[tuple[str, str, str]]:
     the analytics topic prefix. An ACL on one of these that the topology does not declare is drift.
     The manual readers' group prefix is left out: every environment on the cluster shares it."""
     owned = {(TOPIC, spec.name, LITERAL) for spec in topology.specs}
-    owned |= {(GROUP, group, LITERAL) for group in vars(topology.groups).values()}
+    owned |= {(GROUP, group, LITERAL) for group in topology.groups.by_role().values()}
     owned |= {(g.resource, g.name, g.pattern) for g in declared_grants(topology) if g.name != MANUAL_GROUP_PREFIX}
     return owned

@@ -12,14 +12,14 @@ import json
 import sys
 import typing
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 from urllib.parse import parse_qsl, urlsplit
 
 import click
 from pydantic import ValidationError
 
 from lapse.kernel.config_file import ConfigFileError
-from lapse.kernel.logs import configure_logging
+from lapse.kernel.logs import configure_logging, set_role
 from lapse.kernel.settings import (
     Settings,
     UnknownSetting,
@@ -30,7 +30,8 @@ from lapse.kernel.settings import (
     setting_origins,
 )
 from lapse.shell.cli import config_file_option
-from lapse.shell.error_boundary import CommandFailed, ExitCode, note_settings
+from lapse.shell.error_boundary import CommandFailed, ExitCode, debug_requested, note_settings
+from lapse.shell.time_args import Duration
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -84,6 +85,13 @@ def _field_type(annotation: Any) -> Any:
     return args[0] if len(args) == 1 and args[0] in _CLICK_TYPES else None
 
 
+def _choices(annotation: Any) -> list[str]:
+    """The values of a `Literal[...]` setting (or an optional one); empty for any other type."""
+    args = [a for a in typing.get_args(annotation) if a is not type(None)]
+    literal = annotation if typing.get_origin(annotation) is Literal else args[0] if len(args) == 1 else None
+    return [str(v) for v in typing.get_args(literal)] if typing.get_origin(literal) is Literal else []
+
+
 def _param(path: str) -> str:
     """The click parameter name of the setting at dotted `path` (`processor__batch_size`)."""
     return path.replace(".", "__")
@@ -97,7 +105,13 @@ def setting_option(path: str, *decls: str, **kwargs: Any) -> Callable[[F], F]:
     help_text = kwargs.pop("help", None) or info.description or ""
     kwargs.setdefault("default", None)
     number = _field_type(info.annotation)
-    if number is not None:
+    choices = _choices(info.annotation)
+    if choices:
+        kwargs.setdefault("type", click.Choice(choices))
+    elif path.endswith("_s") and number is float:  # seconds: a duration (30s, 5m, 2h) or a number
+        kwargs.setdefault("type", Duration(as_seconds=True))
+        kwargs.setdefault("metavar", "DURATION")
+    elif number is not None:
         kwargs.setdefault("type", _CLICK_TYPES[number])
     default = info.get_default(call_default_factory=False)
     shown = f"default: {default}; " if isinstance(default, (int, float, str)) and default != "" else ""
@@ -108,18 +122,28 @@ def setting_option(path: str, *decls: str, **kwargs: Any) -> Callable[[F], F]:
     )
 
 
-def connection_options(func: F) -> F:
-    """The flags every command that talks to Kafka and the database accepts."""
-    for path in reversed(["kafka.bootstrap_servers", "database.url", "schemas.registry_url", "topics.file",
-                          "topics.prefix", "runtime.log_level"]):
+def log_options(func: F) -> F:
+    """`--log-level` and `--log-format`."""
+    for path in reversed(["runtime.log_level", "runtime.log_format"]):
         func = setting_option(path)(func)
     return func
 
 
+def connection_options(func: F) -> F:
+    """The flags every command that talks to Kafka and the database accepts, and the log flags."""
+    for path in reversed(["kafka.bootstrap_servers", "database.url", "schemas.registry_url", "topics.file",
+                          "topics.prefix"]):
+        func = setting_option(path)(func)
+    return log_options(func)
+
+
 def build_settings(flags: dict[str, Any]) -> Settings:
     """Settings from flags (dotted paths) + env + the config file, or a one-line error and the
-    configuration exit status (3) on a wrong value, naming where the value came from."""
+    configuration exit status (3) on a wrong value, naming where the value came from. `lapse --debug`
+    turns on `runtime.log_tracebacks`."""
     config_file = config_file_option()
+    if debug_requested():
+        flags = {**flags, "runtime.log_tracebacks": True}
     try:
         return load_settings(config_file, **nest(flags))
     except (UnknownSetting, ConfigFileError) as exc:
@@ -129,7 +153,8 @@ def build_settings(flags: dict[str, Any]) -> Settings:
         where = ".".join(str(p) for p in first["loc"][:2]) or "settings"
         origin = setting_origins(config_file, **nest(flags)).get(where, "default")
         source = origin if origin.startswith("env ") else f"{origin} (env {env_var(where)})"
-        raise CommandFailed(ExitCode.CONFIG, f"invalid setting {where} from {source}: {first['msg']}") from None
+        why = first["msg"].removeprefix("Value error, ")
+        raise CommandFailed(ExitCode.CONFIG, f"invalid setting {where} from {source}: {why}") from None
 
 
 def pass_settings(func: Callable[..., Any]) -> Callable[..., Any]:
@@ -140,6 +165,8 @@ def pass_settings(func: Callable[..., Any]) -> Callable[..., Any]:
         flags = {k.replace("__", "."): kwargs.pop(k) for k in list(kwargs) if "__" in k}
         settings = build_settings(flags)
         note_settings(settings)
+        ctx = click.get_current_context(silent=True)
+        set_role(ctx.command_path.partition(" ")[2] if ctx is not None else "")
         configure_logging(settings)
         return func(settings=settings, **kwargs)
 

@@ -92,6 +92,12 @@ def note_debug() -> None:
         invocation.debug = True
 
 
+def debug_requested() -> bool:
+    """Whether the command running now was given `lapse --debug`."""
+    invocation = _CURRENT.get()
+    return invocation is not None and invocation.debug
+
+
 # --- one line ---------------------------------------------------------------------------------
 
 _URL = re.compile(r"[A-Za-z][A-Za-z0-9+.\-]*://\S+")
@@ -432,6 +438,7 @@ __all__ = [
     "CommandFailed",
     "Diagnosis",
     "ExitCode",
+    "debug_requested",
     "diagnose",
     "masked_line",
     "note_debug",

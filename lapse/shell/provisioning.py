@@ -123,13 +123,22 @@ def _error_text(exc: BaseException) -> str:
 
 
 def plan(admin: AdminClient, declared: list[TopicSpec], timeout: float = 10.0) -> list[Action]:
-    """What `apply` would do to make the cluster match `declared`; an empty list means no change."""
+    """What `apply` would do to make the cluster match `declared`; an empty list means no change. A
+    topic the cluster has too few brokers to create is an error of the plan itself, so that a dry
+    run refuses what the apply would."""
     metadata = admin.list_topics(timeout=timeout)
     existing = [spec for spec in declared if spec.name in metadata.topics]
     configs = _describe(admin, [spec.name for spec in existing], timeout)
+    brokers = len(metadata.brokers)
     actions: list[Action] = []
     for spec in declared:
         topic = metadata.topics.get(spec.name)
+        if topic is None and spec.replication_factor > brokers:  # the broker would refuse the create
+            actions.append(Action(ERROR, spec.name,
+                                  f"cannot be created with replication factor {spec.replication_factor}: the "
+                                  f"cluster has {brokers} broker(s); declare fewer replicas or pass "
+                                  f"--replication-factor {brokers}", spec=spec))
+            continue
         if topic is None:
             actions.append(Action(CREATE, spec.name,
                                   f"create with {spec.partitions} partitions, replication "

@@ -11,7 +11,8 @@ exit 3 at the error boundary) with what is wrong and what to do:
   checked on the parsed schemas, and a generated sample written with the old schema and read
   with the new one);
 - settings written to a ledger column or a topic name fit it (topic prefix + each declared name
-  at most 249 legal characters, worker_id within the claim owner column).
+  at most 249 legal characters, worker_id within the claim owner column);
+- for the roles that use Kafka, that a broker answers (`check_kafka`; unreachable: an outage, exit 4).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from fastavro.utils import generate_many
 
 from lapse.kernel.codec import SchemaStore, StoredSchema
 from lapse.kernel.database import configured_url, connect_args, current, history
+from lapse.kernel.kafka_clients import make_admin
 from lapse.kernel.models import cleanup_ledger, ledger_transitions, outbox
 from lapse.kernel.settings import Settings, env_var
 from lapse.kernel.topology import load_topology
@@ -33,10 +35,18 @@ from lapse.kernel.topology import load_topology
 MAX_TOPIC_CHARS = 249  # Kafka's limit on a topic name
 _TOPIC_CHARS = re.compile(r"^[A-Za-z0-9._-]*$")
 SAMPLES = 20  # generated records written with each old schema and read with the current one
+# How long the start-up check waits for a broker to answer before it counts as unreachable.
+KAFKA_TIMEOUT_S = 5.0
 
 
 class StartupRefused(ValueError):
     """A role must not start: the one-line message says what is wrong and what to do."""
+
+
+def check_kafka(settings: Settings, timeout_s: float = KAFKA_TIMEOUT_S) -> None:
+    """A broker answers a metadata request within `timeout_s`; KafkaException (an outage: exit 4 at
+    the error boundary, waited out by a service) when none does."""
+    make_admin(settings).list_topics(timeout=timeout_s)
 
 
 def check_startup(settings: Settings, *, database: bool = True) -> None:
@@ -224,7 +234,7 @@ def check_settings(settings: Settings) -> None:
         raise StartupRefused(f"topics.prefix ({env_var('topics.prefix')}) {prefix[:40]!r}: a topic prefix "
                              "uses only letters, digits, '.', '_' and '-'")
     bare = load_topology(settings.topics.file)
-    names = [spec.name for spec in bare.specs] + list(vars(bare.groups).values())
+    names = [spec.name for spec in bare.specs] + list(bare.groups.by_role().values())
     longest = max(names, key=len)
     limit = min(MAX_TOPIC_CHARS, _length(outbox.c.topic))
     if len(prefix) + len(longest) > limit:

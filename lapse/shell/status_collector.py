@@ -85,7 +85,8 @@ def status_families(report: dict[str, Any]) -> list[Metric]:
     circuits = _gauge("lapse_dead_letter_circuits_open", "Partitions whose dead-letter circuit is open now.")
     circuits.add_metric([], len((report.get("findings") or {}).get("open_circuits", [])))
     return [oldest, eligible_rows, eligible_age, expired, unsent, unsent_age, ledger, readable, lag_records,
-            lag_seconds, members, circuits, *brake_families(report.get("brakes") or {})]
+            lag_seconds, members, circuits, *brake_families(report.get("brakes") or {}),
+            *limit_families(report.get("limits") or {})]
 
 
 def brake_families(brakes: dict[str, Any]) -> list[Metric]:
@@ -107,6 +108,26 @@ def brake_families(brakes: dict[str, Any]) -> list[Metric]:
     for kind, n in brakes.get("shadowed", {}).items():
         shadowed.add_metric([kind], n)
     return [age, waiting, undeclared, shadowed]
+
+
+def limit_families(limits: dict[str, Any]) -> list[Metric]:
+    """The call limits' samples, per route (a kind, or an endpoint or tenant of it: route label
+    '', 'endpoint:HOST', 'tenant:NAME'), as every worker shares them: the rate now and declared,
+    how long a Retry-After still stops it, the concurrency slots held."""
+    labels = ["kind", "route"]
+    rate = _gauge("lapse_limit_rate_per_s", "A route's rate now: halved by a 429, climbing back to the declared.",
+                  labels)
+    ceiling = _gauge("lapse_limit_ceiling_per_s", "A route's declared rate.", labels)
+    blocked = _gauge("lapse_limit_blocked_seconds", "How long a Retry-After still stops a route's calls (0: not "
+                     "stopped).", labels)
+    held = _gauge("lapse_limit_slots_held", "Concurrency slots of a route held by workers now.", labels)
+    for route in limits.get("routes", []):
+        values = [route["kind"], route["route"]]
+        rate.add_metric(values, route["rate_per_s"])
+        ceiling.add_metric(values, route["ceiling_per_s"])
+        blocked.add_metric(values, route["blocked_for_s"] or 0)
+        held.add_metric(values, route["slots_held"])
+    return [rate, ceiling, blocked, held]
 
 
 class StatusCollector(Collector):

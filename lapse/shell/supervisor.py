@@ -25,8 +25,9 @@ from prometheus_client import Gauge
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.multiprocess import mark_process_dead
 from prometheus_client.registry import Collector
+from setproctitle import setproctitle
 
-from lapse.kernel.logs import configure_logging, get_logger
+from lapse.kernel.logs import configure_logging, get_logger, set_role
 from lapse.kernel.settings import Settings
 from lapse.shell.metrics import serving_process_tree
 
@@ -59,6 +60,8 @@ def _child(target: RoleTarget, settings: Settings, role_name: str) -> None:
     # Each role process is its own claim owner: two processors sharing the parent's id could
     # complete each other's leases.
     settings = settings.with_(runtime={"worker_id": f"{settings.runtime.worker_id}/{role_name}-{os.getpid()}"})
+    setproctitle(f"lapse: {role_name}")  # `ps` names the role, not a spawned interpreter
+    set_role(role_name)
     configure_logging(settings)
     ROLE_STARTED.labels(role=role_name).set_to_current_time()  # the supervisor serves the tree's metrics
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides when children stop

@@ -25,3 +25,10 @@ class CallerSetup:
 
 
 Builder = Callable[[Any, CallerSetup], EffectCaller]
+
+
+def endpoint_of(caller: EffectCaller, call: EffectCall) -> str:
+    """Where `call` goes (an HTTP host and port, a bucket, a topic), for its limits and metrics: the
+    caller's `endpoint(call)` when it has one, else '' (a Python kind's own effect)."""
+    endpoint = getattr(caller, "endpoint", None)
+    return str(endpoint(call)) if callable(endpoint) else ""

@@ -46,6 +46,13 @@ class HttpCaller:
         self.effect = effect
         self.client = httpx.Client(headers=effect.headers, timeout=effect.timeout_s, follow_redirects=False)
 
+    def endpoint(self, call: EffectCall) -> str:
+        """The host and port the call goes to ('?' when its URL cannot be made: the call is invalid)."""
+        try:
+            return host_of(render_url(self.effect.url, call))
+        except EffectFailure:
+            return "?"
+
     def __call__(self, call: EffectCall) -> None:
         url = render_url(self.effect.url, call)
         where = host_of(url)

@@ -106,6 +106,10 @@ class KafkaProduceCaller:
                 self._partitions = len(topic.partitions)
             return self._partitions
 
+    def endpoint(self, call: EffectCall) -> str:
+        """The topic every call of the kind produces to."""
+        return self.topic
+
     def __call__(self, call: EffectCall) -> None:
         key = call.op_key.encode()
         partition = partition_of(key, self.partitions())

@@ -11,9 +11,14 @@ from lapse.processors.effects.object_stores import FaultyObjectStore, Filesystem
 class ObjectDeleter:
     """Deletes the object a row's key column names (read into the call's target) from one store."""
 
-    def __init__(self, store: ObjectStore, key_column: str) -> None:
+    def __init__(self, store: ObjectStore, key_column: str, bucket: str = "") -> None:
         self.store = store
         self.key_column = key_column
+        self.bucket = bucket
+
+    def endpoint(self, call: EffectCall) -> str:
+        """The bucket (or folder) every call of the kind goes to."""
+        return self.bucket
 
     def __call__(self, call: EffectCall) -> None:
         self.store.delete(object_key("", call.target.get(self.key_column)))
@@ -46,4 +51,11 @@ def build(declared: ObjectStoreEffect, setup: CallerSetup) -> ObjectDeleter:
     store = open_store(declared, max_connections=setup.concurrency)
     if setup.fault_rate > 0:
         store = FaultyObjectStore(store, setup.fault_rate, setup.rng)
-    return ObjectDeleter(store, declared.key_column)
+    return ObjectDeleter(store, declared.key_column, bucket_of(declared.url))
+
+
+def bucket_of(url: str) -> str:
+    """The bucket of `s3://bucket/prefix`, the folder of `file:PATH`: what the store's calls go to."""
+    if url.startswith("s3://"):
+        return url.removeprefix("s3://").partition("/")[0]
+    return url[:300]

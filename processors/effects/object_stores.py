@@ -149,7 +149,8 @@ class FilesystemObjectStore:
 
 class FaultyObjectStore:
     """Wraps a store and fails a share `rate` of deletes: mostly 429 with Retry-After, some 503,
-    now and then an invalid key (for the demo's --fault-rate and for tests)."""
+    now and then an invalid key (for the demo's --fault-rate and for tests). The faults are the
+    operation's own, not load: they neither slow down nor stop the kind's other calls."""
 
     def __init__(self, inner: ObjectStore, rate: float, rng: random.Random,
                  retry_after_s: float = 2.0) -> None:

@@ -91,7 +91,7 @@ def s3_failure(exc: ClientError, key: str) -> EffectFailure | None:
     if code in SLOW_DOWN or status == 429:
         headers = meta.get("HTTPHeaders", {})
         wait = retry_after_wait(headers.get("retry-after"), headers.get("date"))
-        return EffectFailure(RATE_LIMITED, reason, retry_after=wait)
+        return EffectFailure(RATE_LIMITED, reason, retry_after=wait, slow_down=True, stop_route=True)
     if code in TRY_AGAIN:
         return EffectFailure(TEMPORARY, reason)
     if code in NEVER:

@@ -341,8 +341,8 @@ def test_every_statement_the_console_adds_reads_an_index(pg_url):
         operator_action(conn, 1)
         ledger_states(conn, ["k:1", "k:2"])
         operation_of_subject(conn, "k", "1")
-        tenant_operations(conn, "t1", kind="k", after="100")
-        tenant_operations(conn, "t1")
+        tenant_operations(conn, "t1", "k", "k:100", 50)
+        tenant_operations(conn, "t1", None, None, 50)
     event.remove(engine, "before_cursor_execute", capture)
     assert len(captured) == 12
     with engine.begin() as conn:
@@ -354,6 +354,6 @@ def test_every_statement_the_console_adds_reads_an_index(pg_url):
     assert all("ix_lapse_transitions_at" in p for p in plans[3:6])
     assert "pk_lapse_daily_reports" in plans[6] and "pk_lapse_operator_actions" in plans[7]
     assert "pk_lapse_ledger" in plans[8]
-    assert "ix_lapse_ledger_kind_subject" in plans[9] and "ix_lapse_ledger_kind_subject" in plans[10]
-    assert "pk_lapse_ledger" in plans[11]
+    assert "ix_lapse_ledger_kind_subject" in plans[9]
+    assert "ix_lapse_ledger_tenant" in plans[10] and "ix_lapse_ledger_tenant" in plans[11]
     engine.dispose()

@@ -30,7 +30,8 @@ def sign_in_to(driver, url: str, token: str, page: str) -> None:
     driver.get(f"{url}/login?next={page}")
     driver.find_element(By.ID, "token").send_keys(token)
     driver.find_element(By.ID, "sign-in").click()
-    eventually(lambda: driver.current_url.endswith(page), timeout_s=30, what=f"{page} after signing in")
+    eventually(lambda: driver.current_url.endswith(page) and driver.find_elements(By.CSS_SELECTOR, "main h1"),
+               timeout_s=30, what=f"{page} after signing in")
 
 
 def states(engine) -> dict[str, str]:
@@ -51,7 +52,9 @@ def test_an_operator_pauses_and_resumes_a_kind_in_the_browser(kafka_bootstrap, p
 
     with running_console(settings) as console, chromium() as driver:
         sign_in_to(driver, console.url, OPERATOR[1], "/brakes")
-        assert driver.find_elements(By.CSS_SELECTOR, "#pauses tr.none")  # nothing paused yet
+        # nothing paused yet (waited for: the URL changes before the page's document has loaded)
+        eventually(lambda: driver.find_elements(By.CSS_SELECTOR, "#pauses tr.none"), timeout_s=30,
+                   what="the Brakes page with nothing paused")
         driver.find_element(By.CSS_SELECTOR, f"#pause-kind option[value='{RELEASE}']").click()
         driver.find_element(By.ID, "pause-reason").send_keys("partner outage")
         driver.find_element(By.ID, "pause-submit").click()

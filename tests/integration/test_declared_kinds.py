@@ -72,7 +72,7 @@ PURGE_LOG = """
     effect:
       delete: {}
 """
-PURGE_LOG_INDEX = ("CREATE INDEX ix_audit_log_purge_log_due ON shop.audit_log (created_at, id) "
+PURGE_LOG_INDEX = ("CREATE INDEX CONCURRENTLY ix_audit_log_purge_log_due ON shop.audit_log (created_at, id) "
                    "WHERE kind IS DISTINCT FROM 'keep'")
 
 
@@ -177,7 +177,8 @@ def test_a_kind_without_a_due_index_is_refused_with_the_create_index_and_nothing
     with shop.connect() as conn:
         assert conn.execute(select(func.count()).select_from(cleanup_ledger)).scalar() == 0
 
-    with shop.begin() as conn:  # the statement printed is the one to run
+    # The statement printed is the one to run: CONCURRENTLY, so outside a transaction, writes going on.
+    with shop.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
         conn.exec_driver_sql(PURGE_LOG_INDEX)
     assert sorted(load_kinds(settings, shop)) == ["expire-order", "purge-log", "purge-session"]
 
@@ -264,3 +265,74 @@ def test_kinds_check_names_what_the_role_may_not_do(pg_url, shop, tmp_path, logi
     problems = {k["name"]: k["problems"] for k in json.loads(checked.output)["kinds"]}
     assert problems == {"expire-order": ["table: the current role may not UPDATE shop.orders"],
                         "purge-session": ["table: the current role may not DELETE shop.sessions"]}
+
+
+TENANT_TABLES = [
+    "CREATE SCHEMA crm",
+    # A Django-style table: uuid keys, the organisation a uuid (null for rows made before it existed).
+    """CREATE TABLE crm.invites (id uuid PRIMARY KEY, org_id uuid, expires_at timestamptz NOT NULL,
+       status text NOT NULL)""",
+    "CREATE INDEX invites_due ON crm.invites (expires_at, id) WHERE status = 'open'",
+    "CREATE TABLE crm.carts (id bigint PRIMARY KEY, shop_id integer NOT NULL, expires_at timestamptz NOT NULL)",
+    "CREATE INDEX carts_due ON crm.carts (expires_at, id)",
+]
+TENANT_KINDS = """
+kinds:
+  expire-invite:
+    table: crm.invites
+    id: id
+    tenant: org_id
+    due: expires_at
+    eligible: {status: open}
+    effect:
+      update: {set: {status: expired}}
+  purge-cart:
+    table: crm.carts
+    id: id
+    tenant: shop_id
+    due: expires_at
+    effect:
+      delete: {}
+"""
+
+
+def test_uuid_and_integer_tenant_columns_are_carried_as_text(kafka_bootstrap, pg_url, unique, tmp_path):
+    engine = make_engine(pg_url)
+    orgs = [uuid.uuid4() for _ in range(3)]
+    invites = {uuid.uuid4(): orgs[i % 3] if i % 4 else None for i in range(12)}
+    with engine.begin() as conn:
+        for statement in TENANT_TABLES:
+            conn.exec_driver_sql(statement)
+        conn.execute(text("INSERT INTO crm.invites VALUES (:id, :org, :due, 'open')"),
+                     [{"id": i, "org": org, "due": PAST} for i, org in invites.items()])
+        conn.execute(text("INSERT INTO crm.carts VALUES (:id, :shop, :due)"),
+                     [{"id": i, "shop": 7000 + i % 2, "due": PAST} for i in range(1, 9)])
+    path = tmp_path / "kinds.yaml"
+    path.write_text(TENANT_KINDS)
+    settings = make_pipeline_settings(kafka_bootstrap, pg_url, unique, kinds={"file": path})
+    kinds = load_kinds(settings, engine)
+    late = uuid.uuid4()
+    with engine.begin() as conn:  # the application schedules one itself, naming its tenant as text
+        conn.execute(text("INSERT INTO crm.invites VALUES (:id, :org, :due, 'open')"),
+                     {"id": late, "org": orgs[0], "due": PAST})
+        assert schedule_cleanup(conn, "expire-invite", str(late), str(orgs[0]), PAST, settings=settings)
+    relay_until_empty(engine, make_producer(settings), Codec.from_settings(settings), 100)
+    swept = sweep_once(engine, make_producer(settings), Codec.from_settings(settings), settings, kinds)
+    assert swept.by_kind == {"expire-invite": 12, "purge-cart": 8}
+
+    process_until_done(settings, terminal=21)
+
+    with engine.connect() as conn:
+        ledger = {(k, s): (t, st) for k, s, t, st in conn.execute(select(
+            cleanup_ledger.c.kind, cleanup_ledger.c.subject_id, cleanup_ledger.c.tenant, cleanup_ledger.c.state))}
+        left = conn.execute(text("SELECT count(*) FROM crm.carts")).scalar()
+        open_invites = conn.execute(text("SELECT count(*) FROM crm.invites WHERE status = 'open'")).scalar()
+    expected = {("expire-invite", str(i)): (str(org) if org else "default", "applied") for i, org in invites.items()}
+    expected[("expire-invite", str(late))] = (str(orgs[0]), "applied")
+    expected |= {("purge-cart", str(i)): (str(7000 + i % 2), "applied") for i in range(1, 9)}
+    assert ledger == expected
+    assert (left, open_invites) == (0, 0)
+    report = reconcile_once(engine, make_producer(settings), Codec.from_settings(settings),
+                            settings.with_(reconciler={"grace_s": 0.0}), kinds)
+    assert (report.gaps, report.reemitted, report.anomalies) == ({}, 0, {})
+    engine.dispose()

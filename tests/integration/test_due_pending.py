@@ -102,7 +102,7 @@ def seed_ledger(conn: Connection, subject: int, state: str) -> None:
 
 
 def sweep(conn: Connection, kind: CleanupKind, at: datetime) -> list[ExpiryEvent]:
-    """What `producers.sweep.sweep_kind` does in the database for one page at `at` (its page query,
+    """What `producers.sweep.sweep_page` does in the database for one page at `at` (its page query,
     insert_pending, bring_forward and their transitions); returns the events it would emit. The
     correlation ids are fixed so that two runs of a world are the same."""
     rows = [kind.to_eligible(r) for r in conn.execute(kind.eligible_page(at, None, 1000, without_ledger=True))]

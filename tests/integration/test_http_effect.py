@@ -16,6 +16,7 @@ import yaml
 from sqlalchemy import select
 
 from lapse.kernel.kinds import CleanupKind, compile_kinds, read_kinds_file
+from lapse.kernel.kinds.limits import Limits
 from lapse.kernel.ledger import TERMINAL, ExpiryEvent, expiry_event
 from lapse.kernel.models import cleanup_ledger, ledger_transitions, outbox
 from lapse.processors.effect_calls import build_caller
@@ -227,3 +228,31 @@ def test_a_value_that_would_climb_a_path_segment_is_dead_lettered_and_nothing_is
     assert "URL placeholder {tenant} makes the path segment '..'" in row["last_failure"]
     assert http_server.received == []
     assert business(engine) == {1: "open"}
+
+
+def test_a_429_without_retry_after_on_every_call_backs_off_exponentially_to_the_cap_then_dead_letters(
+        engine, http_server, tmp_path):
+    """The far side answers 429 without Retry-After, for ever. No attempt is burnt; each wait is in
+    the upper half of min(cap, base * 2**n), n the rate-limited tries before it, so the waits double
+    up to the cap; past the kind's deadline the operation is dead-lettered, class rate_limited."""
+    http_server.script("busy", Answer(429))
+    (event,) = add_hooks(engine, ["busy"])
+    kind = replace(hook_kind(engine, tmp_path, http_server.url + "/hooks/{script}/{subject_id}"),
+                   retry_base_s=1.0, retry_cap_s=8.0, rate_limited_for_s=60.0, limits=Limits(10_000.0))
+
+    run_until_terminal(engine, kind, [event], rounds=40)
+
+    row = ledger(engine)[event.op_key]
+    assert (row["state"], row["attempt"], row["last_failure_class"]) == ("dead_letter", 0, "rate_limited")
+    assert row["last_failure"].startswith(f"rate limited {len(http_server.received)} times since ")
+    # Each delivery came one second after the last wake-up's due time (run_until_terminal's clock).
+    due = [datetime.fromtimestamp(int(w["headers"]["lapse-due-at"]) / 1000, UTC)
+           for t in TOPOLOGY.delay_topics for w in outbox_rows(engine, t)]
+    due.sort()
+    delivered = [T0, *(d + timedelta(seconds=1) for d in due)]
+    waits = [(d - at).total_seconds() for d, at in zip(due, delivered, strict=False)]
+    nominal = [min(8.0, 2.0 ** n) for n in range(len(waits))]
+    assert all(n / 2 - 0.001 <= w <= n for w, n in zip(waits, nominal, strict=True)), waits
+    assert nominal[:5] == [1, 2, 4, 8, 8] and len(waits) >= 8
+    assert delivered[len(waits)] >= T0 + timedelta(seconds=60) > delivered[len(waits) - 1]
+    assert len(http_server.received) == len(waits) + 1

@@ -262,7 +262,8 @@ def test_bad_input_is_one_line_with_its_exit_code_and_nothing_changes(pg_url, tm
     for (what, code, start), done in zip(cases, finished, strict=True):
         assert (done.code, len(done.stderr), done.stdout) == (code, 1, ""), (what, done)
         assert done.stderr[0].startswith(start), (what, done.stderr[0])
-    assert "CREATE INDEX ix_holds_drop_hold_due ON holds (until, id) WHERE state = 'open'" in finished[3].stderr[0]
+    assert ("CREATE INDEX CONCURRENTLY ix_holds_drop_hold_due ON holds (until, id) WHERE state = 'open'"
+            in finished[3].stderr[0])
     assert "unreachable" in finished[5].stderr[0]
     assert snapshot() == before
     engine.dispose()

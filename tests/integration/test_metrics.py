@@ -241,9 +241,10 @@ def test_lapse_run_serves_every_role_and_the_status_on_one_port(kafka_bootstrap,
         add_reservations(conn, 3, expires_at=datetime.now(UTC) - timedelta(minutes=10))
     engine.dispose()
     port = free_port()
-    procs = RoleProcesses(settings, tmp_path, runtime__metrics_port=port, producer__sweep_interval_s=1)
+    procs = RoleProcesses(settings, tmp_path, runtime__metrics_port=port, producer__sweep_interval_s=1,
+                          archive__url=f"file://{tmp_path / 'archive'}")
     run = procs.start("run", "--workers", "1")
-    roles = {role.name for role in pipeline_roles(1)}
+    roles = {role.name for role in pipeline_roles(1, archive=True)}  # archive.url is set: the archive runs too
 
     def settled() -> dict[tuple, float] | None:
         assert run.proc.poll() is None, run.tail()

@@ -19,7 +19,7 @@ from tests.fixtures.db import as_cluster_owner, migrations_head, schema_diff
 
 LAPSE_TABLES = {"lapse_ledger", "lapse_transitions", "lapse_outbox", "lapse_daily_reports",
                 "lapse_operator_actions", "lapse_findings", "lapse_pauses", "lapse_budget_usage",
-                "lapse_shadow_effects"}
+                "lapse_shadow_effects", "lapse_limit_routes", "lapse_limit_slots", "lapse_limit_stats"}
 HEAD = migrations_head()
 PREVIOUS = "0004"
 # 0004's indexes that 0005 replaced, and the ones it made.

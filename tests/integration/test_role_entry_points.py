@@ -33,7 +33,8 @@ SERVICES = [("sweep", ["sweep"]), ("process", ["process"]), ("relay", ["relay"])
             ("reconcile", ["reconcile"]), ("report", ["report", "--serve"]), ("prune", ["prune", "--watch"]),
             ("console", ["console"]), ("run", ["run", "--workers", "1"])]
 BOUNDED = [["sweep", "--once"], ["reconcile", "--once"], ["process", "--exit-when-idle", "1"],
-           ["relay", "--exit-when-idle", "1"], ["prune"], ["report"]]
+           ["relay", "--exit-when-idle", "1"], ["prune"], ["report"],
+           ["archive", "--url", "file:///tmp/lapse-archive", "--exit-when-idle", "1"]]
 
 
 @pytest.fixture
@@ -113,3 +114,34 @@ def test_a_bounded_run_reports_a_dependency_away_at_start_in_the_same_one_line(a
         assert run.stderr[0].startswith(f"lapse: database postgresql+psycopg://lapse:********@127.0.0.1:{port}/lapse "
                                         "unreachable: "), what
     assert len({run.stderr[0] for run in done}) == 1, [run.stderr for run in done]
+
+
+@pytest.mark.alone  # a bound in seconds from the process's start
+def test_with_only_the_broker_away_each_run_names_it(away, sqlite_url, tmp_path):
+    """The database answers and no broker does: each bounded run that uses Kafka ends with one line
+    naming the broker (exit 4), where it used to idle out with exit 0; `lapse run` names it within
+    10 s of its start and waits."""
+    broker_away = {**away, "database.url": sqlite_url}
+    broker = broker_away["kafka.bootstrap_servers"]
+    done = run_lapse(*BOUNDED[:4], env=env_of(broker_away), cwd=tmp_path)
+    for run in done:
+        assert (run.code, len(run.stderr), run.stdout) == (ExitCode.UNREACHABLE, 1, ""), run
+        assert run.stderr[0].startswith(f"lapse: kafka at {broker} unreachable: "), run
+
+    log = tmp_path / "run.log"
+    base = {k: v for k, v in os.environ.items() if not k.startswith("LAPSE_")}
+    with log.open("w") as err:
+        started = time.monotonic()
+        proc = subprocess.Popen([sys.executable, "-m", "lapse", "run", "--workers", "1"], cwd=tmp_path,
+                                env={**base, **env_of(broker_away)}, stdout=subprocess.DEVNULL, stderr=err)
+    try:
+        named = f"run: {WAITING} until it is back: kafka at {broker} unreachable"
+        eventually(lambda: named in log.read_text(), timeout_s=10, interval_s=0.2, what="lapse run naming the broker")
+        assert time.monotonic() - started <= 10
+        assert proc.poll() is None
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=EXIT_BOUND_S) == 0, log.read_text()[-2000:]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()

@@ -161,6 +161,11 @@ def test_every_role_runs_with_only_its_acls_and_no_secret_is_printed(secure_kafk
         assert {o["op_key"] for o in outcomes if o["status"] == "applied"} == {
             f"{KIND}:{rid}" for rid in (*swept, later, missed)}
 
+        archive = s.run("archive", "archive", "--exit-when-idle", "1", "--json",
+                        **{env_var("archive.url"): f"file://{tmp_path / 'archive'}"})
+        assert archive.exit_code == 0, archive.output
+        assert json.loads(archive.stdout.splitlines()[-1])["records"] >= len(outcomes) + 4  # and at least 4 events
+
         # What the analytics view must count: every outcome on the topic (it counts at least once).
         expected = dict(sorted(Counter(f"{o['kind']}|{o['status']}" for o in outcomes).items()))
 
@@ -200,7 +205,7 @@ def test_every_role_runs_with_only_its_acls_and_no_secret_is_printed(secure_kafk
     finally:
         engine.dispose()
 
-    assert len(s.printed) == 11 and all(out.strip() for out in s.printed)  # every command's output kept
+    assert len(s.printed) == 12 and all(out.strip() for out in s.printed)  # every command's output kept
     printed = "\n".join([*s.printed, caplog.text, *(r.getMessage() for r in caplog.records)])
     leaked = [secret for secret in secure_kafka.secrets() if secret in printed]
     assert not leaked, f"{len(leaked)} secret(s) printed"

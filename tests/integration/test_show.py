@@ -27,6 +27,7 @@ from lapse.readers.history_queries import (
     ledger_record,
     ledger_statement,
     outbox_statement,
+    tenant_page_statement,
     transitions_statement,
 )
 from lapse.shell.app import main
@@ -205,7 +206,7 @@ def test_an_unknown_op_key_is_one_line_and_exit_1(env):
     malformed = show(settings, "not an op key")
     assert malformed.exit_code == 2 and len(malformed.output.strip().splitlines()) == 1
     neither = show(settings)
-    assert neither.exit_code == 2 and "exactly one of OP_KEY or --correlation-id" in neither.output
+    assert neither.exit_code == 2 and "exactly one of OP_KEY, --subject KIND ID, --correlation-id" in neither.output
 
 
 def test_correlation_id_finds_its_operations(env, tmp_path):
@@ -280,6 +281,8 @@ def test_every_statement_reads_an_index(env, tmp_path):
             "outbox": plan(conn, outbox_statement(row)),
             "correlation": plan(conn, correlation_statement("corr-retried", T0, T0 + timedelta(hours=1), 21)),
             "created with": plan(conn, created_with_statement("corr-retried", T0, T0 + timedelta(hours=1), 21)),
+            "tenant page": plan(conn, tenant_page_statement("t1", None, ("artifact-delete", op_key), 51)),
+            "tenant kind page": plan(conn, tenant_page_statement("t1", "artifact-delete", None, 51)),
         }
     for name, text in plans.items():
         assert "Seq Scan" not in text, f"{name}:\n{text}"
@@ -289,3 +292,46 @@ def test_every_statement_reads_an_index(env, tmp_path):
     assert "ix_lapse_outbox_unsent" in plans["outbox"] and "ix_lapse_outbox_sent" in plans["outbox"]
     assert "ix_lapse_transitions_at" in plans["correlation"]
     assert "ix_lapse_ledger_correlation" in plans["created with"]
+    assert "ix_lapse_ledger_tenant" in plans["tenant page"] and "Sort" not in plans["tenant page"]
+    assert "ix_lapse_ledger_tenant" in plans["tenant kind page"] and "Sort" not in plans["tenant kind page"]
+
+
+def test_an_operation_is_found_by_its_business_row_and_a_tenant_s_are_listed_a_page_at_a_time(env, tmp_path):
+    settings, engine = env
+    applied = retried_then_applied(engine, settings, tmp_path)
+    dead, _ = dead_lettered_then_replayed(engine, settings)
+    others = [expiry_event("release-reservation", 900 + i, "t2" if i % 2 else "t1", T0, source="sweep")
+              for i in range(5)]
+    with engine.begin() as conn:
+        apply_batch(scope(conn, settings, "w1", T0), others)
+
+    by_subject = show(settings, "--subject", *applied.split(":"), "--json")
+    assert by_subject.exit_code == 0, by_subject.output
+    assert json.loads(by_subject.output) == json.loads(show(settings, applied, "--json").output)
+
+    t1 = sorted([applied, dead] + [e.op_key for e in others if e.tenant == "t1"])
+    pages, after = [], []
+    while True:
+        page = json.loads(show(settings, "--tenant", "t1", "--limit", "2", "--json", *after).output)
+        pages.append([o["op_key"] for o in page["operations"]])
+        if page["next"] is None:
+            break
+        after = ["--after", page["next"]]
+    assert [key for keys in pages for key in keys] == t1 and [len(keys) for keys in pages] == [2, 2, 1]
+    releases = json.loads(show(settings, "--tenant", "t1", "--kind", "release-reservation", "--json").output)
+    assert [o["op_key"] for o in releases["operations"]] == [k for k in t1 if k.startswith("release-")]
+    assert {o["state"] for o in releases["operations"] if o["op_key"] == dead} == {"dead_letter"}
+    text = show(settings, "--tenant", "t2", "--limit", "1").output.splitlines()
+    assert text[0] == "tenant t2: 1 operation(s) on this page" and text[-1].startswith("more: add --after ")
+
+    for args, line in [
+            (["--tenant", "nobody"], "lapse: unknown tenant 'nobody': no operation has it"),
+            (["--tenant", "t1", "--kind", "release-reservatoin"],
+             "lapse: unknown kind 'release-reservatoin': no operation has it and no declaration names it; did you "
+             "mean 'release-reservation'?"),
+            (["--subject", "expire-order", "1"], "lapse: unknown kind 'expire-order': no operation has it and no "
+                                                 "declaration names it; the kinds file declares artifact-delete, "
+                                                 "release-reservation"),
+            (["--subject", "release-reservation", "404"], "lapse: no operation release-reservation:404 in the ledger")]:
+        result = show(settings, *args)
+        assert (result.exit_code, result.output.splitlines()) == (1 if "404" in args else 2, [line]), args

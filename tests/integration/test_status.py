@@ -55,9 +55,9 @@ def test_status_shows_a_stuck_claim_and_ages_rising_with_the_clock(kafka_bootstr
     lag_now, lag_later = ({(r["group"], r["topic"]): r for r in s["lag"]}[key] for s in (first, later))
     assert (lag_now["records"], lag_later["records"]) == (4, 4)  # nothing consumed by the group
     assert lag_later["seconds"] - lag_now["seconds"] == pytest.approx(300, abs=0.01)
-    # Only groups that consume: cleanup, delay, analytics; no phantom reports group lagging forever.
+    # Only groups that consume: cleanup, delay, analytics, archive; no phantom reports group lagging forever.
     groups = settings.topology.groups
-    assert {r["group"] for r in first["lag"]} == {groups.cleanup, groups.delay, groups.analytics}
+    assert {r["group"] for r in first["lag"]} == {groups.cleanup, groups.delay, groups.analytics, groups.archive}
     assert not any("reports" in r["group"] for r in first["lag"])
 
     env = {**connection_env(settings), "LAPSE_RUNTIME__LOG_LEVEL": "WARNING"}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import threading
@@ -9,6 +10,7 @@ import time
 from functools import partial
 from pathlib import Path
 
+from lapse.kernel.logs import get_logger
 from lapse.kernel.settings import load_settings
 from lapse.shell.signals import stop_on_signals
 from lapse.shell.supervisor import Child, Supervisor
@@ -47,14 +49,32 @@ def test_a_role_process_gets_the_settings_through_a_pipe_not_its_command_line(tm
     sup.watch(until=lambda: all(not p.is_alive() for p in sup.procs.values()), poll_s=0.1)
     sup.shutdown()
     command_line, given = (tmp_path / "seen.txt").read_text().split("\n")
-    assert given == url and "--multiprocessing-fork" in command_line
+    assert given == url and command_line.startswith("lapse: process-0")
     assert "role-s3cret-77" not in command_line
+
+
+def test_each_role_process_is_named_in_ps_and_in_its_log_lines(tmp_path):
+    """`ps` shows `lapse: process-0`, not a spawned interpreter; the role's log lines carry its name."""
+    log_file = tmp_path / "roles.log"
+    roles = [Child(f"process-{i}", partial(stop_on_sigterm, ready=str(tmp_path / f"ready-{i}"))) for i in range(2)]
+    sup = Supervisor(load_settings(runtime={"log_file": log_file, "log_format": "json"}), roles, grace_s=10)
+    sup.start()
+    try:
+        eventually(lambda: all((tmp_path / f"ready-{i}").exists() for i in range(2)), timeout_s=60, what="roles ready")
+        shown = {name: Path(f"/proc/{proc.pid}/cmdline").read_bytes().split(b"\0")[0].decode()
+                 for name, proc in sup.procs.items()}
+    finally:
+        assert sup.shutdown() == []
+    assert shown == {"process-0": "lapse: process-0", "process-1": "lapse: process-1"}
+    stopping = [json.loads(line) for line in log_file.read_text().splitlines()]
+    assert {(line["role"], line["msg"]) for line in stopping} >= {("process-0", "stopping"), ("process-1", "stopping")}
 
 
 def stop_on_sigterm(settings, *, ready: str) -> None:
     stop = stop_on_signals()
     Path(ready).write_text("ready")
     stop.wait(120)
+    get_logger("test").info("stopping")
 
 
 def ignore_sigterm(settings, *, ready: str) -> None:

@@ -97,6 +97,23 @@ def test_cli_apply_is_idempotent(kafka_bootstrap, unique):
     assert second.output.strip() == "no change"
 
 
+def test_the_dry_run_refuses_what_the_apply_would_refuse(kafka_bootstrap, unique):
+    """topics.yaml declares replication 3 and the test cluster has one broker: the dry run used to
+    promise every create, which the apply then failed. Both now name it, create nothing, exit 1."""
+    prefix = unique("t") + "."
+    args = ["topics", "apply", "--bootstrap-servers", kafka_bootstrap, "--topic-prefix", prefix]
+    dry = CliRunner().invoke(main, [*args, "--dry-run"])
+    real = CliRunner().invoke(main, args)
+    for result in (dry, real):
+        assert result.exit_code == 1, result.output
+        lines = result.output.splitlines()
+        assert lines and all(line.startswith("ERROR ") for line in lines), lines
+        assert "cannot be created with replication factor 3: the cluster has 1 broker(s)" in lines[0]
+        assert lines[0].endswith("--replication-factor 1")
+    assert dry.output == real.output
+    assert not [t for t in admin(kafka_bootstrap).list_topics(timeout=10).topics if t.startswith(prefix)]
+
+
 @pytest.mark.embedded
 def test_apply_twice_on_the_embedded_broker(embedded_bootstrap, unique):
     declared = list(_topology(unique).specs)

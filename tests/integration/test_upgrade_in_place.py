@@ -145,7 +145,8 @@ def test_upgrading_the_previous_head_keeps_every_row(empty_url):
             with engine.connect() as conn:
                 sequences = set(conn.exec_driver_sql(
                     "SELECT sequencename FROM pg_sequences WHERE schemaname = 'lapse'").scalars())
-            assert sequences == {"lapse_transitions_id_seq", "lapse_outbox_id_seq", "lapse_operator_actions_id_seq"}
+            assert sequences == {"lapse_transitions_id_seq", "lapse_outbox_id_seq", "lapse_operator_actions_id_seq",
+                                 "lapse_budget_usage_id_seq"}
 
         # The sequences continue: new rows (through the batch insert, as the ledger writes them) get larger ids.
         with engine.begin() as conn:

@@ -93,8 +93,12 @@ def test_quick_bench_reports_every_stage_and_cleans_up(kafka_bootstrap, tmp_path
                                    "search_business_id", "tenant_operations", "activity", "api_overview",
                                    "api_dead_letters"}
     assert all(isinstance(p["median_ms"], RATE) for p in pages["pages"].values())
+    # The fairness figure, measured once each way on a small backlog (the 100,000-row one is the full bench's).
+    fair = out["fairness"]
+    assert (fair["backlog"], fair["small_rows"], fair["repeats"]) == (1000, 400, 1)
+    assert isinstance(fair["ratio"], RATE) and isinstance(fair["backlog_rows_per_s"], RATE)
     assert set(out["targets_met"]) >= {"lapse_vs_limit", "lapse_vs_quix", "batch_vs_db_bound", "lapse_2w_vs_1w",
-                                       "relay_vs_lapse", "latency_p99_ms", "console_page_ms"}
+                                       "relay_vs_lapse", "latency_p99_ms", "console_page_ms", "fairness_ratio"}
     assert not {"lapse_vs_naive", "lapse_vs_faust", "lapse_vs_batched_naive"} & set(out["targets_met"])
     assert all(isinstance(v, bool) for v in out["targets_met"].values())
     assert {"date", "cpus", "python"} <= set(out["machine"])
@@ -204,7 +208,8 @@ def test_an_unverified_stage_has_no_ratio_and_misses_its_target():
            "batched_naive": {"events_per_s": None, "verified": False, "reason": "the stage failed: boom"},
            "relay": {"rows_per_s": 2500.0, "verified": False, "reason": "12 left unsent"},
            "latency": {"p99_ms": 240.0}, "reconciler_scan": {"rows_per_s": 1.0},
-           "audit_replay": {"records_per_s": 1.0}, "console_pages": {"worst_ms": 120.0}}
+           "audit_replay": {"records_per_s": 1.0}, "console_pages": {"worst_ms": 120.0},
+           "fairness": {"met": False}}
     result = summarize(out, 500)
     # The limit: 1 / (1/4000 + 1/2000) = 1333.3 events/s.
     assert result["limit_events_per_s"] == 1333.3 and result["lapse_vs_limit"] == 0.75
@@ -215,7 +220,7 @@ def test_an_unverified_stage_has_no_ratio_and_misses_its_target():
     assert result["unverified"] == ["faust", "batched_naive", "relay"]
     met = result["targets_met"]
     assert met["lapse_vs_limit"] and met["lapse_vs_quix"] and met["batch_vs_db_bound"] and met["lapse_2w_vs_1w"]
-    assert met["latency_p99_ms"] and met["console_page_ms"] and not met["relay_vs_lapse"]
+    assert met["latency_p99_ms"] and met["console_page_ms"] and not met["relay_vs_lapse"] and not met["fairness_ratio"]
     out["relay"]["verified"] = True
     assert summarize(out, 500)["relay_vs_lapse"] == 2.5 and summarize(out, 500)["targets_met"]["relay_vs_lapse"]
     out["db_bound"]["verified"] = False  # no bound: no limit, and no ratio against it counts

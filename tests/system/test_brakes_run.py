@@ -22,21 +22,19 @@ import sys
 import time
 from collections import Counter
 from datetime import timedelta
-from pathlib import Path
 
 import pytest
 from sqlalchemy import func, select, text
 
 from lapse.devtools.demo_data import add_artifacts
-from lapse.devtools.demo_kinds import write_demo_kinds
 from lapse.devtools.demo_tables import artifacts
-from lapse.kernel.codec import Codec
 from lapse.kernel.models import cleanup_ledger, ledger_transitions
+from lapse.operator_actions import run_pause
 from lapse.processors import FilesystemObjectStore
 from lapse.shell.status_collector import status_families
 from tests.fixtures.changes import changes, record_changes
 from tests.fixtures.kafka import read_topic
-from tests.fixtures.pipeline import Pipeline, connection_env, seed
+from tests.fixtures.pipeline import Pipeline, connection_env, seed, with_demo_kinds
 from tests.fixtures.polling import eventually
 from tests.fixtures.running import RunningPipeline, lapse_run
 
@@ -46,18 +44,6 @@ PAUSE_BOUND = timedelta(seconds=5)
 ROWS = [pytest.param(5_000, id="5k"), pytest.param(50_000, id="50k", marks=pytest.mark.scale)]
 
 pytestmark = pytest.mark.slow
-
-
-def with_kinds(pipeline: Pipeline, tmp_path: Path, **edits: str) -> Pipeline:
-    """The pipeline on a copy of the demo kinds file in `tmp_path` (its own object folder), each
-    kind's declaration given extra lines (`edits`: kind → YAML lines under it)."""
-    path = write_demo_kinds(tmp_path / "kinds")
-    text_ = path.read_text()
-    for kind, lines in edits.items():
-        text_ = text_.replace(f"  {kind}:\n", f"  {kind}:\n" + "".join(f"    {line}\n" for line in lines.splitlines()))
-    path.write_text(text_)
-    settings = pipeline.settings.with_(kinds={"file": str(path)})
-    return Pipeline(settings, pipeline.engine, Codec.from_settings(settings))
 
 
 def lapse(p: Pipeline, *args: str) -> subprocess.CompletedProcess:
@@ -94,14 +80,15 @@ def kill_every_role(running: RunningPipeline) -> int:
     return len(pids)
 
 
-def pause_mid_backlog(p: Pipeline, ids: list[int], *extra: str) -> object:
-    """Once a twentieth of `ids` changed, pause the kind (`extra`: `--tenant T`); the database's
-    time the command returned."""
+def pause_mid_backlog(p: Pipeline, ids: list[int], tenant: str | None = None) -> object:
+    """Once a twentieth of `ids` changed, pause the kind (or one tenant of it) as `lapse pause`
+    does (its operator action, in process: the command's start-up would let a backlog of this size
+    finish first on a busy machine; tests/integration/test_pause_commands.py runs the command);
+    the database's time the pause was made."""
     mine = set(ids)
     eventually(lambda: sum(1 for i in changed_ids(p) if i in mine) >= len(ids) // 20, timeout_s=120,
-               interval_s=0.2, what="the backlog under way")
-    done = lapse(p, "pause", RELEASE, *extra, "--reason", "brakes test", "--actor", "tester")
-    assert done.returncode == 0, done.stderr
+               interval_s=0.1, what="the backlog under way")
+    assert run_pause(p.engine, RELEASE, tenant, reason="brakes test", actor="tester")["paused"]
     return db_now(p)
 
 
@@ -111,7 +98,7 @@ def late_changes(p: Pipeline, after, ids: set[int]) -> list[tuple[int, str, obje
 
 @pytest.mark.parametrize("rows", ROWS)
 def test_a_pause_stops_every_effect_within_5s_and_a_resume_applies_each_held_row_once(pipeline, tmp_path, rows):
-    p = with_kinds(pipeline, tmp_path)
+    p = with_demo_kinds(pipeline, tmp_path)
     record_changes(p.engine)
     ids = seed(p, rows, tenant="t1")
     store = FilesystemObjectStore(tmp_path / "kinds" / "objects")
@@ -142,7 +129,7 @@ def test_a_pause_stops_every_effect_within_5s_and_a_resume_applies_each_held_row
 
         # One tenant of the kind: t2 paused mid-backlog, t1 goes on.
         t1, t2 = seed(p, rows // 5, tenant="t1"), seed(p, rows // 5, tenant="t2")
-        tenant_paused_at = pause_mid_backlog(p, t1 + t2, "--tenant", "t2")
+        tenant_paused_at = pause_mid_backlog(p, t1 + t2, "t2")
         eventually(lambda: all(changed_ids(p)[i] for i in t1), timeout_s=300, interval_s=1.0,
                    what="tenant t1's rows released while t2 is paused")
         time.sleep(max(0.0, (tenant_paused_at + timedelta(seconds=8) - db_now(p)).total_seconds()))
@@ -161,7 +148,7 @@ def test_a_pause_stops_every_effect_within_5s_and_a_resume_applies_each_held_row
 
 @pytest.mark.parametrize("rows", ROWS)
 def test_a_budget_holds_every_minute_for_three_workers_and_pauses_its_kind(pipeline, tmp_path, rows):
-    p = with_kinds(pipeline, tmp_path, **{RELEASE: "budget: {max_effects: 1000, per: 1m}"})
+    p = with_demo_kinds(pipeline, tmp_path, **{RELEASE: "budget: {max_effects: 1000, per: 1m}"})
     record_changes(p.engine)
     seed(p, rows, tenant="t1")
     with lapse_run(p.settings, tmp_path, workers=WORKERS) as running:
@@ -189,7 +176,7 @@ def test_a_budget_holds_every_minute_for_three_workers_and_pauses_its_kind(pipel
 
 def test_a_shadow_kind_changes_nothing_and_live_then_changes_each_row_once(pipeline, tmp_path):
     rows = 500
-    shadow = with_kinds(pipeline, tmp_path, **{RELEASE: "mode: shadow"})
+    shadow = with_demo_kinds(pipeline, tmp_path, **{RELEASE: "mode: shadow"})
     record_changes(shadow.engine)
     seed(shadow, rows, tenant="t1")
     with lapse_run(shadow.settings, tmp_path, workers=WORKERS):
@@ -199,7 +186,7 @@ def test_a_shadow_kind_changes_nothing_and_live_then_changes_each_row_once(pipel
     plan = json.loads(lapse(shadow, "kinds", "plan", RELEASE, "--compare", "--json").stdout)
     assert plan["kinds"][0]["shadow"]["by_outcome"] == {"apply": rows}
 
-    live = with_kinds(pipeline, tmp_path)  # the same file, mode: live again
+    live = with_demo_kinds(pipeline, tmp_path)  # the same file, mode: live again
     with lapse_run(live.settings, tmp_path, workers=WORKERS):
         eventually(lambda: len(changed_ids(live)) == rows, timeout_s=180, interval_s=1.0,
                    what="every shadowed row changed once the kind is live")

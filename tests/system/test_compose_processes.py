@@ -267,7 +267,7 @@ def test_compose_services_as_processes_run_a_workload_to_its_audit(three_brokers
                     page = get(f"http://127.0.0.1:{ports['web-port']}{VIEW_PATH}")
                     shown[process] = json.loads(page[1]) if page and page[0] == 200 else None
                 elif role.command == "console":
-                    trust = ssl.create_default_context(cafile=str(stack.secrets / "ca.pem"))  # compose's CA
+                    trust = ssl.create_default_context(cafile=str(stack.database.secrets / "ca.pem"))  # compose's CA
                     shown[process] = (get(f"https://127.0.0.1:{ports['port']}/login", trust),
                                       get(f"https://127.0.0.1:{ports['port']}/", trust))
             monitor, view = shown.get("monitor") or {}, shown.get("analytics") or {}

@@ -54,8 +54,8 @@ def test_the_consoles_pages_on_two_million_rows(kafka_bootstrap, pg_url, unique)
         transition_buckets(conn, newest - timedelta(days=1), newest, 1800)
         transition_buckets(conn, newest - timedelta(minutes=2), newest, 60)
         operation_of_subject(conn, KIND, f"console-{RECENT_DEAD}")
-        tenant_operations(conn, "tenant-3", kind=KIND)
-        tenant_operations(conn, "tenant-3")
+        tenant_operations(conn, "tenant-3", KIND, None, 50)
+        tenant_operations(conn, "tenant-3", None, None, 50)
     event.remove(engine, "before_cursor_execute", capture)
     assert groups["total"] == ROWS // 500
     plans = {}

@@ -30,3 +30,8 @@ def test_demo_with_faults_on_embedded_broker_and_sqlite_converges_one_effect_per
     assert sum(summary["retries_by_attempt"].values()) > 0  # the faulty store forced retries
     assert summary["objects_deleted"] + summary["dead_letters"] == summary["artifacts_expired"] == 75
     assert all(summary["checks"].values())
+    # The terminal gets the summary; the roles' log lines go to the state folder's file.
+    said = run.stderr.decode().splitlines()
+    assert [line.split(" ")[0] for line in said] == ["embedded", "logs"], said
+    logged = [json.loads(line) for line in (tmp_path / "demo.log").read_text().splitlines()]
+    assert {line["role"] for line in logged} >= {"sweep", "relay", "process-0", "process-1", "demo"}

@@ -13,10 +13,8 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import signal
 import subprocess
-from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -27,6 +25,7 @@ from lapse.kernel.database import make_engine
 from lapse.kernel.ledger import APPLIED
 from lapse.kernel.models import cleanup_ledger, ledger_transitions
 from tests.fixtures.polling import eventually
+from tests.fixtures.readme import commands, readme_blocks
 from tests.fixtures.wheel import REPO, check_ok, run_clean
 
 pytestmark = pytest.mark.slow
@@ -34,32 +33,6 @@ pytestmark = pytest.mark.slow
 SECTION = "## Clean up your own table"
 README_BOOTSTRAP = "127.0.0.1:9092"
 README_DATABASE = "postgresql+psycopg://lapse@127.0.0.1:5432/shop"
-BLOCK = re.compile(r"(?:<!-- test: (?P<action>[a-z]+)(?: (?P<arg>[\w.]+))?[^>]*-->\n)?"
-                   r"```(?P<lang>\w*)\n(?P<body>.*?)```", re.S)
-
-
-@dataclass(frozen=True)
-class Block:
-    action: str  # run | file | sql | python | background | skip | show
-    arg: str | None
-    body: str
-
-
-def readme_blocks() -> list[Block]:
-    """The section's fenced blocks in order, each with what the test does with it."""
-    readme = (REPO / "README.md").read_text()
-    section = readme[readme.index(SECTION):]
-    section = section[:section.index("\n## ", len(SECTION))]
-    blocks = []
-    for m in BLOCK.finditer(section):
-        action = m["action"] or ("run" if m["lang"] == "sh" else "show")
-        blocks.append(Block(action, m["arg"], m["body"]))
-    return blocks
-
-
-def commands(body: str) -> list[str]:
-    return [line.split("  #")[0].strip() for line in body.splitlines()
-            if line.strip() and not line.lstrip().startswith("#")]
 
 
 # The test's own rows on top of the README's: ids 100 to 399, a third each due and pending (eligible),
@@ -86,7 +59,7 @@ def test_the_readme_section_cleans_up_a_users_own_tables(
     swap = {README_BOOTSTRAP: kafka_bootstrap, README_DATABASE: pg_empty_url}
     engine = make_engine(pg_empty_url)
     start = datetime.now(UTC)
-    blocks = readme_blocks()
+    blocks = readme_blocks(SECTION)
     assert {b.action for b in blocks} >= {"run", "file", "sql", "background"}, blocks
 
     def substituted(body: str) -> str:

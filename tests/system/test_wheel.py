@@ -9,9 +9,11 @@ The build runs on a copy of the sources, so it leaves nothing (build/, *.egg-inf
 
 from __future__ import annotations
 
+import email
 import glob
 import json
 import os
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -25,7 +27,8 @@ MUST_SHIP = ("lapse/py.typed", "lapse/processors/rules.py", "lapse/readers/audit
              "lapse/kernel/migrations/env.py", "lapse/kernel/migrations/script.py.mako",
              "lapse/topics.yaml", "lapse/schemas/expiry_event.avsc", "lapse/schemas/history/expiry_event.v1.avsc",
              "lapse/kernel/kinds/starter.yaml")
-REPO_ONLY_NAMES = ("processors", "producers", "reconciler", "readers", "retention", "reports", "operator_actions")
+REPO_ONLY_NAMES = ("processors", "producers", "reconciler", "readers", "retention", "reports", "operator_actions",
+                   "archive")
 SECRET = "s3cr3t-never-shown-Zq81"
 
 
@@ -61,6 +64,24 @@ def _declared_data_files() -> set[str]:
             for path in glob.glob(str(root / pattern)):
                 found.add(str(Path(*package.split(".")) / Path(path).relative_to(root)))
     return found
+
+
+def test_the_build_prints_no_warning_and_the_metadata_says_what_a_registry_shows(
+        built_wheel: tuple[Path, str]) -> None:
+    wheel, output = built_wheel
+    warnings = [line for line in output.splitlines() if "warning" in line.lower()]
+    assert warnings == []
+    with zipfile.ZipFile(wheel) as archive:
+        info = f"lapse-{PYPROJECT['project']['version']}.dist-info"
+        metadata = email.message_from_bytes(archive.read(f"{info}/METADATA"))
+        assert archive.read(f"{info}/licenses/LICENSE") == (REPO / "LICENSE").read_bytes()
+    assert metadata["License-Expression"] == "Apache-2.0"
+    assert metadata["Requires-Python"] == ">=3.11"
+    classifiers = metadata.get_all("Classifier")
+    assert {"Programming Language :: Python :: 3.11", "Typing :: Typed"} <= set(classifiers)
+    assert not any(c.startswith("License ::") for c in classifiers)  # the SPDX expression says it
+    assert set(metadata.get_all("Provides-Extra")) >= {"s3", "console", "analytics", "embedded", "bench"}
+    assert not any(r.startswith("faust") for r in metadata.get_all("Requires-Dist") if "extra ==" not in r)
 
 
 def test_one_top_level_package(installed: tuple[Path, Path, set[str]]) -> None:

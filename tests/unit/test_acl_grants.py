@@ -34,13 +34,15 @@ def test_each_role_gets_what_its_work_needs_and_nothing_else():
     assert writes["relay"] == {t.expiry, t.outcomes, t.dlq, *tiers}
     assert writes["process"] == {t.dlq, *tiers}
     assert writes["delay"] == {t.expiry, t.dlq, *tiers}
-    assert writes["audit"] == writes["status"] == set()
+    assert writes["audit"] == writes["status"] == writes["archive"] == set()
     assert writes["analytics"] == {f"{t.groups.analytics}-*"}  # its own changelog topics only
     assert {r for r in rights(t, "process") if r[0] == "READ"} == {
         ("READ", "topic", t.expiry), ("READ", "group", t.groups.cleanup)}
     assert {r for r in rights(t, "audit")} == {
         ("READ", "topic", t.expiry), ("READ", "topic", t.outcomes), ("READ", "topic", t.dlq),
         ("READ", "group", MANUAL_GROUP_PREFIX + "*")}
+    assert rights(t, "archive") == {("READ", "topic", t.expiry), ("READ", "topic", t.outcomes),
+                                    ("READ", "topic", t.dlq), ("READ", "group", t.groups.archive)}
     assert {name for op, kind, name in rights(t, "status") if op == "DESCRIBE"} == set(t.declared_groups())
     assert ("CREATE", "topic", f"{t.groups.analytics}-*") in rights(t, "analytics")
     # Every name but the manual readers' shared group prefix carries the environment's prefix.
@@ -53,7 +55,11 @@ def test_the_console_reads_what_status_reads_and_the_dlq():
     assert t.principal("console") == "User:lapse-console"
     status = {(op, kind, name) for op, kind, name in rights(t, "status")}
     assert rights(t, "console") == status | {("READ", "topic", t.dlq)}
-    assert ("READ", "topic", t.dlq) not in status
+    # Status reads the dlq only for the lag of a group that reads it (the archive's).
+    no_archive = replace(t, specs=tuple(replace(spec, groups=tuple(g for g in spec.groups if g != t.groups.archive))
+                                        for spec in t.specs))
+    assert ("READ", "topic", t.dlq) not in rights(no_archive, "status")
+    assert ("READ", "topic", t.dlq) in rights(no_archive, "console")
     assert {op for op, _, _ in rights(t, "console")} == {"READ", "DESCRIBE"}
     without = replace(t, principals=tuple(p for p in t.principals if p[0] != "console"))
     assert role_grants(without, "console") == []  # not declared: no ACLs
@@ -68,9 +74,9 @@ def test_a_file_without_principals_loads_and_declares_no_acls(tmp_path):
 
 def test_a_role_left_out_gets_no_acls(tmp_path):
     path = tmp_path / "topics.yaml"
-    path.write_text(BASE + "principals: {sweep: 'User:s'}\n")
+    path.write_text(BASE + "principals: {sweep: 'User:s', archive: 'User:a'}\n")
     topology = load_topology(path)
-    assert {g.principal for g in declared_grants(topology)} == {"User:s"}
+    assert {g.principal for g in declared_grants(topology)} == {"User:s"}  # no archive group: no archive
     assert role_grants(topology, "process") == []
 
 

@@ -1,9 +1,8 @@
 """The audit's verdict and its reading to the ends: "invariants hold" only when every partition was
 read to its end (partition EOF at or past the high watermark captured at the start) and every
-offset in between yielded a record; a partition that stalls before its end makes the audit refuse,
-naming it and how far it got; an empty window is "nothing to audit" — never a success claimed over
-records that were not seen (PITFALLS.md: an audit on tansu once read 421 of 452 events and
-reported success)."""
+offset in between yielded a record; a partition that stalls before its end is given up and is a
+gap; an empty window is "nothing to audit" — never a success claimed over records that were not
+seen (PITFALLS.md: an audit on tansu once read 421 of 452 events and reported success)."""
 
 from __future__ import annotations
 
@@ -55,12 +54,11 @@ def test_an_eof_short_of_the_captured_high_watermark_is_not_the_end():
     tracker = EndTracker([Span("t.expiry", 0, 0, 10)], 0.0)
     _read(tracker, "t.expiry", 0, range(0, 6), eof=6, now=1.0)
     assert [p.position for p in tracker.pending] == [6]
-    assert tracker.stalled(now=5.0, stall_s=5.0) == []  # it moved at 1.0
-    (stalled,) = tracker.stalled(now=6.0, stall_s=5.0)
-    assert tracker.refusal([stalled], 5.0) == (
-        "1 partition not read to the end (no record and no end-of-partition for 5s): t.expiry[0] at offset 6 "
-        "of at least 10 (6 records read); the broker did not deliver the whole log, so the invariants cannot "
-        "be checked")
+    assert tracker.give_up_stalled(now=5.0, stall_s=5.0) == []  # it moved at 1.0
+    (stalled,) = tracker.give_up_stalled(now=6.0, stall_s=5.0)
+    assert (stalled.position, stalled.captured, stalled.stalled) == (6, 10, True)
+    assert tracker.pending == [] and tracker.given_up() == [stalled]
+    assert not tracker.record("t.expiry", 0, 6, now=7.0)  # given up: a late record is not counted
 
 
 def test_offsets_that_yielded_no_record_make_the_audit_incomplete():
@@ -85,3 +83,20 @@ def test_broken_wins_and_an_empty_window_is_nothing_to_audit():
     report.unread = empty.short()
     judge(report)
     assert (report.verdict, report.incomplete) == (NOTHING, [])
+
+
+def test_gaps_make_the_audit_incomplete_unless_allowed():
+    gap = {"topic": "t.expiry", "partition": 2, "first_offset": 0, "end_offset": 9, "records": 9,
+           "reason": "no longer on the topic (retention); no archive was given", "first_time": None,
+           "after_time": None, "before_time": "2026-12-06T10:00:00.000Z"}
+    failing = AuditReport(records={"t.expiry": 21}, in_range={"t.expiry": 21}, scanned={"t.expiry": 21}, gaps=[gap])
+    judge(failing)
+    assert failing.verdict == INCOMPLETE
+    assert failing.incomplete == [
+        "9 offsets in the window could not be read, in 1 partition (--allow-gaps accepts that)",
+        "t.expiry[2] offsets 0-8 (9) not read: no longer on the topic (retention); no archive was given; "
+        "before 2026-12-06T10:00:00.000Z"]
+    allowed = AuditReport(records={"t.expiry": 21}, in_range={"t.expiry": 21}, scanned={"t.expiry": 21},
+                          gaps=[gap], gaps_allowed=True)
+    judge(allowed)
+    assert (allowed.verdict, allowed.incomplete, allowed.gaps) == (HOLD, [], [gap])

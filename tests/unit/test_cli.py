@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+import sys
+
 from click.testing import CliRunner
 
 from lapse.shell.app import main
@@ -72,3 +75,37 @@ def test_run_with_the_console_refuses_a_public_bind_without_tokens_before_starti
     assert result.exit_code == 3
     assert result.output.count("\n") == 1
     assert "the console would serve 0.0.0.0 with no tokens" in result.output
+
+
+def test_help_lists_the_dev_tools_in_their_own_section():
+    result = CliRunner().invoke(main, ["--help"])
+    assert result.exit_code == 0
+    commands, _, dev_tools = result.output.partition("\nDev tools:\n")
+    listed = {line.split()[0] for line in dev_tools.splitlines() if line.strip()}
+    assert listed == {"bench", "broker", "demo", "soak"}
+    assert "  run " in commands and "  dlq " in commands and "  demo " not in commands
+
+
+def test_shell_completion_is_served_by_the_command():
+    """docs/install.md tells to `eval "$(_LAPSE_COMPLETE=bash_source lapse)"`: what it evaluates, and
+    the completions it then asks for."""
+    script = CliRunner().invoke(main, [], env={"_LAPSE_COMPLETE": "bash_source"}, prog_name="lapse")
+    assert script.exit_code == 0 and "complete -o nosort -F _lapse_completion lapse" in script.output
+    words = CliRunner().invoke(main, [], prog_name="lapse", env={
+        "_LAPSE_COMPLETE": "bash_complete", "COMP_WORDS": "lapse dlq list --k", "COMP_CWORD": "3"})
+    assert words.output.split() == ["plain,--kind"]
+
+
+def test_analytics_without_its_extra_names_the_extra(monkeypatch):
+    monkeypatch.setitem(sys.modules, "faust", None)  # as if faust-streaming were not installed
+    result = CliRunner().invoke(main, ["analytics"])
+    assert result.exit_code == 3
+    assert result.stderr == ("lapse: analytics needs the `analytics` extra (faust is not installed): "
+                             "pip install 'lapse[analytics]'\n")
+
+
+def test_debug_asks_the_logs_for_whole_tracebacks():
+    plain = json.loads(CliRunner().invoke(main, ["config", "show", "--json"]).output)
+    debug = json.loads(CliRunner().invoke(main, ["--debug", "config", "show", "--json"]).output)
+    assert plain["settings"]["runtime"]["log_tracebacks"]["value"] is False
+    assert debug["settings"]["runtime"]["log_tracebacks"]["value"] is True

@@ -283,7 +283,7 @@ def test_the_starter_lists_real_settings_and_every_commented_value_loads(clean_e
     assert uncommented != text
     data = tomllib.loads(uncommented)
     assert set(data) == set(Settings.model_fields) - {"dev"}
-    assert data["processor"]["batch_size"] == 500 and data["runtime"]["log_format"] == "json"
+    assert data["processor"]["batch_size"] == 500 and data["runtime"]["log_format"] == "auto"
     (clean_env / "lapse.toml").write_text(uncommented)
     assert load_settings().processor.batch_size == 500  # unknown names would be refused here
 

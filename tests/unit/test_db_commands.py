@@ -68,6 +68,9 @@ def test_current_and_history_as_json(tmp_path: Path):
     assert "Time partitions" in summaries["0009"]
     assert "brakes" in summaries["0010"]
     assert "Partition rotation" in summaries["0011"]
+    assert "tenant" in summaries["0014"]
+    assert "generation" in summaries["0018"].lower()
+    assert "limit" in summaries["0017"].lower()
     assert "retention" in summaries["0007"]
     assert "operator actions" in summaries["0006"]
     assert "indexes" in summaries["0005"]

@@ -108,11 +108,13 @@ def test_any_mapping_not_of_exactly_one_type_is_refused_in_one_line(keys):
 
 
 @given(tag=st.sampled_from(EXTERNAL_TAGS), rate=st.floats(0.01, 100_000))
-def test_rate_per_s_goes_with_external_effects_only(tag, rate):
-    assert parse_kind("erase", {**BASE, "effect": {tag: INNER[tag]}, "rate_per_s": rate}).rate_per_s == rate  # type: ignore[union-attr]
+def test_limits_go_with_external_effects_only(tag, rate):
+    limits = {"rate_per_s": rate, "per": "endpoint"}
+    decl = parse_kind("erase", {**BASE, "effect": {tag: INNER[tag]}, "limits": limits})
+    assert decl.limits.rate_per_s == rate  # type: ignore[union-attr]
     for internal in set(TAGS) - set(EXTERNAL_TAGS):
-        with pytest.raises(KindError, match="rate_per_s applies to"):
-            parse_kind("erase", {**BASE, "effect": {internal: INNER[internal]}, "rate_per_s": rate})
+        with pytest.raises(KindError, match="limits apply to"):
+            parse_kind("erase", {**BASE, "effect": {internal: INNER[internal]}, "limits": limits})
 
 
 @pytest.fixture

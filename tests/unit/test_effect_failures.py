@@ -41,8 +41,8 @@ SENT = format_datetime(NOW, usegmt=True)  # an answer's own Date header
 
 @pytest.mark.parametrize(("status", "expected"), [
     (200, None), (201, None), (204, None), (299, None),
-    (429, RATE_LIMITED),
-    (408, TEMPORARY), (500, TEMPORARY), (502, TEMPORARY), (503, TEMPORARY), (599, TEMPORARY),
+    (429, RATE_LIMITED), (503, RATE_LIMITED),  # a 503 with a Retry-After (given here) too
+    (408, TEMPORARY), (500, TEMPORARY), (502, TEMPORARY), (504, TEMPORARY), (599, TEMPORARY),
     (301, INVALID), (400, INVALID), (401, INVALID), (403, INVALID), (404, INVALID), (409, INVALID),
     (422, INVALID),
 ])
@@ -57,6 +57,16 @@ def test_status_codes_map_to_failure_classes(status, expected):
 
 def test_a_429_without_retry_after_backs_off_as_usual():
     assert for_status(429, "HTTP 429").retry_after is None
+
+
+def test_what_an_answer_asks_of_the_whole_route():
+    """A 429 slows the route down and its Retry-After stops it; a 503's Retry-After stops it
+    without slowing it; a 503 without one is an ordinary temporary failure of this operation."""
+    answers = {"429+RA": for_status(429, "x", 3.0), "429": for_status(429, "x"), "503+RA": for_status(503, "x", 3.0),
+               "503": for_status(503, "x")}
+    assert {name: (f.failure_class, f.slow_down, f.stop_route) for name, f in answers.items()} == {
+        "429+RA": (RATE_LIMITED, True, True), "429": (RATE_LIMITED, True, False),
+        "503+RA": (RATE_LIMITED, False, True), "503": (TEMPORARY, False, False)}
 
 
 @given(st.integers(min_value=0, max_value=10**40))

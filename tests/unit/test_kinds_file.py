@@ -94,7 +94,7 @@ GOOD = {
     "call-partner": {"table": "orders", "id": "id", "due": "expires_at", "eligible": {"status": "pending"},
                      "effect": {"http": {"method": "POST", "url": "https://partner.example/holds/{id}/release",
                                          "timeout_s": 5, "then_set": {"status": "released"}}},
-                     "rate_per_s": 100},
+                     "limits": {"rate_per_s": 100}},
     "drop-export": {"table": "exports", "id": "id", "due": "retain_until", "eligible": {"status": "live"},
                     "effect": {"object-store": {"url": "file:objects", "key_column": "object_key",
                                                 "then_set": {"status": "deleted", "deleted_at": "now"}}}},
@@ -157,7 +157,7 @@ def test_declared_kinds_compile_into_the_interface_the_rooms_use(tmp_path, busin
     assert expire.op_key(42) == "expire-order:42"
     assert expire.parse_subject("42") == 42
     call = kinds["call-partner"].external_effect
-    assert isinstance(call.declared, HttpEffect) and kinds["call-partner"].effect_rate_per_s == 100
+    assert isinstance(call.declared, HttpEffect) and kinds["call-partner"].limits.rate_per_s == 100
     drop = kinds["drop-export"].external_effect
     # A relative file: store resolves against the kinds file's folder.
     assert isinstance(drop.declared, ObjectStoreEffect) and drop.declared.url == f"file:{tmp_path / 'objects'}"
@@ -320,7 +320,8 @@ REFUSED = [
     (expire(id="ID"), "id: no column 'ID' in orders"),
     (expire(due="status"), "due: column 'status' is not a timestamp with time zone"),
     (expire(id="archived_at"), "id: column 'archived_at' has type DATETIME; an id is an integer, text or uuid"),
-    (expire(tenant="amount"), "tenant: column 'amount' has type NUMERIC(10, 2); a tenant is a text column"),
+    (expire(tenant="amount"),
+     "tenant: column 'amount' has type NUMERIC(10, 2); a tenant is a text, uuid or integer column"),
     (expire(eligible={"status": 5}),
      "eligible.status: 5 does not fit column 'status' (VARCHAR(16)): expected a string"),
     (expire(eligible={"status": True}), "eligible.status: True does not fit column 'status'"),
@@ -370,7 +371,8 @@ REFUSED = [
     (expire(retry={"max_attempts": "6"}), "retry.max_attempts: Input should be a valid integer"),
     (expire(retry={"max_attempts": 0}), "retry.max_attempts: Input should be greater than or equal to 1"),
     (expire(retry={"base_s": 10, "cap_s": 5}), "retry: cap_s must be at least base_s"),
-    (expire(rate_per_s=10), "rate_per_s applies to http, object-store and kafka-produce effects only"),
+    (expire(limits={"rate_per_s": 10}), "limits apply to http, object-store and kafka-produce effects only"),
+    (expire(rate_per_s=10), "rate_per_s is now limits.rate_per_s, counted for all workers together"),
     (expire(due=None), "due: Input should be a valid string"),
     (expire(colour="blue"), "colour: Extra inputs are not permitted"),
     ({"Expire Order": EXPIRE_ORDER}, "kind 'Expire Order': name: a kind name is a lowercase letter"),
@@ -479,14 +481,17 @@ YAMLISH = st.recursive(
                             st.dictionaries(st.sampled_from(["table", "id", "tenant", "due", "eligible", "effect",
                                                              "update", "delete", "http", "object-store", "set",
                                                              "url", "key_column", "retry", "in", "not", "python",
-                                                             "status", "then_set", "rate_per_s", "zzz"]),
+                                                             "status", "then_set", "rate_per_s", "limits",
+                                                             "concurrency", "per", "priority",
+                                                             "tenant_weights", "zzz"]),
                                             inner, max_size=4)),
     max_leaves=12)
 
 
 @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(raw=st.dictionaries(st.sampled_from(["table", "id", "tenant", "due", "eligible", "effect", "retry",
-                                            "rate_per_s", "python", "extra"]), YAMLISH, max_size=7))
+                                            "rate_per_s", "limits", "priority", "tenant_weights", "python",
+                                            "extra"]), YAMLISH, max_size=7))
 def test_any_shape_of_declaration_is_a_kind_or_a_one_line_refusal(tmp_path, business_db, raw):
     before = schema_of(business_db)
     try:

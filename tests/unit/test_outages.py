@@ -37,6 +37,7 @@ from lapse.kernel.outages import (
 )
 from lapse.kernel.package_files import schemas_dir
 from lapse.kernel.schema_registry import SchemaRegistryClient, SchemaRegistryError
+from lapse.kernel.settings import load_settings
 from lapse.processors.commit import values_at_fault
 from lapse.shell.error_boundary import ExitCode, diagnose
 from tests.fixtures.faults import schema_registry, silent_listener
@@ -176,6 +177,27 @@ def test_an_outage_logs_one_warning_however_many_tries_fail(caplog):
     warnings = [r for r in caplog.records if r.levelno >= logging.WARNING]
     assert len(warnings) == 2 and all("unavailable" in r.getMessage() for r in warnings)
     assert outage.outages == 2 and outage.failures == 0
+
+
+def test_a_long_outage_names_what_is_away_and_keeps_saying_so(caplog):
+    now = [0.0]
+    settings = load_settings(kafka={"bootstrap_servers": "127.0.0.1:9"},
+                             database={"url": "postgresql+psycopg://lapse:pw@db.example:5433/shop?password=pw"})
+    outage = Outage("run", logging.getLogger("lapse.test"), settings=settings, base_s=0.001, cap_s=0.002,
+                    repeat_s=30.0, clock=lambda: now[0])
+    broker_away = KafkaException(KafkaError(KafkaError._TRANSPORT, "Failed to get metadata"))
+    with caplog.at_level(logging.DEBUG, logger="lapse.test"):
+        for now[0] in (0.0, 10.0, 20.0, 31.0, 45.0, 62.0):
+            outage.wait(broker_away, threading.Event())
+        outage.over()
+        outage.wait(OperationalError("SELECT 1", {}, Exception("connection refused")), threading.Event())
+    warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert warnings == [
+        "run: dependency unavailable, retrying with backoff until it is back: kafka at 127.0.0.1:9 unreachable",
+        "run: still unavailable after 31 s, retrying: kafka at 127.0.0.1:9 unreachable",
+        "run: still unavailable after 62 s, retrying: kafka at 127.0.0.1:9 unreachable",
+        "run: dependency unavailable, retrying with backoff until it is back: database "
+        "postgresql://db.example:5433/shop unavailable (connection lost)"]
 
 
 def test_an_outage_of_the_database_says_why_in_its_one_warning(caplog):

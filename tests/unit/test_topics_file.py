@@ -53,8 +53,11 @@ def test_roles_delay_tiers_and_groups_come_from_the_file():
     assert [(tier.topic, tier.delay_s) for tier in topology.tiers] == [
         ("lapse.delay.30s", 30), ("lapse.delay.2m", 120), ("lapse.delay.10m", 600), ("lapse.delay.1h", 3600)]
     assert (topology.expiry, topology.outcomes, topology.dlq) == ("lapse.expiry", "lapse.outcomes", "lapse.dlq")
-    assert topology.declared_groups() == ["lapse-analytics", "lapse-cleanup", "lapse-delay"]
-    assert set(vars(topology.groups).values()) == set(topology.declared_groups())
+    assert topology.declared_groups() == ["lapse-analytics", "lapse-archive", "lapse-cleanup", "lapse-delay"]
+    assert set(topology.groups.by_role().values()) == set(topology.declared_groups())
+    assert {group for group, topic in topology.reads() if group == topology.groups.archive} == {"lapse-archive"}
+    assert sorted(topic for group, topic in topology.reads() if group == topology.groups.archive) == sorted(
+        [topology.expiry, topology.outcomes, topology.dlq])
     by_name = {spec.name: spec for spec in topology.specs}
     assert by_name[topology.expiry].manual_readers == ("audit",)
     assert by_name[topology.expiry].replication_factor == 3
@@ -68,7 +71,7 @@ def test_one_prefix_renames_every_topic_and_group():
     assert prefixed.tiers == tuple(DelayTier("env-a." + t.topic, t.delay_s) for t in plain.tiers)
     assert (prefixed.expiry, prefixed.outcomes, prefixed.dlq) == tuple(
         "env-a." + name for name in (plain.expiry, plain.outcomes, plain.dlq))
-    assert vars(prefixed.groups) == {role: "env-a." + name for role, name in vars(plain.groups).items()}
+    assert prefixed.groups.by_role() == {role: "env-a." + name for role, name in plain.groups.by_role().items()}
     assert prefixed.reads() == [("env-a." + group, "env-a." + topic) for group, topic in plain.reads()]
 
 
@@ -88,7 +91,7 @@ def test_an_older_file_naming_the_retired_reports_group_loads_without_it(tmp_pat
     finally:
         logger.removeHandler(caplog.handler)
         logger.setLevel(level)
-    assert vars(topology.groups) == {"cleanup": "p.g-cleanup", "delay": "p.g-delay", "analytics": "p.g-analytics"}
+    assert topology.groups.by_role() == {"cleanup": "p.g-cleanup", "delay": "p.g-delay", "analytics": "p.g-analytics"}
     assert topology.declared_groups() == ["p.g-analytics", "p.g-cleanup", "p.g-delay"]
     assert sorted(topology.reads()) == [("p.g-analytics", "p.t.outcomes"), ("p.g-cleanup", "p.t.expiry"),
                                         ("p.g-delay", "p.t.delay.30s")]
@@ -99,5 +102,5 @@ def test_an_older_file_naming_the_retired_reports_group_loads_without_it(tmp_pat
 
 def test_the_repository_topics_file_declares_no_reports_group():
     topology = load_topology(TOPICS_FILE)
-    assert "reports" not in vars(topology.groups)
+    assert "reports" not in topology.groups.by_role()
     assert not any("reports" in group for spec in topology.specs for group in spec.groups)

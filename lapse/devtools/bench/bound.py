@@ -62,7 +62,8 @@ ins AS (
     WHERE r.id = ANY(ARRAY(SELECT b.subject FROM b JOIN ins USING (op_key))) AND r.id = b.subject
       AND r.tenant = b.tenant AND r.status = 'held' AND r.expires_at <= now()
     RETURNING b.op_key
-), done AS MATERIALIZED (SELECT b.* FROM b JOIN rel USING (op_key)),""" + _RECORD.format(status="applied", done="done") + """
+), done AS MATERIALIZED (SELECT b.* FROM b JOIN rel USING (op_key)),""" \
+    + _RECORD.format(status="applied", done="done") + """
 SELECT op_key FROM ins WHERE op_key NOT IN (SELECT op_key FROM rel)
 """
 

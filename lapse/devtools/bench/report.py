@@ -70,6 +70,7 @@ def summarize(out: dict[str, Any], default_batch: int) -> dict[str, Any]:
     targets = {k: (figures[k] is not None and figures[k] >= v) for k, v in TARGETS.items()}
     targets["latency_p99_ms"] = out["latency"]["p99_ms"] <= P99_TARGET_MS
     targets["console_page_ms"] = out["console_pages"]["worst_ms"] <= CONSOLE_PAGE_TARGET_MS
+    targets["fairness_ratio"] = bool(out["fairness"]["met"])
     stages = [*(f"lapse {r['workers']}w b{r['batch_size']}" for r in out["lapse"] if not r.get("verified")),
               *(f"transaction alone b{r['batch_size']}" for r in out["transaction_alone"] if not r.get("verified")),
               *(name for name in (*BASELINES, "db_bound", "relay") if name in out and not out[name].get("verified"))]
@@ -125,6 +126,10 @@ def table(result: dict[str, Any]) -> str:
     rows.append(("reconciler scan", s["rows"], s["rows_per_s"], s["method"]))
     a = result["audit_replay"]
     rows.append(("audit replay", a["records"], a["records_per_s"], a["method"]))
+    f = result["fairness"]
+    rows.append((f"fairness: B-E behind A's {f['backlog']:,} rows", f["small_rows"], f["backlog_rows_per_s"],
+                 f"B-E done in {f['small_with_backlog_s']} s against {f['small_alone_s']} s alone: median ratio "
+                 f"{f['ratio']} (target ≤ {f['target']}); the rate is A's meanwhile"))
     p = result["console_pages"]
     rows.append(("console pages (ledger rows)", p["rows"], "",
                  ", ".join(f"{name} {page['median_ms']} ms" for name, page in p["pages"].items())

@@ -21,6 +21,7 @@ from typing import Any, TypeVar
 from lapse.devtools.bench import (
     bound,
     console_pages,
+    fairness,
     faust_stage,
     lapse_stage,
     latency,
@@ -62,12 +63,14 @@ class BenchPlan:
     faust: bool = True
     console_rows: int = 2_000_000
     quix_python: Path = quix_stage.DEFAULT_PYTHON  # the Python of the Quix Streams peer's environment
+    fairness_backlog: int = 100_000
+    fairness_repeats: int = 3
 
     @classmethod
     def quick(cls, events: int = 300, workers: int = 2, batch_sizes: tuple[int, ...] = (100,)) -> BenchPlan:
         """A plan small enough for a smoke test: every stage runs, on a few hundred events."""
         return cls(events, workers, tuple(batch_sizes), scan_rows=20_000, latency_seconds=1.0,
-                   baseline_cap=min(events, 200), console_rows=20_000)
+                   baseline_cap=min(events, 200), console_rows=20_000, fairness_backlog=1000, fairness_repeats=1)
 
     @property
     def default_batch(self) -> int:
@@ -174,6 +177,11 @@ def _stages(envs: StageEnvironments, plan: BenchPlan, progress: Callable[[str], 
     progress(f"reconciler scan over {plan.scan_rows} rows, audit replay of {n} records")
     out["reconciler_scan"] = _in(envs, "scan", lambda s: scans.reconciler_scan(s, plan.scan_rows))
     out["audit_replay"] = scans.audit_replay(envs.settings("lapse1w"))  # its topic holds all n
+
+    progress(f"fairness: tenants B-E's 400 rows alone and behind tenant A's {plan.fairness_backlog:,}, "
+             f"{plan.fairness_repeats} time(s) each")
+    out["fairness"] = _in(envs, "fairness", lambda s: fairness.run_fairness(
+        s, plan.fairness_backlog, workers=plan.workers, repeats=plan.fairness_repeats))
 
     progress(f"console pages on a ledger of {plan.console_rows:,} rows")
     out["console_pages"] = _in(envs, "console", lambda s: console_pages.console_pages(s, plan.console_rows, progress),

@@ -61,7 +61,14 @@ def _cert(subject: str, key: ec.EllipticCurvePrivateKey, issuer: x509.Name, sign
                .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, subject)]))
                .issuer_name(issuer).public_key(key.public_key()).serial_number(x509.random_serial_number())
                .not_valid_before(now - timedelta(minutes=5)).not_valid_after(now + timedelta(days=2))
-               .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True))
+               .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True)
+               # What strict verification (Python 3.13's default context) asks of every certificate.
+               .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
+               .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(signer.public_key()), critical=False)
+               .add_extension(x509.KeyUsage(digital_signature=True, key_cert_sign=ca, crl_sign=ca,
+                                            content_commitment=False, key_encipherment=False, data_encipherment=False,
+                                            key_agreement=False, encipher_only=False, decipher_only=False),
+                              critical=True))
     if san:
         builder = builder.add_extension(x509.SubjectAlternativeName(san), critical=False)
     if usage is not None:

@@ -1,6 +1,7 @@
 """`lapse bench`: Lapse against its limit (the consumer alone, then the database's lower bound for
 the same writes), a Quix Streams peer and three reference baselines (naive, Faust, batched naive),
-and the console's pages timed on a big ledger."""
+the fairness figure (small tenants behind a big one's backlog), and the console's pages timed on a
+big ledger."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import click
 from lapse.kernel.settings import Settings
 from lapse.shell.cli import main
 from lapse.shell.cli_options import connection_options, emit, pass_settings, setting_option
+from lapse.shell.extras import require_extra
 
 
 def _batch_sizes(ctx: click.Context, param: click.Parameter, value: str) -> tuple[int, ...]:
@@ -38,6 +40,8 @@ def _batch_sizes(ctx: click.Context, param: click.Parameter, value: str) -> tupl
 @click.option("--console-rows", type=click.IntRange(1000, 100_000_000), default=2_000_000, show_default=True,
               help="Ledger rows (finished, with their transitions and some dead letters) the console's "
                    "pages are timed on.")
+@click.option("--fairness-backlog", type=click.IntRange(100, 10_000_000), default=100_000, show_default=True,
+              help="Due rows of the tenant whose backlog the fairness stage puts before four small tenants.")
 @click.option("--no-faust", is_flag=True, help="Skip the Faust baseline.")
 @click.option("--quix-python", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="The Python of the Quix Streams peer's own environment (`make quix-peer` makes "
@@ -53,8 +57,8 @@ def _batch_sizes(ctx: click.Context, param: click.Parameter, value: str) -> tupl
                 help="The JDK for the bench's own broker (else java on PATH).")
 @pass_settings
 def bench(settings: Settings, events: int, workers: int, batch_sizes: tuple[int, ...], scan_rows: int,
-          console_rows: int, no_faust: bool, quix_python: Path | None, quick: bool, plot_path: Path | None,
-          as_json: bool) -> None:
+          console_rows: int, fairness_backlog: int, no_faust: bool, quix_python: Path | None, quick: bool,
+          plot_path: Path | None, as_json: bool) -> None:
     """Benchmark Lapse on Apache Kafka and PostgreSQL against its limit, a peer and honest baselines.
 
     Starts its own Apache Kafka from the cached jars unless --bootstrap-servers (or
@@ -75,9 +79,12 @@ def bench(settings: Settings, events: int, workers: int, batch_sizes: tuple[int,
     if quick:
         plan = BenchPlan.quick(events=min(events, 300), workers=workers, batch_sizes=batch_sizes[:1])
     else:
-        plan = BenchPlan(events, workers, batch_sizes, scan_rows=scan_rows, console_rows=console_rows)
+        plan = BenchPlan(events, workers, batch_sizes, scan_rows=scan_rows, console_rows=console_rows,
+                         fairness_backlog=fairness_backlog)
     if no_faust:
         plan = replace(plan, faust=False)
+    else:
+        require_extra("analytics", "faust")  # the Faust baseline
     if quix_python is not None:
         plan = replace(plan, quix_python=quix_python)
     progress = (lambda msg: click.echo(f"bench: {msg}", err=True))

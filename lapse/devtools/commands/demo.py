@@ -15,6 +15,7 @@ from typing import Any
 
 import click
 
+from lapse.kernel.logs import configure_logging
 from lapse.kernel.settings import DEFAULT_STATE_DIR, Settings
 from lapse.shell.cli import main
 from lapse.shell.cli_options import emit, pass_settings, setting_option
@@ -102,9 +103,12 @@ def demo(settings: Settings, reservations: int, workers: int, state_dir: Path, t
                                 "seeds and deletes data there; pass --force to run it anyway")
     state_dir.mkdir(parents=True, exist_ok=True)
     shutil.rmtree(state_dir / "objects", ignore_errors=True)
-    # The demo's kinds file in the state folder: its `file:objects` store is state_dir/objects.
+    # The demo's kinds file in the state folder: its `file:objects` store is state_dir/objects. The
+    # roles log to a file there: the terminal gets the progress and the summary.
     changes: dict[str, dict[str, Any]] = {
         "processor": {"session_timeout_ms": 6000}, "kinds": {"file": write_demo_kinds(state_dir)}}
+    if settings.runtime.log_file is None:
+        changes["runtime"] = {"log_file": state_dir / "demo.log"}
     if own_db:
         db_path = state_dir / "demo.db"
         for suffix in ("", "-wal", "-shm"):
@@ -120,6 +124,8 @@ def demo(settings: Settings, reservations: int, workers: int, state_dir: Path, t
             changes["kafka"] = {"bootstrap_servers": broker.bootstrap}
             click.echo(f"embedded broker on {broker.bootstrap}", err=True)
         settings = settings.with_(**changes)
+        configure_logging(settings)
+        click.echo(f"logs in {settings.runtime.log_file}", err=True)
         summary = run_demo(settings, reservations_n=reservations, workers=workers, timeout_s=timeout_s)
     finally:
         if broker is not None:

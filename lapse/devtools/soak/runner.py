@@ -38,6 +38,7 @@ from lapse.kernel.models import cleanup_ledger
 from lapse.kernel.settings import Settings
 from lapse.kernel.topology import load_topology
 from lapse.kernel.yaml_files import load_file
+from lapse.shell.progress import progress_bar
 from lapse.shell.roles import child_of, pipeline_roles
 from lapse.shell.supervisor import Child, Supervisor
 
@@ -152,7 +153,9 @@ def _run(settings: Settings, soak: SoakPlan, objects: Path, progress: Callable[[
     horizon = timedelta(seconds=soak.retention_s + GRACE_S)
     started = datetime.now(UTC)
     progress(f"seeding {soak.seed_rows:,} ledger rows finished over the day before the horizon ({horizon})")
-    seed_finished(engine, schema, soak.seed_rows, started - horizon - timedelta(seconds=1), SEED_SPAN, progress)
+    with progress_bar("seeding", length=soak.seed_rows) as bar:
+        seed_finished(engine, schema, soak.seed_rows, started - horizon - timedelta(seconds=1), SEED_SPAN,
+                      bar.update)
     sup = Supervisor(settings, soak_roles(soak.workers))
     load = OfferedLoad(settings, engine, soak.rate, objects)
     samples: list[Sample] = []

@@ -32,9 +32,10 @@ FROM generate_series(CAST(:first AS bigint), CAST(:last AS bigint)) AS g
 
 
 def seed_finished(engine: Engine, schema: str | None, rows: int, newest: datetime, span: timedelta,
-                  progress: Callable[[str], None] = lambda _msg: None) -> None:
+                  advance: Callable[[int], None] = lambda _rows: None) -> None:
     """Insert `rows` applied ledger rows (op keys `release-reservation:seed-N`, subjects no business
-    row has) finished between `newest - span` and `newest`, each with its transition, then ANALYZE."""
+    row has) finished between `newest - span` and `newest`, each with its transition, then ANALYZE;
+    `advance(n)` after each chunk of n rows."""
     prefix = f'"{schema}".' if schema else ""
     span_s = max(1, int(span.total_seconds()))
     for first in range(1, rows + 1, SEED_CHUNK):
@@ -43,7 +44,7 @@ def seed_finished(engine: Engine, schema: str | None, rows: int, newest: datetim
         with engine.begin() as conn:
             conn.execute(text(_LEDGER.format(schema=prefix)), params)
             conn.execute(text(_TRANSITIONS.format(schema=prefix)), params)
-        progress(f"seeded {last:,} of {rows:,} finished ledger rows")
+        advance(last - first + 1)
     with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
         conn.execute(text(f"ANALYZE {prefix}lapse_ledger"))
         conn.execute(text(f"ANALYZE {prefix}lapse_transitions"))

@@ -26,7 +26,7 @@ MAX_EFFECTS = 10_000_000
 MAX_WINDOW_S = 7 * 86_400
 _DURATION = re.compile(r"^([1-9][0-9]{0,6})(s|m|h|d)$")
 _UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86_400}
-LIMITS, OFF = "limits", "off"
+LIMITS, OFF = "max-effects", "off"  # the budget union's member tags (not field names)
 BRAKE_TAGS = frozenset({LIMITS, OFF})  # the budget union's member tags, left out of error paths
 
 

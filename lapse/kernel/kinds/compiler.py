@@ -12,7 +12,23 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import Column, ColumnElement, Connection, MetaData, String, Table, and_, func, literal, or_, text, true
+from sqlalchemy import (
+    Column,
+    ColumnElement,
+    Connection,
+    Integer,
+    MetaData,
+    String,
+    Table,
+    Uuid,
+    and_,
+    cast,
+    func,
+    literal,
+    or_,
+    text,
+    true,
+)
 from sqlalchemy.sql.elements import NamedColumn
 
 from lapse.kernel.database import TABLE_PREFIX
@@ -32,6 +48,7 @@ from lapse.kernel.kinds.columns import (
 from lapse.kernel.kinds.declarations import Condition, DeclaredKind
 from lapse.kernel.kinds.effects.base import CompileContext
 from lapse.kernel.kinds.errors import KindError, show
+from lapse.kernel.kinds.generations import generation_of
 from lapse.kernel.kinds.kind import CleanupKind
 from lapse.kernel.models import SCHEMA as LAPSE_SCHEMA
 from lapse.kernel.topology import Topology
@@ -69,18 +86,23 @@ def eligibility(table: Table, conditions: dict[str, Condition], dialect: str) ->
 
 
 def tenant_expression(table: Table, name: str | None, taken: set[str]) -> NamedColumn[Any]:
-    """The tenant column, null read as 'default'; a constant 'default' when the table has none."""
+    """The tenant as text, as events and the ledger carry it: a text column as it is, a uuid or an
+    integer column cast to text in the select (the database's own spelling: lowercase uuid with
+    dashes, decimal digits); null read as 'default'; a constant 'default' when the table has none.
+    The tenant is only ever selected along the id or due index, never looked up by."""
     if name is None:
         return literal(DEFAULT_TENANT, String()).label(TENANT_LABEL)
     column = column_of(table, name, "tenant")
-    if not isinstance(reflected_type(column), String):
-        raise KindError("tenant", f"column {show(column.name)} has type {reflected_type(column)}; "
-                                  "a tenant is a text column")
+    kind = reflected_type(column)
+    if not isinstance(kind, (String, Uuid, Integer)):
+        raise KindError("tenant", f"column {show(column.name)} has type {kind}; a tenant is a text, uuid or "
+                                  "integer column")
     if column.name in taken:
         raise KindError("tenant", f"column {show(column.name)} is already the id or due column")
+    text: ColumnElement[Any] = column if isinstance(kind, String) else cast(column, String())
     if column.nullable:
-        return func.coalesce(column, DEFAULT_TENANT).label(column.name)
-    return column
+        return func.coalesce(text, DEFAULT_TENANT).label(column.name)
+    return column if text is column else text.label(column.name)
 
 
 def resolved_schema(bind: Bind, table: Table) -> str | None:
@@ -133,9 +155,14 @@ def compile_declared(name: str, decl: DeclaredKind, bind: Bind, metadata: MetaDa
         "max_attempts": decl.retry.max_attempts, "retry_base_s": decl.retry.base_s,
         "retry_cap_s": decl.retry.cap_s, "rate_limited_for_s": decl.retry.rate_limited_for_s,
     }
-    if decl.rate_per_s is not None:
-        common["effect_rate_per_s"] = decl.rate_per_s
-    context = CompileContext(table, id_column, due_column, eligible, dialect, base_dir, topology)
+    if decl.limits is not None:
+        common["limits"] = decl.limits.limits()
+    common["priority"] = decl.priority
+    common["tenant_weights"] = dict(decl.tenant_weights)
+    generation = (None if decl.generation is None
+                  else generation_of(table, decl.generation, {id_column.name, due_column.name}, dialect))
+    context = CompileContext(table, id_column, due_column, eligible, dialect, base_dir, topology, generation)
+    common["generation"] = generation
     common["mode"] = decl.mode
     common["budget"] = effective_budget(decl.budget, decl.effect.destructive)
     return CleanupKind(**common, **decl.effect.compile(context))

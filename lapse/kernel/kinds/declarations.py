@@ -1,10 +1,10 @@
 """The kinds file as validated data: what each declared kind says, before any database is seen.
 
 A kind is either declared (table, id, optional tenant, due column, eligibility conditions, one
-effect of the types in `effects.registry`, retry policy, rate) or names a Python kind by dotted
-path. Every model forbids unknown fields and takes values as they are typed in the file (no
-string-to-number coercion), so a mistake is refused here with the field that holds it; whether
-the names exist in the table is the compiler's business.
+effect of the types in `effects.registry`, retry policy, call limits, priority, tenant weights) or
+names a Python kind by dotted path. Every model forbids unknown fields and takes values as they
+are typed in the file (no string-to-number coercion), so a mistake is refused here with the field
+that holds it; whether the names exist in the table is the compiler's business.
 """
 
 from __future__ import annotations
@@ -15,15 +15,29 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PlainValidator, ValidationError, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PlainValidator, ValidationError, model_validator
 
 from lapse.kernel.kinds.brakes import BRAKE_TAGS, BUDGET_HELP, MODE_HELP, BudgetField, Mode
 from lapse.kernel.kinds.effects.python import PythonKind
 from lapse.kernel.kinds.effects.registry import EXTERNAL_TAGS, SHAPE, Effect
 from lapse.kernel.kinds.errors import KindError, KindsFileError, show
+from lapse.kernel.kinds.limits import (
+    LIMITS_HELP,
+    PRIORITY_HELP,
+    WEIGHTS_HELP,
+    LimitsDecl,
+    Priority,
+    checked_weights,
+    unknown_weights,
+)
 from lapse.kernel.ledger import InvalidOpKey, op_key
 from lapse.kernel.yaml_files import YamlFileError, load_text, read_text
 
+GENERATION_HELP = (
+    "The column that tells one lapse of a row from the next, for a subject that lapses again (a hold "
+    "released and held again): a NOT NULL timestamp with time zone set when it starts over "
+    "(`hold_started_at`) or an integer version. Each generation is its own operation, "
+    "`<kind>:<id>@<generation>`, applied once; without it a subject lapses once per ledger row.")
 MAX_LIST = 1000
 SCALARS = (str, int, float, bool)
 
@@ -72,6 +86,7 @@ def _condition(raw: Any) -> Condition:
 
 
 ConditionField = Annotated[Condition, PlainValidator(_condition)]
+WeightsField = Annotated[dict[str, float], BeforeValidator(checked_weights)]
 
 
 class _Strict(BaseModel):
@@ -100,20 +115,37 @@ class DeclaredKind(_Strict):
 
     table: str = Field(min_length=1)
     id: str = Field(min_length=1)
-    tenant: str | None = Field(None, min_length=1)
+    tenant: str | None = Field(None, min_length=1, description=(
+        "The tenant column: text, uuid or integer, carried as text (a uuid lowercase with dashes); "
+        "null reads as 'default', and so does a table without one."))
     due: str = Field(min_length=1)
     eligible: dict[str, ConditionField] = Field(default_factory=dict, max_length=100)
     effect: Effect
     retry: RetryDecl = Field(default_factory=RetryDecl)
-    rate_per_s: float | None = Field(None, gt=0, le=100_000)
+    limits: LimitsDecl | None = Field(None, description=LIMITS_HELP)
+    priority: Priority = Field("normal", description=PRIORITY_HELP)
+    tenant_weights: WeightsField = Field(default_factory=dict, description=WEIGHTS_HELP)
     mode: Mode = Field("live", description=MODE_HELP)
     budget: BudgetField = Field(None, description=BUDGET_HELP)
+    generation: str | None = Field(None, min_length=1, description=GENERATION_HELP)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _rate_moved(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "rate_per_s" in data:
+            raise ValueError("rate_per_s is now limits.rate_per_s, counted for all workers together (it was each "
+                             "worker's): move it there, as the total rate the far side takes")
+        return data
 
     @model_validator(mode="after")
-    def _rate_only_outside(self) -> DeclaredKind:
-        if self.rate_per_s is not None and not self.effect.external:
+    def _limits_only_outside(self) -> DeclaredKind:
+        if self.limits is not None and not self.effect.external:
             *most, last = EXTERNAL_TAGS
-            raise ValueError(f"rate_per_s applies to {', '.join(most)} and {last} effects only")
+            raise ValueError(f"limits apply to {', '.join(most)} and {last} effects only: a {self.effect.tag} "
+                             "effect calls no endpoint")
+        problem = unknown_weights(self.tenant_weights, self.tenant is not None)
+        if problem is not None:
+            raise ValueError(f"tenant_weights: {problem}")
         return self
 
     def privileges(self) -> list[str]:
@@ -121,8 +153,9 @@ class DeclaredKind(_Strict):
         return self.effect.privileges()
 
     def summary(self) -> dict[str, Any]:
-        return {"table": self.table, "effect": self.effect.tag, "id": self.id, "tenant": self.tenant,
-                "due": self.due, "conditions": [c.text(col) for col, c in self.eligible.items()]}
+        summary = {"table": self.table, "effect": self.effect.tag, "id": self.id, "tenant": self.tenant,
+                   "due": self.due, "conditions": [c.text(col) for col, c in self.eligible.items()]}
+        return summary if self.generation is None else {**summary, "generation": self.generation}
 
 
 Declaration = DeclaredKind | PythonKind
@@ -211,17 +244,24 @@ def read_kinds_file(path: Path | None) -> KindsFile:
 
 
 @lru_cache(maxsize=16)
-def _names_cached(path: str, mtime_ns: int, size: int) -> frozenset[str]:
-    return frozenset(read_kinds_file(Path(path)).kinds)
+def _generations_cached(path: str, mtime_ns: int, size: int) -> dict[str, str | None]:
+    return {name: decl.generation if isinstance(decl, DeclaredKind) else None
+            for name, decl in read_kinds_file(Path(path)).kinds.items()}
 
 
-def declared_names(path: Path | None) -> frozenset[str]:
-    """The kind names the file declares, read again only when the file changed (for the publish
-    API, which runs inside the application's transactions and must stay cheap)."""
+def declared_generations(path: Path | None) -> dict[str, str | None]:
+    """Each kind the file declares, with its generation column (None: none, or a Python kind), read
+    again only when the file changed (for the publish API, which runs inside the application's
+    transactions and must stay cheap)."""
     if path is None:
         raise KindsFileError("no kinds file: set kinds.file (LAPSE_KINDS__FILE) or run `lapse init`")
     try:
         stat = os.stat(path)
     except OSError as exc:
         raise KindsFileError(f"{path}: cannot read the kinds file ({exc.strerror})") from None
-    return _names_cached(str(path), stat.st_mtime_ns, stat.st_size)
+    return _generations_cached(str(path), stat.st_mtime_ns, stat.st_size)
+
+
+def declared_names(path: Path | None) -> frozenset[str]:
+    """The kind names the file declares (`declared_generations`' names)."""
+    return frozenset(declared_generations(path))

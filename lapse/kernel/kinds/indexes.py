@@ -2,7 +2,8 @@
 read them. A kind whose table lacks one is refused, with the exact `CREATE INDEX` to add:
 compiled by SQLAlchemy for the database at hand, partial on the kind's eligibility where the
 database has partial indexes, its values rendered as literals by the compiler (quoted and
-escaped, never pasted).
+escaped, never pasted). On PostgreSQL it is `CREATE INDEX CONCURRENTLY`: built on a live table
+without blocking its writes (run outside a transaction).
 """
 
 from __future__ import annotations
@@ -42,12 +43,13 @@ def index_name(kind: CleanupKind) -> str:
 
 
 def create_index_sql(bind: Bind, kind: CleanupKind) -> str:
-    """`CREATE INDEX … ON table (due, id) WHERE <eligibility>` for the database at hand (without
-    the WHERE when there is no condition, or when the condition cannot be rendered as literals)."""
+    """`CREATE INDEX [CONCURRENTLY] … ON table (due, id) WHERE <eligibility>` for the database at
+    hand (without the WHERE when there is no condition, or when the condition cannot be rendered as
+    literals)."""
     where = kind.still_eligible
     partial: dict[str, Any] = {} if isinstance(where, True_) else {"postgresql_where": where, "sqlite_where": where}
     for options in (partial, {}):
-        index = Index(index_name(kind), kind.due_column, kind.id_column, **options)
+        index = Index(index_name(kind), kind.due_column, kind.id_column, postgresql_concurrently=True, **options)
         try:
             return str(CreateIndex(index).compile(
                 dialect=bind.dialect, compile_kwargs={"literal_binds": True})).strip()

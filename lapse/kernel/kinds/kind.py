@@ -6,21 +6,23 @@ declaration in the kinds file and a Python kind named by dotted path behave the 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
 from datetime import datetime
 from functools import cached_property
 from typing import Any, NamedTuple
 
 from pydantic import BaseModel
-from sqlalchemy import Column, ColumnElement, Connection, Select, Table, case, false, select, true, tuple_
-from sqlalchemy.sql.elements import NamedColumn
+from sqlalchemy import Column, ColumnElement, Connection, Select, Table, case, false, func, select, true, tuple_
+from sqlalchemy.sql.elements import Label, NamedColumn
 from sqlalchemy.sql.util import find_tables
 
 from lapse.kernel.batch_sql import any_of
 from lapse.kernel.brakes import Budget
+from lapse.kernel.kinds.generations import Generation
+from lapse.kernel.kinds.limits import Limits
 from lapse.kernel.kinds.statements import due_rows
-from lapse.kernel.ledger import has_row_not_waiting_past, op_key
+from lapse.kernel.ledger import GENERATION_MARK, has_row_not_waiting_past, op_key
 
 FULL_TENANT, FULL_ELIGIBLE = "lapse_full_tenant", "lapse_full_eligible"  # labels of `full_rows`' extras
 
@@ -40,12 +42,13 @@ class EffectCall:
 
 @dataclass(frozen=True, slots=True)
 class EligibleRow:
-    """A business row whose cleanup is due."""
+    """A business row whose cleanup is due, with its generation's text for a kind that has one."""
 
     subject_id: str
     tenant: str
     due_at: datetime
     cursor: tuple[Any, ...]
+    generation: str | None = None
 
 
 class SubjectRow(NamedTuple):
@@ -55,7 +58,7 @@ class SubjectRow(NamedTuple):
 
     tenant: str
     due_at: datetime
-    eligible: bool  # the kind's business condition holds (the due time aside)
+    eligible: bool  # the kind's business condition holds (the due time aside), and of the asked generation
 
 
 @dataclass(frozen=True)
@@ -80,7 +83,12 @@ class CleanupKind:
     """One kind of cleanup. `apply_in_db` runs inside the claim transaction and returns the subject
     ids it changed (the rest are skipped: someone else won the race). Kinds whose effect lives
     outside the database set `external_effect` instead (run under a lease). `tenant_column` is a
-    column of the table or, for a table without one, a labelled constant."""
+    column of the table or, for a table without one, a labelled constant.
+
+    A kind with a `generation` names each lapse of a row apart: its subjects, as `parse_key` gives
+    them to every function here and to the effect, are (id, generation) pairs, and what the
+    functions return is keyed by `<id>@<generation>` (the op key's subject part, `subject_key`);
+    a row of another generation than the one asked is not eligible for it."""
 
     name: str
     table: Table
@@ -95,19 +103,71 @@ class CleanupKind:
     retry_base_s: float = 5.0
     retry_cap_s: float = 3600.0
     idempotent_effect: bool = True
-    effect_rate_per_s: float = 100.0  # token-bucket rate of external effects, per worker
+    limits: Limits = field(default_factory=Limits)  # the external effect's calls, for every worker at once
+    priority: str = "normal"  # or "high": swept, and called, ahead of normal kinds
+    tenant_weights: Mapping[str, float] = field(default_factory=dict)  # the sweep's shares (1 if unnamed)
     # How long an operation may keep being rate-limited (429s burn no attempt), from its first
     # failed attempt: past it, the next rate-limited failure is a dead letter (`rate_limited`).
     rate_limited_for_s: float = 86_400.0
     mode: str = "live"  # or "shadow": the effect replaced by a record of what it would do
     budget: Budget | None = None  # at most so many effects in any window, counted in the database
+    generation: Generation | None = None  # what tells one lapse of a row from the next
 
     @property
     def shadow(self) -> bool:
         return self.mode == "shadow"
 
-    def op_key(self, subject_id: Any) -> str:
-        return op_key(self.name, subject_id)
+    @property
+    def high_priority(self) -> bool:
+        return self.priority == "high"
+
+    def op_key(self, subject_id: Any, generation: str | None = None) -> str:
+        """The op key of `subject_id` (and, for a kind with a generation, of its generation's text)."""
+        return op_key(self.name, subject_id, generation)
+
+    def row_op_key(self, subject_id: Any, values: Mapping[str, Any]) -> str:
+        """The op key of the business row whose columns are `values` (column name → value)."""
+        gen = self.generation
+        return self.op_key(subject_id, None if gen is None else gen.text(values[gen.name]))
+
+    def parse_key(self, subject_key: str) -> Any:
+        """An event's subject as its op key names it (`ExpiryEvent.subject_key`), parsed: the id
+        column's value, or (id, generation) for a kind with a generation; ValueError otherwise."""
+        subject, mark, generation = subject_key.partition(GENERATION_MARK)
+        if self.generation is None:
+            if mark:
+                raise ValueError(f"kind {self.name!r} declares no generation; its op keys end with the subject id")
+            return self.parse_subject(subject)
+        if not mark:
+            raise ValueError(f"kind {self.name!r} tells its lapses apart by {self.generation.name}: "
+                             "its op keys end with @<generation>")
+        return self.parse_subject(subject), self.generation.parse(generation)
+
+    def generation_sql(self, source: Any = None) -> ColumnElement[str] | None:
+        """The business row's generation as text in SQL (over the same-named column of `source`, a
+        subquery of the table, when given); None for a kind without one."""
+        gen = self.generation
+        if gen is None:
+            return None
+        return gen.sql_text(gen.column if source is None else source.c[gen.name])
+
+    def _generation_columns(self) -> tuple[Column[Any], ...]:
+        return () if self.generation is None else (self.generation.column,)
+
+    def _ids(self, subjects: list[Any]) -> list[Any]:
+        return subjects if self.generation is None else [subject for subject, _ in subjects]
+
+    def _asked(self, subjects: list[Any], rows: Mapping[str, Any], at: int) -> Iterator[tuple[str, Any, bool]]:
+        """(subject key, row, of the asked generation) for each asked subject whose id has a row in
+        `rows` (by id text; the generation at index `at` of a row)."""
+        gen = self.generation
+        if gen is None:
+            yield from ((key, row, True) for key, row in rows.items())
+            return
+        for subject, generation in subjects:
+            row = rows.get(str(subject))
+            if row is not None:
+                yield gen.key(subject, generation), row, gen.text(row[at]) == gen.text(generation)
 
     def due_clause(self, now: datetime) -> ColumnElement[bool]:
         """A row the kind's effect may change at `now`: still eligible and due (the clause the
@@ -122,19 +182,43 @@ class CleanupKind:
         far-off due time, or a subject that did not exist when its event came), or all of them
         (the reconciler's anomaly checks)."""
         cols = (self.due_column, self.id_column)
-        stmt = select(self.id_column, self.tenant_column, self.due_column).where(self.due_clause(now))
+        stmt = (select(self.id_column, self.tenant_column, self.due_column, *self._generation_columns())
+                .where(self.due_clause(now)))
         if after is not None:
             stmt = stmt.where(tuple_(*cols) > tuple_(*after))
         if without_ledger:
-            stmt = stmt.where(~has_row_not_waiting_past(self.name, self.id_column, now))
+            stmt = stmt.where(~has_row_not_waiting_past(self.name, self.id_column, now, self.generation_sql()))
+        return stmt.order_by(*cols).limit(limit)
+
+    def due_tenants(self, now: datetime, limit: int) -> Select[Any, int]:
+        """(tenant, rows) of the due rows the sweep must emit, per tenant, at most `limit` tenants:
+        what the sweep's pages share (one grouped read of the due rows)."""
+        tenant = self.tenant_column.element if isinstance(self.tenant_column, Label) else self.tenant_column
+        due = self.due_clause(now) & ~has_row_not_waiting_past(self.name, self.id_column, now, self.generation_sql())
+        return select(tenant, func.count()).where(due).group_by(tenant).order_by(tenant).limit(limit)
+
+    def tenant_page(self, now: datetime, tenants: list[str], after: tuple[Any, ...] | None,
+                    limit: int) -> Select[Any, Any, Any]:
+        """The due rows the sweep must emit of `tenants`, in (due, id) order after `after`: one
+        tenant's share of a page (docs/design/limits.md)."""
+        tenant = self.tenant_column.element if isinstance(self.tenant_column, Label) else self.tenant_column
+        cols = (self.due_column, self.id_column)
+        stmt = select(self.id_column, self.tenant_column, self.due_column, *self._generation_columns()).where(
+            self.due_clause(now), ~has_row_not_waiting_past(self.name, self.id_column, now, self.generation_sql()))
+        if self.has_tenant:  # a table without a tenant column has the one tenant
+            stmt = stmt.where(tenant.in_(tenants) if len(tenants) > 1 else tenant == tenants[0])
+        if after is not None:
+            stmt = stmt.where(tuple_(*cols) > tuple_(*after))
         return stmt.order_by(*cols).limit(limit)
 
     def not_yet_due(self, conn: Connection, subjects: list[Any], now: datetime) -> dict[str, datetime]:
-        """Subjects still eligible whose due time is now in the future (a hold was extended after
-        its event was produced): subject id → the new due time."""
-        stmt = select(self.id_column, self.due_column).where(
-            any_of(conn, self.id_column, subjects, self.id_column.type), self.still_eligible, self.due_column > now)
-        return {str(subject): due for subject, due in conn.execute(stmt)}
+        """Subjects still eligible (and of their generation) whose due time is now in the future (a
+        hold was extended after its event was produced): subject key → the new due time."""
+        stmt = select(self.id_column, self.due_column, *self._generation_columns()).where(
+            any_of(conn, self.id_column, self._ids(subjects), self.id_column.type), self.still_eligible,
+            self.due_column > now)
+        rows = {str(row[0]): row for row in conn.execute(stmt)}
+        return {key: row[1] for key, row, same in self._asked(subjects, rows, 2) if same}
 
     @cached_property
     def has_tenant(self) -> bool:
@@ -142,15 +226,17 @@ class CleanupKind:
         return bool(find_tables(self.tenant_column, check_columns=True))
 
     def subject_rows(self, conn: Connection, subjects: list[Any]) -> dict[str, SubjectRow]:
-        """The business rows of `subjects` that exist, eligible or not: subject id → tenant, due
-        time, eligibility. A subject left out has no business row (yet)."""
+        """The business rows of `subjects` that exist, eligible or not: subject key → tenant, due
+        time, eligibility (false for a row of another generation than asked). A subject left out
+        has no business row (yet)."""
         if not subjects:
             return {}
         eligible = case((self.still_eligible, true()), else_=false())
-        stmt = select(self.id_column, self.tenant_column, self.due_column, eligible).where(
-            any_of(conn, self.id_column, subjects, self.id_column.type))
-        return {str(subject): SubjectRow(str(tenant), due, bool(ok))
-                for subject, tenant, due, ok in conn.execute(stmt)}
+        stmt = select(self.id_column, self.tenant_column, self.due_column, eligible, *self._generation_columns()
+                      ).where(any_of(conn, self.id_column, self._ids(subjects), self.id_column.type))
+        rows = {str(row[0]): row for row in conn.execute(stmt)}
+        return {key: SubjectRow(str(row[1]), row[2], bool(row[3]) and same)
+                for key, row, same in self._asked(subjects, rows, 4)}
 
     def full_rows(self, conn: Connection, subjects: list[Any]) -> dict[str, tuple[SubjectRow, dict[str, Any]]]:
         """The business rows of `subjects` as `subject_rows` reads them, each with every column's
@@ -159,16 +245,19 @@ class CleanupKind:
             return {}
         eligible = case((self.still_eligible, true()), else_=false())
         stmt = select(*self.table.columns, self.tenant_column.label(FULL_TENANT), eligible.label(FULL_ELIGIBLE)
-                      ).where(any_of(conn, self.id_column, subjects, self.id_column.type))
-        out = {}
+                      ).where(any_of(conn, self.id_column, self._ids(subjects), self.id_column.type))
+        rows = {}
         for row in conn.execute(stmt):
             values = row._mapping
             columns = {c.name: values[c] for c in self.table.columns}
-            subject = str(columns[self.id_column.name])
-            out[subject] = (SubjectRow(str(values[FULL_TENANT]), columns[self.due_column.name],
-                                       bool(values[FULL_ELIGIBLE])), columns)
-        return out
+            rows[str(columns[self.id_column.name])] = (
+                str(values[FULL_TENANT]), bool(values[FULL_ELIGIBLE]), columns,
+                columns[self.generation.name] if self.generation else None)
+        return {key: (SubjectRow(tenant, columns[self.due_column.name], ok and same), columns)
+                for key, (tenant, ok, columns, _), same in self._asked(subjects, rows, 3)}
 
     def to_eligible(self, row: Sequence[Any]) -> EligibleRow:
-        subject, tenant, due = row
-        return EligibleRow(str(subject), str(tenant), due, (due, subject))
+        """A row of `eligible_page` (id, tenant, due time and, for a kind with one, generation)."""
+        subject, tenant, due, *generation = row
+        text = self.generation.text(generation[0]) if self.generation is not None else None
+        return EligibleRow(str(subject), str(tenant), due, (due, subject), text)

@@ -22,6 +22,7 @@ from lapse.kernel.kinds.effects.python import PythonKind
 from lapse.kernel.kinds.errors import KindError, show
 from lapse.kernel.kinds.indexes import require_due_index
 from lapse.kernel.kinds.kind import CleanupKind
+from lapse.kernel.kinds.limits import unknown_weights
 from lapse.kernel.settings import Settings
 from lapse.kernel.topology import Topology
 
@@ -50,9 +51,17 @@ def python_kind(name: str, decl: PythonKind) -> CleanupKind:
         raise KindError("python", str(exc)) from None
     if kind.name != name:
         raise KindError("python", f"{decl.python} is the kind {show(kind.name)}, not {show(name)}")
-    # The file's word on the brakes wins: a Python kind's effect is unknown, so it has no default budget.
+    if decl.limits is not None and kind.external_effect is None:
+        raise KindError("limits", f"{decl.python} applies its effect in the database: it calls no endpoint")
+    if decl.limits is not None and decl.limits.per == "endpoint":
+        raise KindError("limits.per", "a Python kind's endpoints are its own: limit it per kind or per tenant")
+    problem = unknown_weights(decl.tenant_weights, kind.has_tenant)
+    if problem is not None:
+        raise KindError("tenant_weights", problem)
+    # The file's word wins: a Python kind's effect is unknown, so it has no default budget.
     return replace(kind, mode=decl.mode, budget=effective_budget(decl.budget, False) if decl.budget is not None
-                   else kind.budget)
+                   else kind.budget, limits=decl.limits.limits() if decl.limits is not None else kind.limits,
+                   priority=decl.priority, tenant_weights=dict(decl.tenant_weights) or kind.tenant_weights)
 
 
 def compile_kind(name: str, decl: Declaration, bind: Bind, metadata: MetaData, base_dir: Path,

@@ -339,7 +339,7 @@ def sample_rows(read: _Reader, kind: CleanupKind, now: datetime, stmt: Select[An
         values = row._mapping
         subject, tenant, due = values[kind.id_column.name], str(values[SAMPLE_TENANT]), values[kind.due_column.name]
         current = {c.name: values[c.name] for c in kind.table.columns}
-        out.append(SampleRow(str(subject), kind.op_key(subject), tenant, due,
+        out.append(SampleRow(str(subject), kind.row_op_key(subject, current), tenant, due,
                              would(kind, current, str(subject), tenant, max(now, due))))
     return out
 
@@ -360,7 +360,7 @@ def would(kind: CleanupKind, row: dict[str, Any], subject_id: str, tenant: str, 
         return {"python": "the kind's own apply_in_db"}
     declared = external.declared
     call: dict[str, Any]
-    op_key = kind.op_key(subject_id)
+    op_key = kind.row_op_key(subject_id, row)
     if isinstance(declared, HttpEffect):
         values = {**row, "op_key": op_key, "subject_id": subject_id, "tenant": tenant}
         try:

@@ -2,9 +2,12 @@
 
 Every statement is conditional: it touches only the batch's ids whose rows still satisfy the
 kind's eligibility (and, for the effect itself, are due: `due_rows`), so a payment or
-cancellation that won the race leaves its row alone, and a second delivery changes nothing. Each
-returns the subject ids it changed, as strings (the event's subject ids). The effects are objects
-rather than closures so that `lapse kinds plan` reads the very clause and values they run with.
+cancellation that won the race leaves its row alone, and a second delivery changes nothing. For a
+kind with a generation each subject of the batch is (id, generation) and a row is touched only while
+it is still of that generation (`batch_rows`): a late delivery of an earlier lapse leaves the next
+one alone. Each returns the subjects it changed as the op keys name them (`subject_key`). The
+effects are objects rather than closures so that `lapse kinds plan` reads the very clause and
+values they run with.
 """
 
 from __future__ import annotations
@@ -16,14 +19,38 @@ from typing import Any
 
 from sqlalchemy import Column, ColumnElement, Connection, Delete, Table, Update, and_, delete, select, update
 
-from lapse.kernel.batch_sql import any_of
+from lapse.kernel.batch_sql import any_of, pairs_of
 from lapse.kernel.kinds.columns import NOW, now_for
+from lapse.kernel.kinds.generations import Generation
 
 
 def due_rows(eligible: ColumnElement[bool], due_column: Column[Any], now: datetime) -> ColumnElement[bool]:
     """The rows an effect may change at `now`: still eligible and due. The one clause the effects'
     statements, the sweep's pages and the preview share."""
     return and_(eligible, due_column <= now)
+
+
+def batch_rows(conn: Connection, id_column: Column[Any], generation: Generation | None,
+               subjects: list[Any]) -> ColumnElement[bool]:
+    """The batch's rows: those whose id is among `subjects`; for a kind with a generation, whose
+    (id, generation) is (on PostgreSQL the pairs drive one lookup of the id's index each: an extra
+    `id IN (…)` beside them was planned as a nested loop over the batch, quadratic in its size)."""
+    if generation is None:
+        return any_of(conn, id_column, subjects, id_column.type)
+    return pairs_of(conn, (id_column, generation.column), subjects)
+
+
+def subject_key(subject: Any, generation: Generation | None) -> str:
+    """A parsed subject (or a row's id and generation) as the op key names it."""
+    return str(subject) if generation is None else generation.key(*subject)
+
+
+def _keys(rows: Any, generation: Generation | None) -> set[str]:
+    return {subject_key(row[0] if generation is None else (row[0], row[1]), generation) for row in rows}
+
+
+def _returning(id_column: Column[Any], generation: Generation | None) -> tuple[Column[Any], ...]:
+    return (id_column,) if generation is None else (id_column, generation.column)
 
 
 def _values(values: Mapping[Column[Any], Any], now: datetime) -> dict[str, Any]:
@@ -41,6 +68,7 @@ class RowsEffect:
     eligible: ColumnElement[bool]
     values: Mapping[Column[Any], Any] = field(default_factory=dict)
     deletes: bool = False
+    generation: Generation | None = None
 
     def where(self, now: datetime) -> ColumnElement[bool]:
         """The effect's condition on a row at `now`, the batch's ids aside."""
@@ -51,39 +79,41 @@ class RowsEffect:
         return _values(self.values, now)
 
     def statement(self, conn: Connection, ids: list[Any], now: datetime) -> Update | Delete:
-        batch = any_of(conn, self.id_column, ids, self.id_column.type)
+        batch = batch_rows(conn, self.id_column, self.generation, ids)
+        returning = _returning(self.id_column, self.generation)
         if self.deletes:
-            return delete(self.table).where(batch, self.where(now)).returning(self.id_column)
-        return (update(self.table).where(batch, self.where(now)).values(self.set_values(now))
-                .returning(self.id_column))
+            return delete(self.table).where(batch, self.where(now)).returning(*returning)
+        return update(self.table).where(batch, self.where(now)).values(self.set_values(now)).returning(*returning)
 
     def __call__(self, conn: Connection, ids: list[Any], now: datetime) -> set[str]:
         if not ids:
             return set()
-        return {str(i) for i in conn.execute(self.statement(conn, ids, now)).scalars()}
+        return _keys(conn.execute(self.statement(conn, ids, now)), self.generation)
 
 
 def update_rows(table: Table, id_column: Column[Any], due_column: Column[Any],
-                eligible: ColumnElement[bool], values: Mapping[Column[Any], Any]) -> RowsEffect:
-    """UPDATE … SET values WHERE id in the batch AND eligible AND due <= now RETURNING id."""
-    return RowsEffect(table, id_column, due_column, eligible, values)
+                eligible: ColumnElement[bool], values: Mapping[Column[Any], Any],
+                generation: Generation | None = None) -> RowsEffect:
+    """UPDATE … SET values WHERE (id[, generation]) in the batch AND eligible AND due <= now RETURNING id."""
+    return RowsEffect(table, id_column, due_column, eligible, values, generation=generation)
 
 
 def delete_rows(table: Table, id_column: Column[Any], due_column: Column[Any],
-                eligible: ColumnElement[bool]) -> RowsEffect:
-    """DELETE … WHERE id in the batch AND eligible AND due <= now RETURNING id."""
-    return RowsEffect(table, id_column, due_column, eligible, deletes=True)
+                eligible: ColumnElement[bool], generation: Generation | None = None) -> RowsEffect:
+    """DELETE … WHERE (id[, generation]) in the batch AND eligible AND due <= now RETURNING id."""
+    return RowsEffect(table, id_column, due_column, eligible, deletes=True, generation=generation)
 
 
 @dataclass(frozen=True, eq=False)
 class ReadTargets:
-    """The rows of the batch still eligible and due, as subject id → column → value: what an
-    external call is made from (URL placeholders, the object key)."""
+    """The rows of the batch still eligible and due (and of their generation), as subject key →
+    column → value: what an external call is made from (URL placeholders, the object key)."""
 
     table: Table
     id_column: Column[Any]
     due_column: Column[Any]
     eligible: ColumnElement[bool]
+    generation: Generation | None = None
 
     def where(self, now: datetime) -> ColumnElement[bool]:
         """The condition a row must meet at `now` to be called for, the batch's ids aside."""
@@ -92,26 +122,29 @@ class ReadTargets:
     def __call__(self, conn: Connection, ids: list[Any], now: datetime) -> dict[str, dict[str, Any]]:
         if not ids:
             return {}
-        stmt = select(self.table).where(any_of(conn, self.id_column, ids, self.id_column.type), self.where(now))
-        rows = conn.execute(stmt).mappings()
-        return {str(row[self.id_column.name]): {c.name: row[c.name] for c in self.table.columns} for row in rows}
+        stmt = select(self.table).where(batch_rows(conn, self.id_column, self.generation, ids), self.where(now))
+        gen = self.generation
+        return {subject_key(row[self.id_column.name] if gen is None else (row[self.id_column.name], row[gen.name]),
+                            gen): {c.name: row[c.name] for c in self.table.columns}
+                for row in conn.execute(stmt).mappings()}
 
 
 def read_targets(table: Table, id_column: Column[Any], due_column: Column[Any],
-                 eligible: ColumnElement[bool]) -> ReadTargets:
+                 eligible: ColumnElement[bool], generation: Generation | None = None) -> ReadTargets:
     """The targets statement of an external effect (`ReadTargets`)."""
-    return ReadTargets(table, id_column, due_column, eligible)
+    return ReadTargets(table, id_column, due_column, eligible, generation)
 
 
 @dataclass(frozen=True, eq=False)
 class MarkDone:
-    """After the external effect succeeded: set `values` (then_set) on the rows still eligible and
-    return their ids; with nothing to set, every given id is done."""
+    """After the external effect succeeded: set `values` (then_set) on the rows still eligible (and
+    of their generation) and return their subject keys; with nothing to set, every given one is done."""
 
     table: Table
     id_column: Column[Any]
     eligible: ColumnElement[bool]
     values: Mapping[Column[Any], Any]
+    generation: Generation | None = None
 
     def set_values(self, now: datetime) -> dict[str, Any]:
         """Column name → the value then_set binds at `now` (`now` resolved)."""
@@ -119,17 +152,17 @@ class MarkDone:
 
     def __call__(self, conn: Connection, ids: list[Any], now: datetime) -> set[str]:
         if not self.values:
-            return {str(i) for i in ids}
+            return {subject_key(i, self.generation) for i in ids}
         if not ids:
             return set()
         stmt = (update(self.table)
-                .where(any_of(conn, self.id_column, ids, self.id_column.type), self.eligible)
+                .where(batch_rows(conn, self.id_column, self.generation, ids), self.eligible)
                 .values(self.set_values(now))
-                .returning(self.id_column))
-        return {str(i) for i in conn.execute(stmt).scalars()}
+                .returning(*_returning(self.id_column, self.generation)))
+        return _keys(conn.execute(stmt), self.generation)
 
 
 def mark_done(table: Table, id_column: Column[Any], eligible: ColumnElement[bool],
-              values: Mapping[Column[Any], Any]) -> MarkDone:
+              values: Mapping[Column[Any], Any], generation: Generation | None = None) -> MarkDone:
     """The completion statement of an external effect (`MarkDone`)."""
-    return MarkDone(table, id_column, eligible, values)
+    return MarkDone(table, id_column, eligible, values, generation)

@@ -4,7 +4,7 @@ reads or writes it, and the records that describe its work (expiry events, outco
 This module is the package's face: every other module imports the ledger from here.
 
 - `states`  — states and the allowed transitions, as data; `check` raises on any other move;
-- `keys`    — op keys and correlation ids;
+- `keys`    — op keys (with a generation, for a kind that declares one) and correlation ids;
 - `records` — the expiry event, its factory and validation, and the serializer of each record type
   (a dead letter's original bytes clipped to a budget);
 - `rows`    — the typed rows the statements return and take;
@@ -15,13 +15,24 @@ This module is the package's face: every other module imports the ledger from he
 - `partitions` — the time partitions of transitions and the outbox on PostgreSQL.
 """
 
-from lapse.kernel.ledger.keys import InvalidEvent, InvalidOpKey, new_correlation_id, op_key, parse_op_key
+from lapse.kernel.ledger.keys import (
+    GENERATION_MARK,
+    MAX_OP_KEY,
+    InvalidEvent,
+    InvalidOpKey,
+    OpKey,
+    new_correlation_id,
+    op_key,
+    op_key_parts,
+    parse_op_key,
+)
 from lapse.kernel.ledger.queries import (
     bring_forward,
     claim,
     dead_letters,
     discard_dead_letters,
     failure_history,
+    in_flight,
     insert_pending,
     insert_settled,
     lock_claims,
@@ -56,6 +67,8 @@ from lapse.kernel.ledger.reads import (
 from lapse.kernel.ledger.records import (
     ATTEMPT_CAP,
     EARLIEST_DUE,
+    FIELD_LIMITS,
+    FORBIDDEN_CHARACTERS,
     LATEST_DUE_AHEAD,
     ClippedOriginal,
     ExpiryEvent,
@@ -116,8 +129,12 @@ __all__ = [
     "DEAD_LETTER",
     "DISCARDED",
     "EARLIEST_DUE",
+    "FIELD_LIMITS",
+    "FORBIDDEN_CHARACTERS",
+    "GENERATION_MARK",
     "HELD",
     "LATEST_DUE_AHEAD",
+    "MAX_OP_KEY",
     "PARKED",
     "PENDING",
     "RETRY_SCHEDULED",
@@ -142,6 +159,7 @@ __all__ = [
     "LedgerCounts",
     "LedgerRow",
     "LedgerWrites",
+    "OpKey",
     "Original",
     "OriginalBudget",
     "OutboxBacklog",
@@ -166,6 +184,7 @@ __all__ = [
     "failure_history",
     "has_ledger_row",
     "has_row_not_waiting_past",
+    "in_flight",
     "insert_pending",
     "insert_settled",
     "ledger_counts",
@@ -177,6 +196,7 @@ __all__ = [
     "new_correlation_id",
     "oldest_unfinished_due",
     "op_key",
+    "op_key_parts",
     "op_keys_moved_between",
     "outbox_backlog",
     "outcome_record",

@@ -110,6 +110,15 @@ def read_rows(conn: Connection, op_keys: Iterable[str]) -> dict[str, LedgerRow]:
     return {row[0]: LedgerRow(*row) for row in rows}
 
 
+def in_flight(conn: Connection, op_keys: Sequence[str]) -> set[str]:
+    """The keys among `op_keys` still to be done by a processor (`pending` or `claimed`): the
+    sweep's events not finished yet (one primary-key probe for them all; no lock)."""
+    if not op_keys:
+        return set()
+    stmt = select(L.c.op_key).where(any_of(conn, L.c.op_key, op_keys), L.c.state.in_((states.PENDING, states.CLAIMED)))
+    return set(conn.execute(stmt).scalars())
+
+
 def lock_claims(conn: Connection, op_keys: Sequence[str], owner: str) -> dict[str, LedgerRow]:
     """Lock the rows among `op_keys` still claimed by `owner` (FOR UPDATE on PostgreSQL)."""
     stmt = select(*ROW_COLUMNS).where(L.c.op_key.in_(op_keys), L.c.state == states.CLAIMED,

@@ -5,7 +5,10 @@ dead letters) are in `queries`.
 
 A probe is an expression the caller composes into its own select, matching a ledger row by (kind,
 subject id) so it is one lookup of ix_lapse_ledger_kind_subject per business row;
-tests/system/test_reconcile_scale.py checks the reconciler's probe with EXPLAIN.
+tests/system/test_reconcile_scale.py checks the reconciler's probe with EXPLAIN. For a kind with a
+generation (`generation`: the business row's generation as text in SQL) a probe matches the row of
+the business row's current lapse by its op key instead, one lookup of the primary key: the rows of
+its earlier lapses are other operations (docs/design/generations.md).
 """
 
 from __future__ import annotations
@@ -13,9 +16,10 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import ColumnElement, Connection, ScalarSelect, and_, exists, func, or_, select, text
+from sqlalchemy import ColumnElement, Connection, ScalarSelect, String, and_, exists, func, literal, or_, select, text
 
 from lapse.kernel.ledger import states
+from lapse.kernel.ledger.keys import GENERATION_MARK
 from lapse.kernel.ledger.rows import ExpiredClaims, LedgerCounts, OutboxBacklog, StateKindCount, TransitionCount
 from lapse.kernel.models import cleanup_ledger as L
 from lapse.kernel.models import ledger_transitions as T
@@ -23,39 +27,50 @@ from lapse.kernel.models import outbox as O
 
 # Probes ------------------------------------------------------------------------------------------
 
-def _subject_is(kind_name: str, subject_column: ColumnElement[Any]) -> ColumnElement[bool]:
+def _subject_is(kind_name: str, subject_column: ColumnElement[Any],
+                generation: ColumnElement[str] | None = None) -> ColumnElement[bool]:
     """The ledger row of `kind_name` whose subject id is the business row's `subject_column` (cast
-    to the ledger's text subject id, so the kind/subject index serves it)."""
-    return and_(L.c.kind == kind_name, L.c.subject_id == subject_column.cast(L.c.subject_id.type))
+    to the ledger's text subject id, so the kind/subject index serves it); with `generation`, the
+    row whose op key is `<kind>:<subject id>@<generation>` (the primary key serves it)."""
+    subject = subject_column.cast(L.c.subject_id.type)
+    if generation is not None:
+        return L.c.op_key == literal(f"{kind_name}:", String) + subject + GENERATION_MARK + generation
+    return and_(L.c.kind == kind_name, L.c.subject_id == subject)
 
 
-def has_ledger_row(kind_name: str, subject_column: ColumnElement[Any]) -> ColumnElement[bool]:
-    """EXISTS a ledger row for the business row whose id is `subject_column`, correlated to the
-    caller's select; the sweep negates it to emit only rows with no ledger row yet."""
-    return exists().where(_subject_is(kind_name, subject_column))
+def has_ledger_row(kind_name: str, subject_column: ColumnElement[Any],
+                   generation: ColumnElement[str] | None = None) -> ColumnElement[bool]:
+    """EXISTS a ledger row for the business row whose id is `subject_column` (of the `generation`
+    given; any when none is), correlated to the caller's select."""
+    return exists().where(_subject_is(kind_name, subject_column, generation))
 
 
-def has_row_not_waiting_past(kind_name: str, subject_column: ColumnElement[Any], now: datetime) -> ColumnElement[bool]:
-    """EXISTS a ledger row for the business row whose id is `subject_column` that someone is on: any
-    row but a `pending` one still waiting past `now` (an event's own far-off due time, or a subject
-    that did not exist when its event came). The sweep negates it on due rows: no ledger row yet,
-    or one waiting past its subject's due time, both need an event. Retries keep their backoff."""
-    return exists().where(_subject_is(kind_name, subject_column),
+def has_row_not_waiting_past(kind_name: str, subject_column: ColumnElement[Any], now: datetime,
+                             generation: ColumnElement[str] | None = None) -> ColumnElement[bool]:
+    """EXISTS a ledger row for the business row whose id is `subject_column` (and generation) that
+    someone is on: any row but a `pending` one still waiting past `now` (an event's own far-off due
+    time, or a subject that did not exist when its event came). The sweep negates it on due rows:
+    no ledger row yet, or one waiting past its subject's due time, both need an event. Retries keep
+    their backoff."""
+    return exists().where(_subject_is(kind_name, subject_column, generation),
                           or_(L.c.state != states.PENDING, L.c.due_at <= now))
 
 
-def waits_past(kind_name: str, subject_column: ColumnElement[Any], now: datetime) -> ColumnElement[bool]:
-    """EXISTS a `pending` ledger row for the business row whose id is `subject_column` still
-    waiting past `now` (the reconciler's probe for a due subject whose row waits too long)."""
-    return exists().where(_subject_is(kind_name, subject_column), L.c.state == states.PENDING,
+def waits_past(kind_name: str, subject_column: ColumnElement[Any], now: datetime,
+               generation: ColumnElement[str] | None = None) -> ColumnElement[bool]:
+    """EXISTS a `pending` ledger row for the business row whose id is `subject_column` (and
+    generation) still waiting past `now` (the reconciler's probe for a due subject whose row waits
+    too long)."""
+    return exists().where(_subject_is(kind_name, subject_column, generation), L.c.state == states.PENDING,
                           L.c.due_at > now)
 
 
-def ledger_state_of(kind_name: str, subject_column: ColumnElement[Any]) -> ScalarSelect[Any]:
-    """The ledger state of the business row whose id is `subject_column` (NULL: no ledger row), as
-    a correlated scalar subquery: one index probe per row, whatever the planner thinks of the
-    caller's row count (a join could turn into a scan of the ledger)."""
-    return select(L.c.state).where(_subject_is(kind_name, subject_column)).scalar_subquery()
+def ledger_state_of(kind_name: str, subject_column: ColumnElement[Any],
+                    generation: ColumnElement[str] | None = None) -> ScalarSelect[Any]:
+    """The ledger state of the business row whose id is `subject_column` (and generation; NULL: no
+    ledger row), as a correlated scalar subquery: one index probe per row, whatever the planner
+    thinks of the caller's row count (a join could turn into a scan of the ledger)."""
+    return select(L.c.state).where(_subject_is(kind_name, subject_column, generation)).scalar_subquery()
 
 
 # Aggregates --------------------------------------------------------------------------------------

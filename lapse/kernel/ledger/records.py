@@ -20,12 +20,19 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from lapse.kernel.ledger.keys import OP_KEY_RE, InvalidEvent, InvalidOpKey, new_correlation_id, op_key, parse_op_key
+from lapse.kernel.ledger.keys import (
+    MAX_OP_KEY,
+    InvalidEvent,
+    InvalidOpKey,
+    new_correlation_id,
+    op_key,
+    op_key_parts,
+)
 from lapse.kernel.ledger.rows import LedgerRow
 from lapse.kernel.text import one_line
 
 # Longest values (in characters) the ledger columns hold (lapse/kernel/models.py).
-FIELD_LIMITS = {"op_key": 200, "kind": 64, "tenant": 64, "subject_id": 128, "correlation_id": 64,
+FIELD_LIMITS = {"op_key": MAX_OP_KEY, "kind": 64, "tenant": 64, "subject_id": 128, "correlation_id": 64,
                 "source": 16, "replay_id": 64}
 # Characters no text field may hold: C0 controls (NUL included, which PostgreSQL `text` rejects),
 # DEL, C1 controls, and lone surrogates (not encodable in UTF-8, so not storable either).
@@ -86,6 +93,12 @@ class ExpiryEvent:
     produced_at: datetime | None = None
     attributes: Mapping[str, str] = field(default_factory=dict)
 
+    @property
+    def subject_key(self) -> str:
+        """The subject as the op key names it: the subject id, with `@<generation>` for a kind that
+        declares a generation column (what the kind's `parse_key` reads)."""
+        return self.op_key.partition(":")[2]
+
     def identity(self) -> dict[str, str]:
         """The fields every record and ledger row about this work starts with (`IDENTITY`)."""
         return {"op_key": self.op_key, "kind": self.kind, "tenant": self.tenant, "subject_id": self.subject_id}
@@ -100,15 +113,14 @@ class ExpiryEvent:
         key = record.get("op_key")
         if not isinstance(key, str):
             raise InvalidField({"op_key": _missing_or_type(key, "a string")})
-        if OP_KEY_RE.match(key) is None:
-            parse_op_key(key)  # raises InvalidOpKey, saying why
+        parts = op_key_parts(key)  # raises InvalidOpKey, saying why
         now = now or datetime.now(UTC)
         if not _plainly_valid(record, now):  # the common case in one pass; the details only when needed
             problems = field_problems(record, now)
             if problems:
                 raise InvalidField(problems)
         kind, subject = record["kind"], record["subject_id"]
-        if key != f"{kind}:{subject}":  # the op key has one colon, so its parts are these or it differs
+        if parts.kind != kind or parts.subject_id != subject:  # a generation after the subject is the key's own
             raise InvalidOpKey(f"op key {one_line(key, 80, escape=True)!r} does not match kind/subject_id of the event")
         attributes = record.get("attributes")
         return cls(key, kind, record["tenant"], subject, record["due_at"], record["correlation_id"],
@@ -127,7 +139,7 @@ def _plainly_valid(record: Mapping[str, Any], now: datetime) -> bool:
     correlation, source, replay = get("correlation_id"), get("source"), get("replay_id")
     try:
         texts = "".join((op_key, kind, tenant, subject, correlation, source, "" if replay is None else replay))
-        if not (0 < len(op_key) <= 200 and 0 < len(kind) <= 64 and 0 < len(tenant) <= 64
+        if not (0 < len(op_key) <= MAX_OP_KEY and 0 < len(kind) <= 64 and 0 < len(tenant) <= 64
                 and 0 < len(subject) <= 128 and 0 < len(correlation) <= 64 and 0 < len(source) <= 16
                 and (replay is None or 0 < len(replay) <= 64)):
             return False
@@ -223,10 +235,10 @@ def _missing_or_type(value: Any, expected: str) -> str:
 
 def expiry_event(kind: str, subject_id: str | int, tenant: str, due_at: datetime, *, source: str,
                  correlation_id: str | None = None, attempt: int = 0,
-                 replay_id: str | None = None) -> ExpiryEvent:
-    """The event of one business operation: its op key from kind and subject (raises InvalidOpKey
-    for a malformed one), a new correlation id unless one is carried over."""
-    return ExpiryEvent(op_key=op_key(kind, subject_id), kind=kind, tenant=tenant,
+                 replay_id: str | None = None, generation: str | None = None) -> ExpiryEvent:
+    """The event of one business operation: its op key from kind, subject and generation (raises
+    InvalidOpKey for a malformed one), a new correlation id unless one is carried over."""
+    return ExpiryEvent(op_key=op_key(kind, subject_id, generation), kind=kind, tenant=tenant,
                        subject_id=str(subject_id), due_at=due_at,
                        correlation_id=correlation_id or new_correlation_id(), source=source,
                        attempt=attempt, replay_id=replay_id)

@@ -3,6 +3,7 @@
 
 from lapse.shell.commands import (  # noqa: F401
     analytics,
+    archive,
     audit,
     config,
     console,

@@ -10,6 +10,7 @@ import click
 from lapse.kernel.settings import Settings
 from lapse.shell.cli import main
 from lapse.shell.cli_options import connection_options, pass_settings, setting_option
+from lapse.shell.extras import require_extra
 from lapse.shell.time_args import DURATION
 
 
@@ -31,6 +32,7 @@ def analytics(settings: Settings, app_id: str, web_port: int, data_dir: Path, re
               window_retention: timedelta) -> None:
     """Per-minute outcomes by kind and status, attempts per completion, due-to-applied latency
     (p50/p95/p99) and dead-letter growth, as a faust-streaming app (run one worker)."""
+    require_extra("analytics", "faust")
     # function-local: keeps `lapse --help` fast
     from lapse.readers import AnalyticsOptions, run_analytics
 

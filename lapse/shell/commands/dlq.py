@@ -19,14 +19,14 @@ import click
 
 from lapse.kernel.settings import Settings
 from lapse.shell.cli import main
-from lapse.shell.cli_options import F, emit, pass_settings, setting_option
+from lapse.shell.cli_options import F, emit, log_options, pass_settings, setting_option
 from lapse.shell.error_boundary import CommandFailed, ExitCode
 
 
 def _selection_options(func: F) -> F:
     for opt in reversed([
         setting_option("database.url"),
-        setting_option("runtime.log_level"),
+        log_options,
         click.option("--kind", default=None, help="Only this cleanup kind."),
         click.option("--tenant", default=None, help="Only this tenant."),
         click.option("--json", "as_json", is_flag=True, help="Print the result as JSON."),
@@ -93,10 +93,12 @@ def dlq_list(settings: Settings, kind: str | None, tenant: str | None, as_json: 
     from lapse.kernel.database import engine_from_settings
     from lapse.kernel.ledger import Selection
     from lapse.operator_actions import list_dead_letters, poison_records
+    from lapse.shell.known_names import refuse_unknown
 
     engine = engine_from_settings(settings)
     try:
         with engine.connect() as conn:
+            refuse_unknown(conn, settings, kind=kind, tenant=tenant)
             rows = [{"poison": False, **row} for row in list_dead_letters(conn, Selection(kind, tenant), limit)]
     finally:
         engine.dispose()
@@ -148,11 +150,14 @@ def dlq_replay(settings: Settings, kind: str | None, tenant: str | None, as_json
     from lapse.kernel.database import engine_from_settings
     from lapse.kernel.ledger import Selection
     from lapse.operator_actions import preview, run_replay
+    from lapse.shell.known_names import refuse_unknown
 
     check_operator_input("replay", reason, actor, kind, tenant, op_keys, select_all)
     selection = Selection(kind, tenant, tuple(op_keys), include_replayed)
     engine = engine_from_settings(settings)
     try:
+        with engine.connect() as conn:
+            refuse_unknown(conn, settings, kind=kind, tenant=tenant)
         found = preview(engine, selection, limit)
         if dry_run:
             emit({"dry_run": True, "selection": found["selection"], "limit": limit,
@@ -191,11 +196,14 @@ def dlq_discard(settings: Settings, kind: str | None, tenant: str | None, as_jso
     # function-local: keeps `lapse --help` fast
     from lapse.kernel.database import engine_from_settings
     from lapse.operator_actions import discard_selection, preview, run_discard
+    from lapse.shell.known_names import refuse_unknown
 
     check_operator_input("discard", reason, actor, kind, tenant, op_keys, select_all)
     selection = discard_selection(kind, tenant, op_keys)
     engine = engine_from_settings(settings)
     try:
+        with engine.connect() as conn:
+            refuse_unknown(conn, settings, kind=kind, tenant=tenant)
         found = preview(engine, selection, limit)
         if dry_run:
             emit({"dry_run": True, "selection": found["selection"], "would_discard": found["matching"],

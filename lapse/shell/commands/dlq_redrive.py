@@ -15,6 +15,7 @@ from typing import Any
 import click
 
 from lapse.kernel.settings import Settings
+from lapse.kernel.text import one_line
 from lapse.shell.cli_options import connection_options, emit, pass_settings, setting_option
 from lapse.shell.commands.dlq import confirm_or_refuse, dlq
 from lapse.shell.error_boundary import CommandFailed, ExitCode
@@ -24,15 +25,20 @@ _REASON_CODE = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 MAX_PARTITION, MAX_OFFSET = 2**31 - 1, 2**63 - 1
 
 
+def _shown(text: str) -> str:
+    """An operator's text as a refusal quotes it: its start, escaped, at most 60 characters."""
+    return one_line(repr(text[:40]), 60)
+
+
 def dlq_position(text: str) -> tuple[int, int]:
     """A DLQ position `PARTITION:OFFSET` (`lapse dlq list` shows `dlq P@O`; `P@O` is taken too);
     ValueError naming what is wrong."""
     match = _POSITION.fullmatch(text.strip().replace("@", ":", 1))
     if match is None:
-        raise ValueError(f"{text[:40]!r} is not PARTITION:OFFSET (two whole numbers, e.g. 0:17)")
+        raise ValueError(f"{_shown(text)} is not PARTITION:OFFSET (two whole numbers, e.g. 0:17)")
     partition, offset = int(match[1]), int(match[2])
     if partition > MAX_PARTITION or offset > MAX_OFFSET:
-        raise ValueError(f"{text[:40]!r} is out of range for a Kafka partition and offset")
+        raise ValueError(f"{_shown(text)} is out of range for a Kafka partition and offset")
     return partition, offset
 
 
@@ -45,7 +51,7 @@ def _positions(ctx: click.Context, param: click.Parameter, values: tuple[str, ..
 
 def _reason_code(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
     if value is not None and not _REASON_CODE.fullmatch(value):
-        raise click.BadParameter(f"{value[:40]!r} is not a reason code (letters, digits, _ . -; e.g. "
+        raise click.BadParameter(f"{_shown(value)} is not a reason code (letters, digits, _ . -; e.g. "
                                  "unknown_fingerprint)", ctx, param)
     return value
 

@@ -12,7 +12,7 @@ import click
 from lapse.kernel.settings import Settings
 from lapse.kernel.topology import TopicsFileError, Topology
 from lapse.shell.cli import main
-from lapse.shell.cli_options import F, emit, pass_settings, setting_option
+from lapse.shell.cli_options import F, emit, log_options, pass_settings, setting_option
 
 
 @contextmanager
@@ -30,7 +30,7 @@ def kinds_file_errors() -> Iterator[None]:
 def _options(func: F) -> F:
     for opt in reversed([
         setting_option("kinds.file", "--kinds-file"),
-        setting_option("runtime.log_level"),
+        log_options,
         click.option("--json", "as_json", is_flag=True, help="Print the result as JSON."),
     ]):
         func = opt(func)
@@ -46,6 +46,7 @@ def _list_text(data: dict[str, Any]) -> str:
     lines = []
     for k in data["kinds"]:
         where = f"{k.get('table', '?')} due {k.get('due', '?')}"
+        where += f" generation {k['generation']}" if k.get("generation") else ""
         conditions = " and ".join(k.get("conditions") or []) or "-"
         extra = f"  python {k['python']}" if "python" in k else ""
         lines.append(f"{k['name']:<24} {k['effect']:<13} {where}  when {conditions}{extra}")

@@ -9,10 +9,10 @@ from typing import Any
 import click
 
 from lapse.kernel.settings import Settings
-from lapse.shell.cli_options import emit, pass_settings, setting_option
+from lapse.shell.cli_options import emit, log_options, pass_settings, setting_option
 from lapse.shell.commands.kinds import kinds, kinds_file_errors, topology_or_none
 from lapse.shell.error_boundary import CommandFailed, ExitCode
-from lapse.shell.time_args import Timestamp
+from lapse.shell.time_args import TIMESTAMP_FORMS, Timestamp
 
 # The bounds of lapse.kernel.kinds.plan, repeated here so `lapse --help` need not import it (the
 # unit tests check they agree).
@@ -88,12 +88,12 @@ def _shadow_text(s: dict[str, Any]) -> list[str]:
 @click.option("--timeout", "timeout_s", type=click.FloatRange(0, 3600, min_open=True), default=DEFAULT_TIMEOUT_S,
               show_default=True, help="Statement timeout of the preview's reads, in seconds.")
 @click.option("--at", "at", type=Timestamp(), default=None,
-              help="Preview as of this time (ISO 8601 or epoch ms) instead of the database's clock.")
+              help=f"Preview as of this time ({TIMESTAMP_FORMS}) instead of the database's clock.")
 @click.option("--compare", is_flag=True,
               help="Show next to each preview what the kind's shadow run recorded (mode: shadow).")
 @setting_option("database.url")
 @setting_option("kinds.file", "--kinds-file")
-@setting_option("runtime.log_level")
+@log_options
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 @pass_settings
 def plan(settings: Settings, kind: str | None, limit: int, cap: int, timeout_s: float, at: datetime | None,

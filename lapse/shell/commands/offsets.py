@@ -16,7 +16,7 @@ from lapse.kernel.settings import Settings
 from lapse.shell.cli import main
 from lapse.shell.cli_options import connection_options, emit, pass_settings
 from lapse.shell.error_boundary import CommandFailed, ExitCode
-from lapse.shell.time_args import TIMESTAMP
+from lapse.shell.time_args import TIMESTAMP, TIMESTAMP_FORMS
 
 
 @main.group()
@@ -36,7 +36,7 @@ def _text(data: dict[str, Any]) -> str:
 @connection_options
 @click.option("--group", required=True, help="Consumer group to move.")
 @click.option("--topic", help="Only this topic (default: the topics topics.yaml says the group reads).")
-@click.option("--to-datetime", type=TIMESTAMP, help="First offset at or after this time (ISO 8601 or epoch ms).")
+@click.option("--to-datetime", type=TIMESTAMP, help=f"First offset at or after this time ({TIMESTAMP_FORMS}).")
 @click.option("--to-earliest", is_flag=True, help="The earliest retained offset.")
 @click.option("--shift-by", type=int, help="Move by N records (negative: re-read), within the log.")
 @click.option("--execute", is_flag=True, help="Commit the new offsets (default: only show them).")

@@ -14,11 +14,12 @@ from lapse.shell.cli_options import connection_options, emit, pass_settings, set
 from lapse.shell.commands.kinds import kinds_file_errors
 from lapse.shell.error_boundary import CommandFailed, ExitCode
 from lapse.shell.signals import stop_on_signals
+from lapse.shell.time_args import Duration
 
 
 def _exit_when_idle() -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-    return click.option("--exit-when-idle", type=float, default=None, metavar="SECONDS",
-                        help="Stop after this long with nothing to do (default: run until stopped).")
+    return click.option("--exit-when-idle", type=Duration(as_seconds=True), default=None, metavar="DURATION",
+                        help="Stop after this long with nothing to do, e.g. 30s (default: run until stopped).")
 
 
 @main.command()
@@ -92,9 +93,9 @@ def relay(settings: Settings, exit_when_idle: float | None) -> None:
               help="Also serve the operator console (console.bind, console.port; the `console` extra).")
 @pass_settings
 def run(settings: Settings, workers: int, with_console: bool) -> None:
-    """Run sweep, processors, relay, delay tiers, reconciler, daily report and prune (and with
-    --console the operator console) in one process tree until interrupted; a role that dies is
-    restarted."""
+    """Run sweep, processors, relay, delay tiers, reconciler, daily report and prune (with --console
+    the operator console, and the archive when archive.url is set) in one process tree until
+    interrupted; a role that dies is restarted."""
     # function-local: keeps `lapse --help` fast
     from lapse.shell.roles import pipeline_roles, when_reachable
     from lapse.shell.supervisor import Supervisor
@@ -109,12 +110,13 @@ def run(settings: Settings, workers: int, with_console: bool) -> None:
             raise CommandFailed(ExitCode.CONFIG, str(exc)) from None
     # The status samples (oldest eligible age, ledger, outbox, lag) are read by the supervisor's
     # metrics endpoint when scraped: no monitor role.
-    sup = Supervisor(settings, pipeline_roles(workers, console=with_console))
+    archive = settings.archive.url is not None
+    sup = Supervisor(settings, pipeline_roles(workers, console=with_console, archive=archive))
     stop_on_signals(sup.stop, hurry=sup.hurry)  # SIGTERM/Ctrl-C: stop; a second one: no more grace
     # Refused here, in one line, rather than by every role in a restart loop; a dependency away at
     # start is waited for, as each role would.
     with kinds_file_errors():
-        if when_reachable("run", sup.stop, lambda: _checked(settings)) is None:
+        if when_reachable("run", sup.stop, lambda: _checked(settings, archive=archive), settings) is None:
             return  # stopped before the dependencies came back
     sup.start()
     try:
@@ -127,12 +129,14 @@ def run(settings: Settings, workers: int, with_console: bool) -> None:
                             f"{sup.grace_s:g} s of SIGTERM{hurried}")
 
 
-def _checked(settings: Settings) -> bool:
-    """The start-up checks and the kinds compiled against the database, as every role makes them."""
+def _checked(settings: Settings, *, archive: bool) -> bool:
+    """The start-up checks, the kinds compiled against the database and a broker that answers, as
+    every role makes them; with `archive`, the archive role's own (its URL, its store taking a write)."""
     # function-local: keeps `lapse --help` fast
     from lapse.kernel.database import engine_from_settings
     from lapse.kernel.kinds import load_kinds
-    from lapse.shell.startup_checks import check_startup
+    from lapse.shell.roles import ArchiveRole
+    from lapse.shell.startup_checks import check_kafka, check_startup
 
     check_startup(settings)
     engine = engine_from_settings(settings)
@@ -140,4 +144,11 @@ def _checked(settings: Settings) -> bool:
         load_kinds(settings, engine)
     finally:
         engine.dispose()
+    check_kafka(settings)
+    if archive:
+        role = ArchiveRole(settings)
+        try:
+            role.check()
+        finally:
+            role.close()
     return True

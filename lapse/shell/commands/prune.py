@@ -3,20 +3,16 @@ rotating time partitions); `--dry-run` counts and says why, `--watch` runs the p
 
 from __future__ import annotations
 
-import sys
-import time
 from typing import Any
 
 import click
 
 from lapse.kernel.settings import Settings
 from lapse.shell.cli import main
-from lapse.shell.cli_options import emit, pass_settings, setting_option
+from lapse.shell.cli_options import emit, log_options, pass_settings, setting_option
 from lapse.shell.error_boundary import CommandFailed, ExitCode
+from lapse.shell.progress import progress_bar
 from lapse.shell.time_args import Duration
-
-# Long work reports progress on stderr at most this often (stdout stays the result).
-PROGRESS_EVERY_S = 2.0
 
 
 def _text(r: dict[str, Any]) -> str:
@@ -56,25 +52,11 @@ def _rows(estimate: int | None) -> str:
     return "rows not estimated yet" if estimate is None else f"~{estimate} rows"
 
 
-class _Progress:
-    """Prints `table: n removed` to stderr once a pass has run a while, then at most every few seconds."""
-
-    def __init__(self) -> None:
-        self.started = self.last = time.monotonic()
-
-    def __call__(self, table: str, removed: int) -> None:
-        now = time.monotonic()
-        if now - self.last >= PROGRESS_EVERY_S:
-            self.last = now
-            sys.stderr.write(f"prune: {table} {removed} removed so far ({now - self.started:.0f}s)\n")
-            sys.stderr.flush()
-
-
 @main.command()
 @setting_option("database.url")
 @setting_option("topics.file")
 @setting_option("topics.prefix")
-@setting_option("runtime.log_level")
+@log_options
 @setting_option("retention.ledger_horizon_s", "--ledger-horizon", type=Duration(as_seconds=True),
                 metavar="DURATION", help="Keep applied and skipped rows this long (default: derived from topics.yaml).")
 @setting_option("retention.dead_letter_horizon_s", "--dead-letter-horizon", type=Duration(as_seconds=True),
@@ -96,12 +78,22 @@ def prune(settings: Settings, dry_run: bool, watch: bool, as_json: bool) -> None
     from lapse.retention import HorizonRefused
     from lapse.shell.roles import PruneRole, run_role
 
-    try:
-        role = PruneRole(settings, once=not watch, dry_run=dry_run, progress=None if watch else _Progress())
-    except HorizonRefused as exc:
-        raise CommandFailed(ExitCode.CONFIG, str(exc)) from None
     if watch and dry_run:
         raise click.UsageError("--watch removes rows; a dry run is one pass")
-    report = run_role(role)
+    try:
+        role = PruneRole(settings, once=not watch, dry_run=dry_run)
+    except HorizonRefused as exc:
+        raise CommandFailed(ExitCode.CONFIG, str(exc)) from None
+    if watch or dry_run:
+        report = run_role(role)
+    else:
+        removed: dict[str, int] = {}  # table → rows removed from it so far in this pass
+        with progress_bar("prune") as bar:
+            def advance(table: str, so_far: int) -> None:
+                bar.update(so_far - removed.get(table, 0), table)
+                removed[table] = so_far
+
+            role.progress = advance
+            report = run_role(role)
     if report is not None:
         emit(report.to_dict(), as_json, _text)

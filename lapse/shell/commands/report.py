@@ -10,7 +10,7 @@ import click
 
 from lapse.kernel.settings import Settings
 from lapse.shell.cli import main
-from lapse.shell.cli_options import emit, pass_settings, setting_option
+from lapse.shell.cli_options import emit, log_options, pass_settings, setting_option
 from lapse.shell.error_boundary import CommandFailed, ExitCode
 from lapse.shell.time_args import Duration
 
@@ -27,7 +27,7 @@ def _text(r: dict[str, Any]) -> str:
 
 @main.command()
 @setting_option("database.url")
-@setting_option("runtime.log_level")
+@log_options
 @setting_option("report.notifier", "--notifier", type=click.Choice(["file", "smtp"]))
 @setting_option("report.dir", "--report-dir", type=click.Path(file_okay=False))
 @click.option("--date", "day", type=click.DateTime(formats=["%Y-%m-%d"]), default=None,

@@ -29,7 +29,8 @@ def _text(r: dict[str, Any]) -> str:
     for kind, work in (r.get("eligible") or {}).items():
         more = "+" if work["capped"] else ""
         oldest = "" if work["oldest_due_age_s"] is None else f", oldest due {work['oldest_due_age_s']:.0f}s ago"
-        lines.append(f"eligible {kind}: {work['rows']}{more} rows left{oldest}")
+        per = f" (generation {work['generation']})" if work.get("generation") else ""
+        lines.append(f"eligible {kind}{per}: {work['rows']}{more} rows left{oldest}")
     age = r["oldest_eligible_age_s"]
     lines.append(f"oldest eligible unfinished: {'none' if age is None else f'{age:.0f}s'}")
     claims = r["expired_claims"]
@@ -37,6 +38,7 @@ def _text(r: dict[str, Any]) -> str:
         f" (oldest expired {claims['oldest_expired_for_s']:.0f}s ago)" if claims["count"] else ""))
     lines.append(f"dead letters: {r['dead_letters']}")
     lines += _brakes_text(r.get("brakes") or {})
+    lines += _limits_text(r.get("limits") or {})
     outbox = r["outbox"]
     lines.append(f"outbox unsent: {outbox['unsent']}" + (
         f" (oldest written {outbox['oldest_unsent_age_s']:.0f}s ago)" if outbox["unsent"] else ""))
@@ -57,6 +59,11 @@ def _text(r: dict[str, Any]) -> str:
     for role, what in (("reconciler", "reconciler's last pass"), ("audit", "last audit")):
         if found.get(role):
             lines.append(f"{what} at {found[role]['at']}: {found[role]['summary']}")
+    if found.get("archive"):
+        archive = found["archive"]
+        lines.append(f"archive of transitions: up to {archive['details']['archived_until']} "
+                     f"({archive['lag_s']:.0f}s behind the database's clock; on the topics, the archive group's lag "
+                     "above)")
     for clock in found.get("clocks", []):
         skew, bound = clock["details"]["skew_s"], clock["details"]["bound_s"]
         far = f", beyond the bound of {bound:g}s: fix its time synchronisation" if abs(skew) > bound else ""
@@ -77,6 +84,21 @@ def _brakes_text(b: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _limits_text(limits: dict[str, Any]) -> list[str]:
+    lines = []
+    for r in limits.get("routes", []):
+        route = r["kind"] + (f" {r['route']}" if r["route"] else "")
+        slots = f", {r['slots_held']}/{r['concurrency']} in flight" if r["concurrency"] else ""
+        blocked = f", stopped {r['blocked_for_s']:.0f}s more by a Retry-After" if r["blocked_for_s"] else ""
+        lines.append(f"limit {route}: {r['rate_per_s']:g} of {r['ceiling_per_s']:g} calls/s{slots}{blocked}")
+    for e in limits.get("endpoints", []):
+        where = e["endpoint"] or "(its own effect)"
+        lines.append(f"calls {e['kind']} to {where}: {e['in_flight']} in flight, {e['calls_per_minute']:g}/min, "
+                     f"429s {e['throttled_per_minute']:g}/min ({e['throttled_share']:.1%}), waited "
+                     f"{e['wait_s_avg'] * 1000:.0f} ms for a slot, {e['call_s_avg'] * 1000:.0f} ms in the call")
+    return lines
+
+
 @main.command()
 @connection_options
 @setting_option("runtime.metrics_port", help="With --watch: serve the status gauges to Prometheus here.")
@@ -88,8 +110,9 @@ def _brakes_text(b: dict[str, Any]) -> list[str]:
 def status(settings: Settings, watch: float | None, no_lag: bool, as_json: bool) -> None:
     """Ledger counts by state and kind (applied and skipped estimated, marked ~, on a large
     PostgreSQL ledger), the oldest eligible-but-unfinished operation, expired claims, dead
-    letters, what the brakes hold (pauses, undeclared kinds, shadow runs) and the lag of every
-    group declared in topics.yaml."""
+    letters, what the brakes hold (pauses, undeclared kinds, shadow runs), the call limits (each
+    route's rate and slots, each endpoint's calls, 429s and waits over the last minute) and the
+    lag of every group declared in topics.yaml."""
     # function-local: keeps `lapse --help` fast
     from lapse.kernel.database import engine_from_settings
     from lapse.readers import status_report

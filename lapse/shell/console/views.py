@@ -26,6 +26,7 @@ from lapse.readers import (
     filtered_dead_letters,
     has_operation,
     lag_status,
+    lapse_op_keys,
     ledger_states,
     operation_history,
     operator_action,
@@ -221,7 +222,8 @@ def history(engine: Engine, settings: Settings, op_key: str) -> dict[str, Any] |
 
 def search(engine: Engine, settings: Settings, query: str, now: datetime) -> dict[str, Any]:
     """An op key that has a ledger row (named only: see the search page), or the histories of the
-    operations a correlation id was seen with in the last day (as `lapse show --correlation-id`)."""
+    lapses of a subject (`kind:subject` of a kind with a generation) or of the operations a
+    correlation id was seen with in the last day (as `lapse show`)."""
     query = query.strip()
     try:
         parse_op_key(query)
@@ -229,10 +231,13 @@ def search(engine: Engine, settings: Settings, query: str, now: datetime) -> dic
     except InvalidOpKey:
         is_key = False
     with engine.connect() as conn:
-        if is_key:  # named only: the page sends the browser to the operation's page, which reads its history
+        lapses = lapse_op_keys(conn, query, SEARCH_LIMIT + 1) if is_key else []
+        if is_key and lapses in ([], [query]):
+            # Named only: the page sends the browser to the operation's page, which reads its history.
             found = {"op_key": query} if has_operation(conn, query) else None
             return {"query": query, "operations": [found] if found else [], "more": False}
-        keys = correlated_op_keys(conn, query, now - CORRELATION_LOOKBACK, now, SEARCH_LIMIT + 1)
+        # Each lapse of a subject of a kind with a generation, or what a correlation id was seen with.
+        keys = lapses or correlated_op_keys(conn, query, now - CORRELATION_LOOKBACK, now, SEARCH_LIMIT + 1)
         found_all = [with_timeline(operation_history(conn, k, settings.topology)) for k in keys[:SEARCH_LIMIT]]
     return {"query": query, "operations": [h for h in found_all if h is not None], "more": len(keys) > SEARCH_LIMIT}
 

@@ -1,7 +1,8 @@
-"""The long-running roles (sweep, process, relay, delay, reconcile, report, prune, console): one
+"""The long-running roles (sweep, process, relay, delay, reconcile, report, prune, console, archive): one
 module each, one `Role` base (`base`) and one registry (`registry`), used alike by `lapse run`,
 each single-role command and its `--once`."""
 
+from lapse.shell.roles.archive import ArchiveRole
 from lapse.shell.roles.base import PassRole, Role, StreamRole, every_interval, is_outage, run_role, when_reachable
 from lapse.shell.roles.console import ConsoleRole
 from lapse.shell.roles.delay import DelayRole
@@ -15,6 +16,7 @@ from lapse.shell.roles.sweep import SweepRole
 
 __all__ = [
     "ROLES",
+    "ArchiveRole",
     "ConsoleRole",
     "DelayRole",
     "PassRole",

@@ -22,10 +22,10 @@ from lapse.kernel.kafka_clients import make_producer
 from lapse.kernel.kafka_logs import leave_connection_failures_to_caller
 from lapse.kernel.kinds import CleanupKind, load_kinds
 from lapse.kernel.logs import get_logger
-from lapse.kernel.outages import Outage, is_transient
+from lapse.kernel.outages import Outage, outage_in
 from lapse.kernel.settings import Settings
 from lapse.shell.signals import stop_on_signals
-from lapse.shell.startup_checks import check_startup
+from lapse.shell.startup_checks import check_kafka, check_startup
 
 log = get_logger("roles")
 T = TypeVar("T")
@@ -34,21 +34,24 @@ R = TypeVar("R")
 
 def is_outage(exc: BaseException) -> bool:
     """An outage, or an error raised while meeting one (a kinds file that could not read its table
-    because the database was away)."""
+    because the database was away); a connection that failed (an archive store's endpoint away) too."""
+    if outage_in(exc) is not None:
+        return True
     seen: BaseException | None = exc
     for _ in range(5):
         if seen is None:
             return False
-        if is_transient(seen):
+        if isinstance(seen, ConnectionError):
             return True
         seen = seen.__cause__ or seen.__context__
     return False
 
 
-def when_reachable(role: str, stop: threading.Event, start: Callable[[], T]) -> T | None:
-    """`start()`, waiting out an outage with backoff (one warning when it begins) and raising
-    anything else; None when stopped first."""
-    outage = Outage(role, log)
+def when_reachable(role: str, stop: threading.Event, start: Callable[[], T],
+                   settings: Settings | None = None) -> T | None:
+    """`start()`, waiting out an outage with backoff (a warning naming what is away when it begins,
+    and again while it lasts) and raising anything else; None when stopped first."""
+    outage = Outage(role, log, settings=settings)
     while not stop.is_set():
         try:
             started = start()
@@ -84,6 +87,7 @@ class Role(ABC, Generic[R]):
 
     name: ClassVar[str]
     uses_database: ClassVar[bool] = True  # False: the start-up checks leave the database alone
+    uses_kafka: ClassVar[bool] = True  # False: the start-up checks leave the brokers alone
     uses_kinds: ClassVar[bool] = False  # True: `check` compiles the kinds file against the database
     produces: ClassVar[bool] = False  # True: `open` makes a producer, `close` flushes it
 
@@ -118,11 +122,13 @@ class Role(ABC, Generic[R]):
         return engine_from_settings(self.settings)
 
     def check(self) -> None:
-        """The start-up checks (StartupRefused: exit 3), then the kinds where the role uses them; an
-        unreachable dependency raises its outage."""
+        """The start-up checks (StartupRefused: exit 3), the kinds where the role uses them, then that a
+        broker answers; an unreachable dependency raises its outage."""
         check_startup(self.settings, database=self.uses_database)
         if self.uses_kinds:
             self.kinds = load_kinds(self.settings, self.engine)
+        if self.uses_kafka:
+            check_kafka(self.settings)
 
     def open(self) -> None:
         """Make the role's clients once the checks passed; retried while a dependency is away."""
@@ -157,7 +163,7 @@ class Role(ABC, Generic[R]):
         if self.bounded:
             leave_connection_failures_to_caller()  # the command says it once, in its one line
             return begin()
-        return when_reachable(self.name, self.stop, begin) is not None
+        return when_reachable(self.name, self.stop, begin, self.settings) is not None
 
 
 class PassRole(Role[R]):

@@ -13,6 +13,7 @@ class ConsoleRole(Role[None]):
     """The console; SIGTERM stops uvicorn cleanly."""
 
     name = "console"
+    uses_kafka = False
 
     def __init__(self, settings: Settings, *, stop: threading.Event | None = None) -> None:
         super().__init__(settings, stop=stop)

@@ -1,5 +1,5 @@
 """The delay role: forward delay-tier records to lapse.expiry when due, until stopped (`lapse delay`,
-`lapse run`). Its start waits for the broker to answer; the database is asked only for its clock
+`lapse run`). Its start waits for the broker to answer (`Role.check`); the database is asked only for its clock
 (`Role.clock_watch`), and its absence delays nothing."""
 
 from __future__ import annotations
@@ -9,10 +9,6 @@ import threading
 from lapse.kernel.settings import Settings
 from lapse.processors import DelayWorker
 from lapse.shell.roles.base import Role
-
-# How long the start-up look-up of the cluster's metadata waits for a broker before it counts as
-# an outage (then retried with backoff).
-METADATA_TIMEOUT_S = 2.0
 
 
 class DelayRole(Role[int]):
@@ -29,7 +25,6 @@ class DelayRole(Role[int]):
     def open(self) -> None:
         # Release times on the wall clock corrected by the skew last measured (`Role.clock_watch`).
         self.worker = self.worker or DelayWorker(self.settings, stop=self.stop, clock=self.clock_watch.now)
-        self.worker.consumer.list_topics(timeout=METADATA_TIMEOUT_S)  # the broker answers
 
     def run(self) -> int:
         assert self.worker is not None, "run after open"

@@ -17,6 +17,7 @@ class PruneRole(PassRole[PruneReport | None]):
     topics.yaml allows is refused when built (HorizonRefused), before any work."""
 
     name = "prune"
+    uses_kafka = False
 
     def __init__(self, settings: Settings, *, once: bool = False, dry_run: bool = False,
                  progress: Callable[[str, int], None] | None = None, stop: threading.Event | None = None) -> None:

@@ -7,6 +7,7 @@ from functools import partial
 from typing import Any
 
 from lapse.kernel.settings import Settings
+from lapse.shell.roles.archive import ArchiveRole
 from lapse.shell.roles.base import Role, run_role
 from lapse.shell.roles.console import ConsoleRole
 from lapse.shell.roles.delay import DelayRole
@@ -19,7 +20,7 @@ from lapse.shell.roles.sweep import SweepRole
 from lapse.shell.supervisor import Child
 
 ROLES: dict[str, type[Role[Any]]] = {role.name: role for role in (
-    SweepRole, ProcessRole, RelayRole, DelayRole, ReconcileRole, ReportRole, PruneRole, ConsoleRole)}
+    SweepRole, ProcessRole, RelayRole, DelayRole, ReconcileRole, ReportRole, PruneRole, ConsoleRole, ArchiveRole)}
 
 
 def serve_registered(role: str, settings: Settings) -> None:
@@ -34,12 +35,15 @@ def child_of(role: str, name: str | None = None) -> Child:
     return Child(name or role, partial(serve_registered, role))
 
 
-def pipeline_roles(workers: int, *, console: bool = False) -> list[Child]:
+def pipeline_roles(workers: int, *, console: bool = False, archive: bool = False) -> list[Child]:
     """`lapse run`'s processes: a sweep, a relay, `workers` processors, the delay-tier forwarder,
-    the reconciler, the daily report and prune, and with `console` the operator console."""
+    the reconciler, the daily report and prune, with `console` the operator console and with
+    `archive` the archive."""
     processes = [child_of("sweep"), child_of("relay")]
     processes += [child_of("process", f"process-{i}") for i in range(workers)]
     processes += [child_of(role) for role in ("delay", "reconcile", "report", "prune")]
     if console:
         processes.append(child_of("console"))
+    if archive:
+        processes.append(child_of("archive"))
     return processes

@@ -35,6 +35,7 @@ class ReportRole(PassRole[ReportRun | None]):
     ones. The notifier is built at once: one without what it needs is a ValueError."""
 
     name = "report"
+    uses_kafka = False
 
     def __init__(self, settings: Settings, *, once: bool = False, day: date | None = None,
                  stop: threading.Event | None = None) -> None:

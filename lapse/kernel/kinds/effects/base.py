@@ -19,6 +19,7 @@ from sqlalchemy import Column, ColumnElement, Table
 
 from lapse.kernel.kinds.columns import column_of, settable
 from lapse.kernel.kinds.errors import KindError, show
+from lapse.kernel.kinds.generations import Generation
 from lapse.kernel.kinds.kind import ExternalEffect
 from lapse.kernel.kinds.statements import mark_done, read_targets
 from lapse.kernel.topology import Topology
@@ -27,8 +28,8 @@ from lapse.kernel.topology import Topology
 @dataclass(frozen=True)
 class CompileContext:
     """What an effect is compiled against: the reflected table with the kind's id and due
-    columns and eligibility, the database dialect, the kinds file's folder (relative paths) and
-    the topology (topics an effect names), when the caller has one."""
+    columns and eligibility, the database dialect, the kinds file's folder (relative paths), the
+    topology (topics an effect names) when the caller has one, and the kind's generation if any."""
 
     table: Table
     id_column: Column[Any]
@@ -37,6 +38,7 @@ class CompileContext:
     dialect: str
     base_dir: Path
     topology: Topology | None = None
+    generation: Generation | None = None
 
 
 class EffectType(BaseModel):
@@ -89,8 +91,9 @@ class ExternalEffectType(EffectType):
     def compile(self, ctx: CompileContext) -> dict[str, Any]:
         declared = self.checked(ctx)
         then_set = set_values(ctx.table, declared.then_set, f"{self.field}.then_set", ctx.id_column, ctx.dialect)
-        external = ExternalEffect(read_targets(ctx.table, ctx.id_column, ctx.due_column, ctx.eligible),
-                                  mark_done(ctx.table, ctx.id_column, ctx.eligible, then_set), declared=declared)
+        external = ExternalEffect(read_targets(ctx.table, ctx.id_column, ctx.due_column, ctx.eligible, ctx.generation),
+                                  mark_done(ctx.table, ctx.id_column, ctx.eligible, then_set, ctx.generation),
+                                  declared=declared)
         return {"external_effect": external, "idempotent_effect": True}
 
     def privileges(self) -> list[str]:

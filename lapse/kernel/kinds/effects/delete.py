@@ -18,7 +18,8 @@ class DeleteEffect(EffectType):
     destructive: ClassVar[bool] = True
 
     def compile(self, ctx: CompileContext) -> dict[str, Any]:
-        return {"apply_in_db": delete_rows(ctx.table, ctx.id_column, ctx.due_column, ctx.eligible)}
+        return {"apply_in_db": delete_rows(ctx.table, ctx.id_column, ctx.due_column, ctx.eligible,
+                                               ctx.generation)}
 
     def privileges(self) -> list[str]:
         return ["SELECT", "DELETE"]

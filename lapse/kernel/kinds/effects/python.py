@@ -3,11 +3,12 @@ Its effect is its own (`CleanupKind.apply_in_db`, or `ExternalEffect.call`: proc
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
 from lapse.kernel.kinds.brakes import BUDGET_HELP, MODE_HELP, BudgetField, Mode
+from lapse.kernel.kinds.limits import LIMITS_HELP, PRIORITY_HELP, WEIGHTS_HELP, LimitsDecl, Priority, checked_weights
 
 
 class PythonKind(BaseModel):
@@ -18,6 +19,10 @@ class PythonKind(BaseModel):
     python: str = Field(pattern=r"^[A-Za-z_][A-Za-z0-9_.]*:[A-Za-z_][A-Za-z0-9_]*$", max_length=300)
     mode: Mode = Field("live", description=MODE_HELP)
     budget: BudgetField = Field(None, description=BUDGET_HELP)
+    limits: LimitsDecl | None = Field(None, description=LIMITS_HELP + " Only for a kind whose effect is external.")
+    priority: Priority = Field("normal", description=PRIORITY_HELP)
+    tenant_weights: Annotated[dict[str, float], BeforeValidator(checked_weights)] = Field(
+        default_factory=dict, description=WEIGHTS_HELP)
 
     def summary(self) -> dict[str, Any]:
         return {"python": self.python, "effect": "python"}

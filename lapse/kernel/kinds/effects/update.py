@@ -20,7 +20,8 @@ class UpdateEffect(EffectType):
 
     def compile(self, ctx: CompileContext) -> dict[str, Any]:
         values = set_values(ctx.table, self.set_, f"{self.field}.set", ctx.id_column, ctx.dialect)
-        return {"apply_in_db": update_rows(ctx.table, ctx.id_column, ctx.due_column, ctx.eligible, values)}
+        return {"apply_in_db": update_rows(ctx.table, ctx.id_column, ctx.due_column, ctx.eligible, values,
+                                               ctx.generation)}
 
     def privileges(self) -> list[str]:
         return ["SELECT", "UPDATE"]

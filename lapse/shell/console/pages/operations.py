@@ -53,8 +53,7 @@ def routes(console: Console) -> list[BaseRoute]:
                             "more": False}
         elif tenant:
             with console.engine.connect() as conn:
-                out["tenant_page"] = tenant_operations(conn, tenant, kind=kind or None, after=after,
-                                                       limit=TENANT_PAGE)
+                out["tenant_page"] = tenant_operations(conn, tenant, kind or None, after, TENANT_PAGE)
         elif query:
             out["found"] = views.search(console.engine, console.settings, query, views.now_utc())
         return out
