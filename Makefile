@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cksum pyproject.toml | cut -d' ' -f1)
 JARS := build/kafka/libs/.resolved
 
-.PHONY: help demo check lint docs test test-pythons scale storm bench soak broker venv postgres kafka-jars chromium promtool clean
+.PHONY: help demo check lint docs test test-pythons scale storm bench soak broker venv postgres kafka-jars quix-peer chromium promtool clean
 
 help:
 	@echo "make demo       - the pipeline end to end on the embedded broker and SQLite"
@@ -22,6 +22,7 @@ help:
 	@echo "make venv       - the virtual environment in .venv with the test, check and docs extras"
 	@echo "make postgres   - install (where missing) and start the local PostgreSQL"
 	@echo "make kafka-jars - fetch the Apache Kafka server jars into build/kafka/libs"
+	@echo "make quix-peer  - the bench's Quix Streams peer in its own environment, build/quix-venv"
 	@echo "make chromium   - install (where missing) Debian's chromium and chromium-driver for the console tests"
 	@echo "make promtool   - install (where missing) promtool, which checks the Prometheus alert rules"
 	@echo "make clean      - remove the demo state, the fetched jars and the built docs"
@@ -75,13 +76,21 @@ test: lint docs postgres kafka-jars chromium promtool
 test-pythons:
 	@scripts/test-pythons.sh
 
-scale: venv postgres kafka-jars
+scale: venv postgres kafka-jars quix-peer
 	$(BIN)/pytest -n 2 -m scale -q
 
 storm: venv postgres kafka-jars
 	$(BIN)/pytest -m storm -q -s tests/system/test_kill_storm.py
 
-bench: venv postgres kafka-jars
+# quixstreams pins an older confluent-kafka than Lapse's: the bench's peer has an environment of its own.
+QUIX := build/quix-venv/.installed
+quix-peer: $(QUIX)
+$(QUIX):
+	@test -x build/quix-venv/bin/python || $(PYTHON) -m venv build/quix-venv
+	build/quix-venv/bin/pip install -q --disable-pip-version-check 'quixstreams==3.28.1' 'psycopg[binary]>=3.1' 'fastavro>=1.9'
+	@touch $@
+
+bench: venv postgres kafka-jars quix-peer
 	$(BIN)/lapse bench --json
 
 soak: venv postgres kafka-jars
@@ -91,4 +100,4 @@ broker: venv
 	$(BIN)/lapse broker
 
 clean:
-	rm -rf .lapse build/kafka/libs build/site docs/reference
+	rm -rf .lapse build/kafka/libs build/site docs/reference build/quix-venv

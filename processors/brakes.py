@@ -64,9 +64,10 @@ def undeclared_reason(kind: str) -> str:
 
 
 def sort_out(scope: BatchScope, unique: Mapping[str, ExpiryEvent]) -> Stopped:
-    """Read the pauses once and sort the batch: held (paused, undeclared, over budget), shadowed,
-    or on; a budgeted kind's events that go on are charged (`charge_budgets`)."""
-    pauses = read_pauses(scope.conn)
+    """Read the pauses once (or take those the transaction read with its now) and sort the batch:
+    held (paused, undeclared, over budget), shadowed, or on; a budgeted kind's events that go on
+    are charged (`charge_budgets`)."""
+    pauses = scope.pauses if scope.pauses is not None else read_pauses(scope.conn)
     stopped = Stopped(go={})
     for key, event in unique.items():
         kind = scope.kinds.get(event.kind)

@@ -33,6 +33,7 @@ from lapse.kernel.tracing import PROCESS, stage
 from lapse.processors.dead_letters import send_poison
 from lapse.processors.decode import Poison, poison_of, position_of
 from lapse.processors.leased import EffectRunner, effect_runner, run_leased
+from lapse.processors.offset_commits import PendingCommits
 from lapse.processors.rules import Invalid, apply_batch, dead_letter_events
 from lapse.processors.scope import BatchResult, BatchScope
 
@@ -57,6 +58,7 @@ class WorkerContext:
     effects: EffectRunner | None = None  # built from settings on first use
     rng: random.Random = field(default_factory=random.Random)  # retry jitter
     commit_asynchronously: bool = False  # step 3 of commit_batch; the worker's loop sets it
+    pending_commits: PendingCommits | None = None  # offsets sent without waiting, until accepted
     # Where step 3 calls the consumer: inline, or handed to the consumer's own thread by a worker
     # that runs batches on a batch thread (`lapse.processors.in_flight`).
     on_consumer_thread: Callable[[Callable[[], Any]], Any] = lambda call: call()
@@ -128,8 +130,8 @@ def commit_batch(
     _crash_if("after_produce", ctx.settings)
 
     # Step 3: commit the offsets, on the consumer's thread.
-    ctx.on_consumer_thread(lambda: commit_offsets(consumer, owned, messages,
-                                                  asynchronous=ctx.commit_asynchronously))
+    ctx.on_consumer_thread(lambda: commit_offsets(consumer, owned, messages, asynchronous=ctx.commit_asynchronously,
+                                                  pending=ctx.pending_commits))
     return result
 
 
@@ -218,10 +220,11 @@ def _one_line(exc: BaseException) -> str:
 
 
 def commit_offsets(consumer: Consumer, owned: set[tuple[str, int]], messages: list[Message], *,
-                   asynchronous: bool = False) -> list[TopicPartition]:
+                   asynchronous: bool = False, pending: PendingCommits | None = None) -> list[TopicPartition]:
     """Commit last+1 per owned partition seen in `messages` (waiting for the broker unless
     `asynchronous`), passed explicitly, never stored in the consumer first; returns what was
-    committed."""
+    committed. Sent without waiting with `pending`, they join the offsets still unacknowledged, and
+    all of those of owned partitions go together (`offset_commits`)."""
     nxt: dict[tuple[str, int], int] = {}
     for msg in messages:
         topic, partition, offset = position_of(msg)
@@ -229,6 +232,9 @@ def commit_offsets(consumer: Consumer, owned: set[tuple[str, int]], messages: li
     offsets = [TopicPartition(t, p, o) for (t, p), o in nxt.items() if (t, p) in owned]
     if offsets:
         if asynchronous:
+            if pending is not None:
+                pending.merge(offsets)
+                offsets = pending.to_send(owned)
             consumer.commit(offsets=offsets, asynchronous=True)
         else:
             consumer.commit(offsets=offsets, asynchronous=False)

@@ -174,10 +174,13 @@ def set_aside_forged(scope: BatchScope, events: Mapping[str, ExpiryEvent],
     events that go on."""
     mismatched: dict[str, tuple[ExpiryEvent, str, str]] = {}
     for key, event in events.items():
+        business = present.get(event.kind, {}).get(event.subject_key)
+        if business is None or business.tenant == event.tenant:
+            continue  # the common case, decided without a look at the kind
         kind = scope.kinds.get(event.kind)
-        mismatch = next(tenant_mismatches(kind, [event], present.get(event.kind, {})), None) if kind else None
+        mismatch = next(tenant_mismatches(kind, [event], present[event.kind]), None) if kind else None
         if mismatch is not None:
-            mismatched[key] = (*mismatch, present[event.kind][event.subject_key].tenant)
+            mismatched[key] = (*mismatch, business.tenant)
     if not mismatched:
         return dict(events)
     rows = read_rows(scope.conn, mismatched)

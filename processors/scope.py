@@ -12,6 +12,7 @@ from typing import Any
 
 from sqlalchemy import Connection
 
+from lapse.kernel.brakes import Pauses, now_and_pauses
 from lapse.kernel.clock import Clock, now_in
 from lapse.kernel.kinds import CleanupKind
 from lapse.kernel.ledger import ExpiryEvent, LedgerWrites, Position
@@ -66,6 +67,7 @@ class BatchScope:
     positions: Mapping[str, Position] = field(default_factory=dict)
     rng: random.Random = field(default_factory=random.Random)
     clock: Clock | None = None  # a test's settable now; None: the database's, read per transaction
+    pauses: Pauses | None = None  # as read with the transaction's now (`begun`); None: not read yet
     writes: LedgerWrites = field(init=False)
     result: BatchResult = field(init=False, default_factory=BatchResult)
     # The op keys each budget (kind, tenant) let through in this transaction, held under its lock.
@@ -80,5 +82,9 @@ class BatchScope:
 
     def begun(self) -> BatchScope:
         """The same batch for the transaction just begun on `conn`, at its now (the database's,
-        one small read, unless a clock is set): due, lease and deadline decisions use it."""
-        return self.fresh(now_in(self.conn, self.clock))
+        one small read, unless a clock is set): due, lease and deadline decisions use it. On
+        PostgreSQL the same read brings the pauses (`now_and_pauses`), which the brakes then use."""
+        if self.clock is None and self.conn.dialect.name == "postgresql":
+            now, pauses = now_and_pauses(self.conn)
+            return replace(self.fresh(now), pauses=pauses)
+        return replace(self.fresh(now_in(self.conn, self.clock)), pauses=None)

@@ -9,6 +9,7 @@ Between batches offsets are committed without waiting for the broker's acknowled
 
 from __future__ import annotations
 
+import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -30,6 +31,7 @@ from lapse.processors.commit import WorkerContext, commit_batch
 from lapse.processors.decode import Poison, decode_batch, partition_of, position_of
 from lapse.processors.in_flight import Collected, InFlight
 from lapse.processors.metrics import observe_batch, observe_circuit_opened
+from lapse.processors.offset_commits import PendingCommits
 from lapse.processors.rewind import rewind_and_back_off
 from lapse.processors.scope import BatchResult
 
@@ -41,6 +43,11 @@ BROKER_PROBE_S = 10.0
 # How long one wait for more records lasts while a batch is in flight (the worker then checks
 # whether that batch is done).
 TOP_UP_S = 0.005
+# How often the interpreter lock changes hands between the worker's two threads (the default is 5 ms).
+GIL_SWITCH_S = 0.0005
+# A commit that waits for the broker (on a revoke, on close) and is refused for a reason that may
+# pass, such as the group coordinator moving, is tried this many times, this far apart.
+COMMIT_ATTEMPTS, COMMIT_RETRY_S = 6, 0.5
 
 
 Decoded = tuple[list[ExpiryEvent], dict[str, Position], list[Poison]]  # what decode_batch returns
@@ -59,13 +66,6 @@ class WorkerStats:
     delayed: int = 0
     batch_failures: int = 0
     started: float = field(default_factory=time.monotonic)
-
-
-def _on_commit(err: KafkaError | None, partitions: list[TopicPartition]) -> None:
-    """The broker's answer to an offset commit sent without waiting (served inside consume): a
-    refusal is logged; the offsets come again with the next batch, or redelivery is absorbed."""
-    if err is not None:
-        log.warning("offset commit refused", extra={"error": err.str()})
 
 
 class CleanupWorker:
@@ -90,10 +90,15 @@ class CleanupWorker:
             delivery=DeliveryTracker(),
             commit_asynchronously=True,
         )
+        # The batch thread waits on the database while this thread decodes the next batch: with
+        # the interpreter's default 5 ms switch interval, each answer the batch thread gets could
+        # wait up to 5 ms more for the interpreter lock. Handed over sooner, the overlap pays.
+        sys.setswitchinterval(GIL_SWITCH_S)
         self.in_flight: InFlight[BatchResult] = InFlight("lapse-batch")
         self.ctx.on_consumer_thread = self.in_flight.on_consumer_thread
+        self.pending = self.ctx.pending_commits = PendingCommits()
         # Small per-partition fetches interleave the partitions in every batch (docs/design/limits.md).
-        self.consumer = make_consumer(settings, settings.topology.groups.cleanup, on_commit=_on_commit,
+        self.consumer = make_consumer(settings, settings.topology.groups.cleanup, on_commit=self._on_commit,
                                       **{"max.partition.fetch.bytes": settings.processor.partition_fetch_bytes})
         self.circuit = DeadLetterCircuit(CircuitPolicy(
             threshold=settings.processor.circuit_threshold, min_events=settings.processor.circuit_min_events,
@@ -102,12 +107,49 @@ class CleanupWorker:
         self.outage = Outage("processor", log, settings=settings)
         self.closing = False  # set once close() has made its last commit
         self.failed: Collected[BatchResult] | None = None  # a batch that failed, until the loop rewinds it
+        # Partitions paused while commits stalled that a rebalance took and may have given back
+        # paused: resumed once assigned (`_resume_held`).
+        self.held_back: set[tuple[str, int]] = set()
+
+    def _on_commit(self, err: KafkaError | None, partitions: list[TopicPartition]) -> None:
+        """The broker's answer to an offset commit sent without waiting (served inside consume): a
+        refusal is logged, and its offsets stay pending, sent again until accepted."""
+        if err is not None:
+            log.warning("offset commit refused: sent again", extra={"error": err.str()})
+        self.pending.answered(err, partitions)
+
+    def _resend_commits(self) -> None:
+        """Send again, without waiting, the offsets whose commit went unanswered or was refused."""
+        if self.pending.due():
+            offsets = self.pending.to_send(self.owned)
+            if offsets:
+                self.consumer.commit(offsets=offsets, asynchronous=True)
 
     def _on_assign(self, consumer, partitions) -> None:
         self._collect()
         self.reached_broker = True
-        self.owned |= {(p.topic, p.partition) for p in partitions}
+        assigned = {(p.topic, p.partition) for p in partitions}
+        self.owned |= assigned
+        self._catch_up(assigned)
         log.info("partitions assigned", extra={"partitions": sorted(p.partition for p in partitions)})
+
+    def _catch_up(self, assigned: set[tuple[str, int]]) -> None:
+        """Partitions given back after this worker lost them with their commits unaccepted (its
+        session expired while the group coordinator moved): the work it did for them is durable, so
+        their offsets are committed now, forward only, and reading resumes after that work."""
+        back = self.pending.given_back(assigned)
+        if not back:
+            return
+        try:
+            found = self.consumer.committed([TopicPartition(t, p) for t, p in sorted(back)], timeout=10)
+        except KafkaException as exc:
+            log.warning("committed offsets unreadable: the work before is delivered again", extra={"error": str(exc)})
+            return
+        group = {(tp.topic, tp.partition): tp.offset for tp in found}
+        ahead = {tp: offset for tp, offset in back.items() if offset > group.get(tp, -1)}
+        if ahead:
+            self.next_offset.update(ahead)
+            self._commit_now(set(ahead))
 
     def _on_revoke(self, consumer, partitions) -> None:
         """Collect the batch in flight (it commits while the partitions are still ours), commit the
@@ -119,9 +161,12 @@ class CleanupWorker:
         self._give_up(revoked)
 
     def _on_lost(self, consumer, partitions) -> None:
-        """Partitions already taken from us (the session expired): nothing may be committed."""
+        """Partitions already taken from us (the session expired): nothing may be committed while
+        they are not ours; their offsets are set aside in case the group gives them back."""
         self._collect()
-        self._give_up({(p.topic, p.partition) for p in partitions})
+        lost = {(p.topic, p.partition) for p in partitions}
+        self.pending.set_aside({tp: offset for tp, offset in self.next_offset.items() if tp in lost})
+        self._give_up(lost)
 
     def _give_up(self, partitions: set[tuple[str, int]]) -> None:
         # librdkafka keeps a partition paused across a rebalance: one whose circuit is open is
@@ -130,24 +175,33 @@ class CleanupWorker:
             self.consumer.resume(paused)
         for tp in partitions:  # a later owner moves on: our offsets must not be committed again
             self.next_offset.pop(tp, None)
+        self.pending.forget(partitions)
         self.owned -= partitions
         self.at_eof -= partitions
         self.circuit.forget(partitions)
         log.info("partitions revoked", extra={"partitions": sorted(p for _, p in partitions)})
 
     def _commit_now(self, partitions: set[tuple[str, int]]) -> None:
-        """Commit, waiting for the broker, the next offset of each of `partitions` a batch finished.
-        A refusal (the group already moved on) is logged: the next owner then redelivers, and the
-        ledger absorbs it."""
+        """Commit, waiting for the broker, the next offset of each of `partitions` a batch finished;
+        a refusal that may pass (the coordinator moving) is tried again, a few times
+        (COMMIT_ATTEMPTS). A refusal that stays (the group already moved on) is logged: the next
+        owner then redelivers, and the ledger absorbs it."""
         offsets = [TopicPartition(t, p, self.next_offset[(t, p)]) for t, p in sorted(partitions)
                    if (t, p) in self.next_offset]
         if not offsets:
             return
-        try:
-            self.consumer.commit(offsets=offsets, asynchronous=False)
-        except KafkaException as exc:
-            log.warning("offset commit refused: the next owner redelivers from its last commit",
-                        extra={"error": str(exc)})
+        for attempt in range(1, COMMIT_ATTEMPTS + 1):
+            try:
+                self.pending.accepted(self.consumer.commit(offsets=offsets, asynchronous=False) or [])
+                return
+            except KafkaException as exc:
+                err = exc.args[0] if exc.args and isinstance(exc.args[0], KafkaError) else None
+                if attempt < COMMIT_ATTEMPTS and err is not None and err.retriable():
+                    time.sleep(COMMIT_RETRY_S)
+                    continue
+                log.warning("offset commit refused: the next owner redelivers from its last commit",
+                            extra={"error": str(exc)})
+                return
 
     def run(self, exit_when_idle: float | None = None) -> WorkerStats:
         """Process until stopped (SIGTERM/SIGINT or `stop`), or idle for `exit_when_idle` seconds."""
@@ -159,7 +213,10 @@ class CleanupWorker:
         try:
             while not self.stop.is_set():
                 self._close_circuits()
+                self._resend_commits()
                 messages = self._consume()
+                if self.held_back:
+                    self._resume_held()
                 if messages:
                     last_activity = time.monotonic()
                 try:
@@ -178,12 +235,51 @@ class CleanupWorker:
                 if messages:
                     messages, decoded = self._without_open_circuits(messages, decoded)
                 if messages:
+                    messages, decoded = self._hold_while_commits_stall(messages, decoded)
+                if messages:
                     self._hand_over(messages, decoded)
                 elif exit_when_idle is not None and self._idle(last_activity, exit_when_idle):
                     break
         finally:
             self.close()
         return self.stats
+
+    def _hold_while_commits_stall(self, messages: list[Message], decoded: Decoded) -> tuple[list[Message], Decoded]:
+        """While offsets already sent are refused or go unanswered (the group coordinator moving),
+        the next batch waits with consumption paused, its commits sent again: what the worker did
+        meanwhile would be delivered again if the group rebalanced before they are accepted. Returns
+        the batch as it goes on: without partitions given up meanwhile, with records the consumer
+        still handed over while paused."""
+        if not self.pending.stalled():
+            return messages, decoded
+        self.held_back = {tp for tp in self.owned if not self.circuit.is_open(tp)}
+        self.consumer.pause([TopicPartition(t, p) for t, p in sorted(self.held_back)])
+        log.warning("offset commits refused or unanswered: the next batch waits until they are accepted")
+        more: list[Message] = []
+        try:
+            while self.pending.stalled() and not self.stop.is_set():
+                self._resend_commits()
+                more += self._consume()  # serves the answers and any rebalance meanwhile
+        finally:
+            self._resume_held()
+        kept = [m for m in [*messages, *more] if partition_of(m) in self.owned]
+        if not more and len(kept) == len(messages):
+            return messages, decoded
+        try:
+            return kept, self._decode(kept)
+        except Exception as exc:
+            if not is_transient(exc):
+                raise
+            self._retry_later(kept, exc)
+            return [], ([], {}, [])
+
+    def _resume_held(self) -> None:
+        """Resume the partitions a stall paused that this worker owns now (again), but for those
+        whose circuit is open; the rest are resumed once a rebalance gives them back."""
+        ready = {tp for tp in self.held_back if tp in self.owned and not self.circuit.is_open(tp)}
+        if ready:
+            self.consumer.resume([TopicPartition(t, p) for t, p in sorted(ready)])
+        self.held_back -= ready | {tp for tp in self.held_back if self.circuit.is_open(tp)}
 
     def _rethrow_failure(self, behind: list[Message]) -> bool:
         """If the batch in flight failed: raise its error, or (for an outage) rewind it together

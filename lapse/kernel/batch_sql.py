@@ -1,21 +1,23 @@
 """Batch-shaped SQL whose text does not depend on the batch size.
 
-On PostgreSQL a batch travels as one string parameter: `col IN (SELECT unnest(CAST(:literal AS
-type[])))` instead of an `IN` list of placeholders, and `INSERT … SELECT … FROM
+On PostgreSQL a batch travels as one string parameter: `col = ANY(CAST(:literal AS type[]))`
+instead of an `IN` list of placeholders, and `INSERT … SELECT … FROM
 json_populate_recordset(…, :rows)` instead of multi-row VALUES. The statement text is then the
 same for every batch, so psycopg converts it once and the server prepares it once; per-placeholder
 parsing and per-element array escaping were most of a batch's cost. Inserts into several tables
 go as one statement of data-modifying CTEs (`bulk_insert_together`), one round trip for all of them.
-SQLite keeps the portable forms.
+The hottest statements skip SQLAlchemy altogether (`run_prepared`: typed arrays, sent binary, to a
+statement the server prepared once). SQLite keeps the portable forms.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import date, datetime
 from typing import Any
 
+import psycopg
 from sqlalchemy import (
     ColumnElement,
     Connection,
@@ -26,6 +28,7 @@ from sqlalchemy import (
     String,
     Table,
     Text,
+    any_,
     bindparam,
     cast,
     func,
@@ -35,6 +38,7 @@ from sqlalchemy import (
     tuple_,
 )
 from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.types import TypeEngine
 
 from lapse.kernel.database import qualified_name
@@ -62,15 +66,42 @@ def _unbounded(type_: TypeEngine[Any]) -> TypeEngine[Any]:
 
 def any_of(conn: Connection, column: ColumnElement[Any], values: Sequence[Any],
            element_type: TypeEngine[Any] | None = None) -> ColumnElement[bool]:
-    """`column IN (SELECT unnest(CAST(:literal AS type[])))` on PostgreSQL, `column IN (…)`
-    elsewhere. The subquery is evaluated once, even under a generic plan, and joins on the index;
-    a bare `= ANY(CAST(…))` may be re-cast for every row scanned. The cast is to the column's type
+    """`column = ANY(CAST(:literal AS type[]))` on PostgreSQL, `column IN (…)` elsewhere. Planned
+    with the batch's own array (the engine's `plan_cache_mode`, `lapse.kernel.database`), the
+    array is a constant whose length the planner knows, and testing each row of a scan against
+    hundreds of elements costs it far more than as many index probes: an index plan at any table
+    size. (`IN (SELECT unnest(…))` became a hash join over a sequential scan of the whole table
+    once the table held a few thousand rows: PITFALLS.md.) The cast is to the column's type
     without its length or precision, so no value is shortened or rounded into another one."""
     if conn.dialect.name == "postgresql":
         array = postgresql.ARRAY(_unbounded(element_type if element_type is not None else column.type))
         literal = bindparam(None, _array_literal(values), type_=Text)
-        return column.in_(select(func.unnest(cast(literal, array))).scalar_subquery())
+        return column == any_(cast(literal, array))
     return column.in_(list(values))
+
+
+def run_prepared(conn: Connection, sql: str, params: Mapping[str, Any]) -> list[tuple[Any, ...]]:
+    """Run `sql` (PostgreSQL, psycopg's `%(name)s` placeholders) in `conn`'s transaction on its
+    psycopg connection, past SQLAlchemy: prepared by the server on first use, every parameter sent
+    in binary (a Python list as a typed array), rows back as tuples. A failure is raised as
+    SQLAlchemy raises it (`DBAPIError` and its kinds, parameters hidden; a lost connection
+    invalidated), and the engine's `before_cursor_execute` listeners see the statement, as for any
+    other."""
+    driver = conn.connection.driver_connection
+    cursor = driver.cursor()  # type: ignore[union-attr]
+    for listener in conn.dispatch.before_cursor_execute:
+        listener(conn, cursor, sql, params, None, False)
+    try:
+        cursor.execute(sql, params, prepare=True, binary=True)
+        return cursor.fetchall() if cursor.description is not None else []
+    except psycopg.Error as exc:
+        invalidated = conn.dialect.is_disconnect(exc, conn.connection.dbapi_connection, cursor)  # type: ignore[arg-type]
+        if invalidated:
+            conn.invalidate(exc)
+        raise DBAPIError.instance(sql, params, exc, psycopg.Error, hide_parameters=True,
+                                  connection_invalidated=invalidated, dialect=conn.dialect) from exc
+    finally:
+        cursor.close()
 
 
 def pairs_of(conn: Connection, columns: tuple[ColumnElement[Any], ColumnElement[Any]],

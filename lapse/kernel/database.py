@@ -112,13 +112,19 @@ def make_engine(url: str, *, schema: str = DEFAULT_SCHEMA, pool_size: int = 5,
 
 def _timeouts(query: Mapping[str, Any], connect_timeout_s: float,
               statement_timeout_s: float | None) -> dict[str, Any]:
-    """libpq's connect_timeout (whole seconds, at least 2 as libpq counts it) and a session
-    statement_timeout, unless the URL's query already sets them."""
+    """libpq's connect_timeout (whole seconds, at least 2 as libpq counts it), a session
+    statement_timeout and custom plans only, unless the URL's query already sets them."""
     args: dict[str, Any] = {}
     if "connect_timeout" not in query:
         args["connect_timeout"] = max(2, math.ceil(connect_timeout_s))
-    if statement_timeout_s is not None and "options" not in query:
-        args["options"] = f"-c statement_timeout={max(1, round(statement_timeout_s * 1000))}"
+    if "options" not in query:
+        # Every statement planned with its own values, even once the server prepared it: a generic
+        # plan made while a table was empty (a sequential scan) is never kept as the table grows
+        # (PITFALLS.md). Lapse's statements are batch-shaped, so planning is a small part of each.
+        options = ["-c plan_cache_mode=force_custom_plan"]
+        if statement_timeout_s is not None:
+            options.append(f"-c statement_timeout={max(1, round(statement_timeout_s * 1000))}")
+        args["options"] = " ".join(options)
     return args
 
 

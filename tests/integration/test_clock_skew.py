@@ -205,7 +205,7 @@ def test_skewed_worker_processes_take_no_live_lease_of_20s_calls(pipeline, http_
           f"{len(backed_off)} copies backed off, {len(http_server.received)} calls, no overlap")
 
 
-_ASSIGNED_PARTITIONS = re.compile(r"partitions assigned partitions=\[([0-9, ]*)\]")
+_ASSIGNED_PARTITIONS = re.compile(r"partitions assigned\b.*?\bpartitions=\[([0-9, ]*)\]")
 
 
 def owned(worker: RoleProcess) -> list[int]:

@@ -9,15 +9,17 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from sqlalchemy import create_engine, text
+from sqlalchemy import create_engine, select, text
 
+from lapse.devtools.bench.bound import SetBasedSql, batch_row, write_batch
 from lapse.devtools.bench.databases import seed_held
 from lapse.devtools.bench.end_state import verify_end_state
 from lapse.devtools.bench.events import reservation_event
 from lapse.devtools.bench.lean import LeanSql, apply_many, apply_one, driver_connection
 from lapse.devtools.bench.report import summarize
+from lapse.devtools.demo_tables import reservations
 from lapse.kernel.database import engine_from_settings, qualified_name
-from lapse.kernel.models import cleanup_ledger, outbox
+from lapse.kernel.models import cleanup_ledger, ledger_transitions, outbox
 from lapse.kernel.settings import load_settings
 from lapse.shell.app import main
 from tests.fixtures.db import admin_url
@@ -50,24 +52,26 @@ def test_quick_bench_reports_every_stage_and_cleans_up(kafka_bootstrap, tmp_path
 
     # Every baseline and every Lapse run reached the same end state (business rows released,
     # ledger rows applied, one outcome per op key in the outbox), so every ratio counts.
-    for stage in ("naive", "faust", "batched_naive"):
+    for stage in ("quix", "naive", "faust", "batched_naive", "db_bound"):
         assert out[stage]["verified"] is True, (stage, out[stage].get("reason"))
         assert out[stage]["reason"] is None
         assert out[stage]["events"] > 0 and isinstance(out[stage]["events_per_s"], RATE)
     assert out["batched_naive"]["events"] == 200
     assert out["unverified"] == []
-    for key in ("lapse_vs_copy", "lapse_vs_consumer", "lapse_vs_naive", "lapse_vs_faust",
-                "lapse_vs_batched_naive", "lapse_2w_vs_1w", "relay_vs_lapse", "lapse_1worker_events_per_s"):
+    for key in ("lapse_vs_limit", "lapse_vs_quix", "batch_vs_db_bound", "lapse_vs_consumer", "lapse_vs_naive",
+                "lapse_vs_faust", "lapse_vs_batched_naive", "lapse_2w_vs_1w", "relay_vs_lapse",
+                "lapse_1worker_events_per_s", "limit_events_per_s"):
         assert isinstance(out[key], RATE) and out[key] > 0, key
     # The relay stage published every outbox row once: none left unsent, one record each on the topic.
     assert out["relay"]["verified"] is True, out["relay"]["reason"]
     assert out["relay"]["rows"] == 200 and isinstance(out["relay"]["rows_per_s"], RATE)
-    for gone in ("lapse_vs_limit", "lapse_1worker_vs_limit", "limit"):
+    for gone in ("lapse_vs_copy", "copy"):
         assert gone not in out
     assert out["events"] == 200 and out["partitions"] >= 2
     assert [r["batch_size"] for r in out["transaction_alone"]] == [100]
     assert isinstance(out["transaction_alone"][0]["events_per_s"], RATE)
-    assert out["copy"]["rows"] == 200 and isinstance(out["copy"]["rows_per_s"], RATE)
+    assert out["transaction_alone"][0]["verified"] is True, out["transaction_alone"][0]["reason"]
+    assert out["db_bound"]["events"] == 200 and out["quix"]["events"] == 200
     assert out["consumer"]["events"] == 200 and isinstance(out["consumer"]["events_per_s"], RATE)
     assert sorted(r["workers"] for r in out["lapse"]) == [1, 2]
     for run in out["lapse"]:
@@ -93,9 +97,9 @@ def test_quick_bench_reports_every_stage_and_cleans_up(kafka_bootstrap, tmp_path
     fair = out["fairness"]
     assert (fair["backlog"], fair["small_rows"], fair["repeats"]) == (1000, 400, 1)
     assert isinstance(fair["ratio"], RATE) and isinstance(fair["backlog_rows_per_s"], RATE)
-    assert set(out["targets_met"]) >= {"lapse_vs_copy", "lapse_vs_naive", "lapse_vs_faust", "lapse_vs_batched_naive",
-                                       "lapse_2w_vs_1w", "relay_vs_lapse", "latency_p99_ms", "console_page_ms",
-                                       "fairness_ratio"}
+    assert set(out["targets_met"]) >= {"lapse_vs_limit", "lapse_vs_quix", "batch_vs_db_bound", "lapse_2w_vs_1w",
+                                       "relay_vs_lapse", "latency_p99_ms", "console_page_ms", "fairness_ratio"}
+    assert not {"lapse_vs_naive", "lapse_vs_faust", "lapse_vs_batched_naive"} & set(out["targets_met"])
     assert all(isinstance(v, bool) for v in out["targets_met"].values())
     assert {"date", "cpus", "python"} <= set(out["machine"])
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -134,6 +138,34 @@ def test_the_lean_baseline_statements_reach_lapse_end_state(lean_db, path):
     assert verify_end_state(settings, events) == {"verified": True, "reason": None}
 
 
+def test_the_bound_sql_releases_once_and_records_what_it_could_not_release_as_skipped(lean_db):
+    """The database bound's (and the Quix peer's) set-based SQL: a batch with a duplicate of work
+    done before and a reservation paid meanwhile releases the rest once, and records the paid one
+    skipped, with its transition and outcome."""
+    settings, engine, _, events = lean_db
+    sql = SetBasedSql.for_names(qualified_name(engine, cleanup_ledger), qualified_name(engine, ledger_transitions),
+                                qualified_name(engine, outbox), qualified_name(engine, reservations))
+    with engine.begin() as c:
+        c.execute(text("UPDATE reservations SET status = 'paid' WHERE id = 10"))
+    raw, conn = driver_connection(engine)
+    try:
+        with conn.cursor() as cur:
+            cur.execute(sql.create_batch)
+            for batch in (events[:5], events):  # the second batch repeats the first five
+                write_batch(cur, sql, [batch_row(e, "t", 0, i) for i, e in enumerate(batch)], "w",
+                            settings.topology.outcomes)
+                conn.commit()
+    finally:
+        raw.close()
+    with engine.connect() as c:
+        states = dict(c.execute(select(cleanup_ledger.c.op_key, cleanup_ledger.c.state)).all())
+        steps = sorted(c.execute(select(ledger_transitions.c.op_key, ledger_transitions.c.to_state)).all())
+        outcomes = sorted((k, p["status"]) for k, p in c.execute(select(outbox.c.key, outbox.c.payload)))
+    expected = {e.op_key: "applied" for e in events[:9]} | {events[9].op_key: "skipped"}
+    assert states == expected
+    assert steps == sorted(expected.items()) and outcomes == sorted(expected.items())
+
+
 def test_end_state_verification_names_what_is_missing(lean_db):
     settings, engine, sql, events = lean_db
     raw, conn = driver_connection(engine)
@@ -166,29 +198,35 @@ def test_an_unverified_stage_has_no_ratio_and_misses_its_target():
     def run(workers: int, rate: float) -> dict:
         return {"workers": workers, "batch_size": 500, "events_per_s": rate, "verified": True, "reason": None}
 
-    out = {"lapse": [run(1, 1000.0), run(2, 1500.0)], "copy": {"rows_per_s": 2000.0},
-           "consumer": {"events_per_s": 10_000.0},
+    out = {"lapse": [run(1, 1000.0), run(2, 1500.0), run(3, 1600.0)],
+           "consumer": {"events_per_s": 4000.0},
+           "db_bound": {"events_per_s": 2000.0, "verified": True, "reason": None},
+           "transaction_alone": [{**run(1, 1800.0), "batch_size": 500}],
+           "quix": {"events_per_s": 500.0, "verified": True, "reason": None},
            "naive": {"events_per_s": 10.0, "verified": True, "reason": None},
            "faust": {"events_per_s": 20.0, "verified": False, "reason": "3 of 10 reservations not released"},
            "batched_naive": {"events_per_s": None, "verified": False, "reason": "the stage failed: boom"},
            "relay": {"rows_per_s": 2500.0, "verified": False, "reason": "12 left unsent"},
-           "latency": {"p99_ms": 400.0}, "reconciler_scan": {"rows_per_s": 1.0},
+           "latency": {"p99_ms": 240.0}, "reconciler_scan": {"rows_per_s": 1.0},
            "audit_replay": {"records_per_s": 1.0}, "console_pages": {"worst_ms": 120.0},
            "fairness": {"met": False}}
     result = summarize(out, 500)
-    assert (result["lapse_vs_copy"], result["lapse_vs_consumer"], result["lapse_vs_naive"]) == (0.5, 0.1, 100.0)
-    assert result["lapse_2w_vs_1w"] == 1.5
+    # The limit: 1 / (1/4000 + 1/2000) = 1333.3 events/s.
+    assert result["limit_events_per_s"] == 1333.3 and result["lapse_vs_limit"] == 0.75
+    assert (result["lapse_vs_quix"], result["batch_vs_db_bound"], result["lapse_vs_naive"]) == (2.0, 0.9, 100.0)
+    assert result["lapse_2w_vs_1w"] == 1.6  # the best run with two or more workers
     assert result["lapse_vs_faust"] is None and result["lapse_vs_batched_naive"] is None
     assert result["relay_vs_lapse"] is None  # 2.5 if its end state had been verified
     assert result["unverified"] == ["faust", "batched_naive", "relay"]
     met = result["targets_met"]
-    assert met["lapse_vs_copy"] and met["lapse_vs_naive"] and met["lapse_2w_vs_1w"] and met["latency_p99_ms"]
-    assert met["console_page_ms"] and not met["fairness_ratio"]
-    assert not met["lapse_vs_faust"] and not met["lapse_vs_batched_naive"] and not met["relay_vs_lapse"]
+    assert met["lapse_vs_limit"] and met["lapse_vs_quix"] and met["batch_vs_db_bound"] and met["lapse_2w_vs_1w"]
+    assert met["latency_p99_ms"] and met["console_page_ms"] and not met["relay_vs_lapse"] and not met["fairness_ratio"]
     out["relay"]["verified"] = True
     assert summarize(out, 500)["relay_vs_lapse"] == 2.5 and summarize(out, 500)["targets_met"]["relay_vs_lapse"]
+    out["db_bound"]["verified"] = False  # no bound: no limit, and no ratio against it counts
+    assert summarize(out, 500)["lapse_vs_limit"] is None and not summarize(out, 500)["targets_met"]["lapse_vs_limit"]
     out["lapse"][0]["verified"] = False  # Lapse itself unverified: no ratio of it counts
-    assert all(summarize(out, 500)[k] is None for k in ("lapse_vs_copy", "lapse_vs_naive", "lapse_2w_vs_1w"))
+    assert all(summarize(out, 500)[k] is None for k in ("lapse_vs_quix", "lapse_vs_naive", "lapse_2w_vs_1w"))
 
 
 @pytest.mark.bench

@@ -36,6 +36,7 @@ from lapse.kernel.kinds.generations import Generation, timestamp_text
 from lapse.kernel.ledger import (
     MAX_OP_KEY,
     ExpiryEvent,
+    InvalidEvent,
     InvalidOpKey,
     expiry_event,
     expiry_record,
@@ -115,6 +116,10 @@ def test_an_op_key_with_a_generation_parses_back_to_its_parts(kind, subject, gen
     decoded = {**expiry_record(event, NOW), "due_at": NOW, "produced_at": NOW}
     again = ExpiryEvent.from_record(decoded, NOW)
     assert (again.op_key, again.subject_id, again.subject_key) == (key, subject, f"{subject}@{generation}")
+    # The subject id is the part before the mark: an event whose subject id carries the generation
+    # too does not match its own op key.
+    with pytest.raises(InvalidEvent):
+        ExpiryEvent.from_record({**decoded, "subject_id": f"{subject}@{generation}"}, NOW)
 
 
 @RUN

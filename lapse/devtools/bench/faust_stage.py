@@ -13,10 +13,8 @@ from __future__ import annotations
 import json
 import logging
 import shutil
-import subprocess
 import sys
 import tempfile
-import time
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -24,8 +22,7 @@ from typing import TYPE_CHECKING, Any
 from pydantic import SecretStr
 
 from lapse.devtools.bench.lean import LeanSql, apply_one, driver_connection
-from lapse.devtools.bench.ledger_watch import StageFailed, ledger_span, wait_terminal
-from lapse.devtools.brokers import terminate_process
+from lapse.devtools.bench.ledger_watch import run_watched
 from lapse.kernel.codec import Codec
 from lapse.kernel.connections import faust_connection
 from lapse.kernel.database import engine_from_settings
@@ -47,28 +44,12 @@ def run_faust(settings: Settings, events: int) -> dict[str, Any]:
             "topics_file": str(settings.topics.file), "topic_prefix": settings.topics.prefix,
             "schema_name": settings.database.schema_name, "datadir": datadir}
     engine = engine_from_settings(settings)
-    proc = subprocess.Popen([sys.executable, "-m", "lapse.devtools.bench.faust_stage"],
-                            stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                            cwd=datadir)
-    assert proc.stdin is not None
-    with proc.stdin:
-        proc.stdin.write(json.dumps(args).encode())
-    started = time.time()
     try:
-        try:
-            seen_at = wait_terminal(engine, events, alive=lambda: proc.poll() is None, stall_s=90)
-        except StageFailed as exc:
-            proc.kill()
-            err = proc.stderr.read() if proc.stderr is not None else b""
-            tail = err.decode(errors="replace").strip().splitlines()[-3:]
-            raise StageFailed(f"faust worker: {exc}: {' | '.join(tail)}") from None
-        span = ledger_span(engine, events, seen_at)
+        return run_watched([sys.executable, "-m", "lapse.devtools.bench.faust_stage"], args, engine, events,
+                           datadir, "faust worker")
     finally:
-        _stop(proc)
         engine.dispose()
         shutil.rmtree(datadir, ignore_errors=True)
-    return {"events": events, "seconds": round(span.seconds, 3), "events_per_s": round(span.rate, 1),
-            "startup_s": round(seen_at - started - span.seconds, 3)}
 
 
 def _plain(kafka: KafkaSettings) -> dict[str, Any]:
@@ -80,12 +61,6 @@ def _plain(kafka: KafkaSettings) -> dict[str, Any]:
             return {k: value(x) for k, x in v.items()}
         return str(v) if isinstance(v, Path) else v
     return {name: value(getattr(kafka, name)) for name in kafka.model_fields_set}
-
-
-def _stop(proc: subprocess.Popen[bytes], timeout: float = 15.0) -> None:
-    terminate_process(proc, timeout)
-    if proc.stderr is not None:
-        proc.stderr.close()
 
 
 def _worker(args: dict[str, Any]) -> None:

@@ -8,12 +8,16 @@ finished_at at batch start, so its own timestamps would leave the last batch out
 
 from __future__ import annotations
 
+import json
+import subprocess
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from sqlalchemy import Engine, func, select
 
+from lapse.devtools.brokers import terminate_process
 from lapse.devtools.demo_tables import reservations
 from lapse.kernel.ledger import TERMINAL
 from lapse.kernel.models import cleanup_ledger as L
@@ -70,3 +74,31 @@ def ledger_span(engine: Engine, n: int, seen_at: float) -> Span:
 def released_count(engine: Engine) -> int:
     with engine.connect() as conn:
         return conn.execute(select(func.count()).where(reservations.c.status == "released")).scalar_one()
+
+
+def run_watched(cmd: list[str], args: dict[str, Any], engine: Engine, events: int, cwd: str, who: str
+                ) -> dict[str, Any]:
+    """Start `cmd` in `cwd` with `args` as JSON on stdin (they may hold secrets, which a command
+    line would show to every local user), wait until the ledger holds `events` terminal rows, and
+    stop it; the rate (`ledger_span`) and its start-up time. A process that exits or stalls first
+    fails the stage with the last lines it wrote."""
+    proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, cwd=cwd)
+    assert proc.stdin is not None
+    with proc.stdin:
+        proc.stdin.write(json.dumps(args).encode())
+    started = time.time()
+    try:
+        try:
+            seen_at = wait_terminal(engine, events, alive=lambda: proc.poll() is None, stall_s=90)
+        except StageFailed as exc:
+            proc.kill()
+            err = proc.stderr.read() if proc.stderr is not None else b""
+            tail = err.decode(errors="replace").strip().splitlines()[-3:]
+            raise StageFailed(f"{who}: {exc}: {' | '.join(tail)}") from None
+        span = ledger_span(engine, events, seen_at)
+    finally:
+        terminate_process(proc, 15.0)
+        if proc.stderr is not None:
+            proc.stderr.close()
+    return {"events": events, "seconds": round(span.seconds, 3), "events_per_s": round(span.rate, 1),
+            "startup_s": round(seen_at - started - span.seconds, 3)}

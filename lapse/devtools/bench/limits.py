@@ -1,6 +1,5 @@
-"""The ceilings, measured in the same run as Lapse: a raw COPY of the same ledger rows (the fastest
-any write path could put them in the table) and the consumer alone (consume and decode, no
-database); and, for information, the processor's batch transaction alone (no Kafka)."""
+"""The consumer alone (consume and decode, no database), half of the limit (`bound` is the other
+half), and the processor's batch transaction alone (no Kafka), measured in the same run as Lapse."""
 
 from __future__ import annotations
 
@@ -9,21 +8,16 @@ from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-import psycopg
 from confluent_kafka import KafkaError, KafkaException
 
 from lapse.devtools.demo_kinds import load_demo_kinds
 from lapse.kernel.codec import Codec
-from lapse.kernel.database import engine_from_settings, make_engine, qualified_name
+from lapse.kernel.database import engine_from_settings
 from lapse.kernel.kafka_clients import make_consumer
-from lapse.kernel.ledger import APPLIED, ExpiryEvent
-from lapse.kernel.models import cleanup_ledger
+from lapse.kernel.ledger import ExpiryEvent
 from lapse.kernel.schema_names import EXPIRY_EVENT
 from lapse.kernel.settings import Settings
 from lapse.processors import BatchScope, apply_batch
-
-COPY_COLUMNS = ("op_key", "kind", "tenant", "subject_id", "state", "attempt", "due_at",
-                "correlation_id", "source", "duplicates", "created_at", "updated_at", "finished_at")
 
 
 def batch_transaction_alone(settings: Settings, events: Sequence[ExpiryEvent],
@@ -45,31 +39,6 @@ def batch_transaction_alone(settings: Settings, events: Sequence[ExpiryEvent],
         engine.dispose()
     return {"events": len(events), "batch_size": batch_size, "seconds": round(seconds, 3),
             "events_per_s": round(len(events) / seconds, 1)}
-
-
-def copy_limit(database_url: str, events: Sequence[ExpiryEvent]) -> dict[str, Any]:
-    """COPY one finished ledger row per event into the ledger table in one transaction."""
-    now = datetime.now(UTC)
-    rows = [(e.op_key, e.kind, e.tenant, e.subject_id, APPLIED, 1, e.due_at, e.correlation_id,
-             e.source, 0, now, now, now) for e in events]
-    columns = ", ".join(COPY_COLUMNS)
-    engine = make_engine(database_url)
-    raw = engine.raw_connection()
-    try:
-        driver = raw.driver_connection
-        if not isinstance(driver, psycopg.Connection):
-            raise RuntimeError(f"the COPY limit needs PostgreSQL through psycopg, not {database_url.split(':')[0]}")
-        started = time.perf_counter()
-        ledger = qualified_name(engine, cleanup_ledger)
-        with driver.cursor() as cur, cur.copy(f"COPY {ledger} ({columns}) FROM STDIN") as copy:
-            for row in rows:
-                copy.write_row(row)
-        raw.commit()
-        seconds = time.perf_counter() - started
-    finally:
-        raw.close()
-        engine.dispose()
-    return {"rows": len(rows), "seconds": round(seconds, 3), "rows_per_s": round(len(rows) / seconds, 1)}
 
 
 def consumer_limit(settings: Settings, events: int, passes: int = 2) -> dict[str, Any]:

@@ -8,11 +8,11 @@ from typing import Any
 
 def stage_rates(result: dict[str, Any]) -> list[tuple[str, float]]:
     """(label, events/s) per stage, in the table's order (a stage that has no rate is left out)."""
-    rates = [("COPY", result["copy"]["rows_per_s"]), ("consumer alone", result["consumer"]["events_per_s"])]
+    rates = [("consumer alone", result["consumer"]["events_per_s"]), ("db bound", result["db_bound"]["events_per_s"])]
     rates += [(f"txn alone b{r['batch_size']}", r["events_per_s"]) for r in result["transaction_alone"]]
     rates += [(f"lapse {r['workers']}w b{r['batch_size']}", r["events_per_s"]) for r in result["lapse"]]
     rates += [(name.replace("_", " "), result[name]["events_per_s"])
-              for name in ("naive", "faust", "batched_naive") if name in result]
+              for name in ("quix", "naive", "faust", "batched_naive") if name in result]
     return [(label, rate) for label, rate in rates if rate]
 
 

@@ -15,9 +15,11 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from functools import partial
+from pathlib import Path
 from typing import Any, TypeVar
 
 from lapse.devtools.bench import (
+    bound,
     console_pages,
     fairness,
     faust_stage,
@@ -25,6 +27,7 @@ from lapse.devtools.bench import (
     latency,
     limits,
     naive,
+    quix_stage,
     relay_stage,
     scans,
 )
@@ -59,6 +62,7 @@ class BenchPlan:
     baseline_cap: int = BASELINE_CAP
     faust: bool = True
     console_rows: int = 2_000_000
+    quix_python: Path = quix_stage.DEFAULT_PYTHON  # the Python of the Quix Streams peer's environment
     fairness_backlog: int = 100_000
     fairness_repeats: int = 3
 
@@ -121,15 +125,15 @@ def _stages(envs: StageEnvironments, plan: BenchPlan, progress: Callable[[str], 
     out: dict[str, Any] = {"machine": machine(), "run_id": envs.dbs.run_id, "events": n,
                            "partitions": PARTITIONS}
 
-    progress("ceilings: COPY of the ledger rows, the consumer alone (no database)")
-    out["copy"] = _in(envs, "copy", lambda s: limits.copy_limit(s.database.url_plain(), events),
-                      expiry_topic=False)
+    progress("the limit: the consumer alone (no database), the database's lower bound (no Kafka)")
     out["consumer"] = _in(envs, "consumer", lambda s: limits.consumer_limit(s, n), events=events,
                           batch_size=plan.default_batch)
-    progress("for information: the batch transaction alone (apply_batch, no Kafka)")
+    out["db_bound"] = _checked(envs, "bound", lambda s: bound.database_bound(s, events), events,
+                               {"batch_size": plan.default_batch}, expiry_topic=False)
+    progress("the batch transaction alone (apply_batch, no Kafka)")
     out["transaction_alone"] = [
-        _in(envs, f"txn{b}", lambda s: limits.batch_transaction_alone(s, events), expiry_topic=False,
-            batch_size=b) for b in plan.batch_sizes]
+        _checked(envs, f"txn{b}", lambda s: limits.batch_transaction_alone(s, events), events,
+                 {"batch_size": b}, expiry_topic=False) for b in plan.batch_sizes]
 
     runs = []
     for workers in sorted({1, 2, plan.workers}):
@@ -146,6 +150,9 @@ def _stages(envs: StageEnvironments, plan: BenchPlan, progress: Callable[[str], 
     progress(f"relay: one relay publishing the outcomes of {n} events, batch of the relay's setting")
     out["relay"] = _in(envs, "relay", lambda s: relay_stage.run_relay(s, events, PARTITIONS), expiry_topic=False)
 
+    progress(f"the Quix Streams peer on {n} events")
+    out["quix"] = _checked(envs, "quix", lambda s: quix_stage.run_quix(s, n, plan.quix_python, PARTITIONS), events,
+                           {"batch_size": quix_stage.PARTITION_BATCH})
     m = min(n, plan.baseline_cap)
     progress(f"naive consumer on {m} events")
     out["naive"] = _checked(envs, "naive", lambda s: naive.run_naive(s, m), events[:m])
@@ -189,13 +196,16 @@ def _in(envs: StageEnvironments, stage: str, fn: Callable[[Settings], T], **envi
 
 
 def _checked(envs: StageEnvironments, stage: str, fn: Callable[[Settings], dict[str, Any]],
-             events: list[ExpiryEvent], identity: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Run a cleanup stage on `events` in its own environment (its batch size from `identity`),
-    then check its end state there. A stage that fails is reported unverified with the reason, not
-    raised: its figure does not count and the run goes on."""
+             events: list[ExpiryEvent], identity: dict[str, Any] | None = None, *,
+             expiry_topic: bool = True) -> dict[str, Any]:
+    """Run a cleanup stage on `events` in its own environment (its batch size from `identity`; the
+    events produced to its expiry topic unless it reads none), then check its end state there. A
+    stage that fails is reported unverified with the reason, not raised: its figure does not count
+    and the run goes on."""
     identity = identity or {}
     try:
-        with envs.stage(stage, events=events, batch_size=identity.get("batch_size")) as settings:
+        with envs.stage(stage, events=events if expiry_topic else (), expiry_topic=expiry_topic,
+                        batch_size=identity.get("batch_size")) as settings:
             result = fn(settings)
             return {**result, **verify_end_state(settings, events)}
     except Exception as exc:  # any failure of the stage (StageFailed, Kafka, the database)

@@ -1,6 +1,7 @@
-"""`lapse bench`: Lapse against three baselines (naive, Faust, batched naive) and two ceilings (a
-raw COPY into the ledger, the consumer alone), the fairness figure (small tenants behind a big
-one's backlog), and the console's pages timed on a big ledger."""
+"""`lapse bench`: Lapse against its limit (the consumer alone, then the database's lower bound for
+the same writes), a Quix Streams peer and three reference baselines (naive, Faust, batched naive),
+the fairness figure (small tenants behind a big one's backlog), and the console's pages timed on a
+big ledger."""
 
 from __future__ import annotations
 
@@ -42,6 +43,9 @@ def _batch_sizes(ctx: click.Context, param: click.Parameter, value: str) -> tupl
 @click.option("--fairness-backlog", type=click.IntRange(100, 10_000_000), default=100_000, show_default=True,
               help="Due rows of the tenant whose backlog the fairness stage puts before four small tenants.")
 @click.option("--no-faust", is_flag=True, help="Skip the Faust baseline.")
+@click.option("--quix-python", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="The Python of the Quix Streams peer's own environment (`make quix-peer` makes "
+                   "build/quix-venv, the default).")
 @click.option("--quick", is_flag=True,
               help="A smoke-test run: 300 events, one batch size, small scan, 20,000 console ledger rows.")
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
@@ -53,9 +57,9 @@ def _batch_sizes(ctx: click.Context, param: click.Parameter, value: str) -> tupl
                 help="The JDK for the bench's own broker (else java on PATH).")
 @pass_settings
 def bench(settings: Settings, events: int, workers: int, batch_sizes: tuple[int, ...], scan_rows: int,
-          console_rows: int, fairness_backlog: int, no_faust: bool, quick: bool, plot_path: Path | None,
-          as_json: bool) -> None:
-    """Benchmark Lapse on Apache Kafka and PostgreSQL against honest baselines and ceilings.
+          console_rows: int, fairness_backlog: int, no_faust: bool, quix_python: Path | None, quick: bool,
+          plot_path: Path | None, as_json: bool) -> None:
+    """Benchmark Lapse on Apache Kafka and PostgreSQL against its limit, a peer and honest baselines.
 
     Starts its own Apache Kafka from the cached jars unless --bootstrap-servers (or
     LAPSE_KAFKA__BOOTSTRAP_SERVERS) is given. Every stage runs in its own environment: a topic
@@ -81,6 +85,8 @@ def bench(settings: Settings, events: int, workers: int, batch_sizes: tuple[int,
         plan = replace(plan, faust=False)
     else:
         require_extra("analytics", "faust")  # the Faust baseline
+    if quix_python is not None:
+        plan = replace(plan, quix_python=quix_python)
     progress = (lambda msg: click.echo(f"bench: {msg}", err=True))
     try:
         result = run_bench(settings, plan, progress)

@@ -18,6 +18,7 @@ from lapse.kernel.brakes.pauses import (
     covered,
     delete_pause,
     insert_pause,
+    now_and_pauses,
     read_pauses,
 )
 from lapse.kernel.brakes.shadows import (
@@ -45,6 +46,7 @@ __all__ = [
     "forget_usage",
     "insert_pause",
     "lock_budget",
+    "now_and_pauses",
     "read_pauses",
     "record_shadow_effects",
     "record_usage",

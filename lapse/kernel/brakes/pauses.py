@@ -9,12 +9,14 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 from sqlalchemy import ColumnElement, Connection, delete, exists, insert, or_, select
 from sqlalchemy.dialects import postgresql, sqlite
 
+from lapse.kernel.batch_sql import run_prepared
+from lapse.kernel.database import qualified_name
 from lapse.kernel.models import pauses as P
 
 ALL_TENANTS = ""  # the tenant of a pause that covers every tenant of its kind
@@ -68,6 +70,19 @@ class Pauses:
 def read_pauses(conn: Connection) -> Pauses:
     """Every pause: the table is a handful of rows, read whole."""
     return Pauses({(row[0], row[1]): Pause(*row) for row in conn.execute(select(*COLUMNS))})
+
+
+_NOW_AND_PAUSES = ("SELECT now(), p.kind, p.tenant, p.cause, p.reason, p.actor, p.since, p.details "
+                   "FROM (SELECT 1) AS one LEFT JOIN {pauses} AS p ON true")
+
+
+def now_and_pauses(conn: Connection) -> tuple[datetime, Pauses]:
+    """The database's now (its transaction's start) and every pause, in one round trip on
+    PostgreSQL: what a batch reads first (`lapse.kernel.clock.database_now`, `read_pauses`)."""
+    sql = _NOW_AND_PAUSES.format(pauses=qualified_name(conn, P))
+    rows = run_prepared(conn, sql, {})
+    pauses = {(row[1], row[2]): Pause(*row[1:]) for row in rows if row[1] is not None}
+    return rows[0][0].astimezone(UTC), Pauses(pauses)
 
 
 def insert_pause(conn: Connection, pause: Pause) -> bool:

@@ -11,6 +11,7 @@ This module is the package's face: every other module imports the ledger from he
 - `queries` — every statement of the state machine (the SQL);
 - `reads`   — the probes business-table selects embed, and the aggregates status and reports show;
 - `writes`  — the accumulator a transaction fills and flushes once;
+- `settling` — the fast path's writes, one prepared statement each on PostgreSQL;
 - `partitions` — the time partitions of transitions and the outbox on PostgreSQL.
 """
 
@@ -26,7 +27,6 @@ from lapse.kernel.ledger.keys import (
     parse_op_key,
 )
 from lapse.kernel.ledger.queries import (
-    ProbedRow,
     bring_forward,
     claim,
     dead_letters,
@@ -40,7 +40,6 @@ from lapse.kernel.ledger.queries import (
     mark_stuck_statement,
     park,
     pending_row,
-    probe_rows,
     read_rows,
     release_dead_letters,
     release_parked,
@@ -48,7 +47,6 @@ from lapse.kernel.ledger.queries import (
     restore_waiting,
     settle_waiting,
     settled_row,
-    settles_waiting,
     stuck_cursor,
     traces_of,
     withdraw_settled,
@@ -100,6 +98,7 @@ from lapse.kernel.ledger.rows import (
     StateKindCount,
     TransitionCount,
 )
+from lapse.kernel.ledger.settling import Written, record_settled, settle
 from lapse.kernel.ledger.states import (
     ALLOWED,
     APPLIED,
@@ -166,10 +165,10 @@ __all__ = [
     "OriginalBudget",
     "OutboxBacklog",
     "Position",
-    "ProbedRow",
     "Selection",
     "StateKindCount",
     "TransitionCount",
+    "Written",
     "allowed",
     "bring_forward",
     "check",
@@ -206,15 +205,15 @@ __all__ = [
     "parked_counts",
     "parse_op_key",
     "pending_row",
-    "probe_rows",
     "read_rows",
+    "record_settled",
     "release_dead_letters",
     "release_parked",
     "renew_leases",
     "restore_waiting",
+    "settle",
     "settle_waiting",
     "settled_row",
-    "settles_waiting",
     "stuck_cursor",
     "time_problem",
     "traces_of",

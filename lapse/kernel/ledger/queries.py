@@ -10,7 +10,6 @@ and SQLite; `lapse.kernel.batch_sql` keeps their text independent of the batch s
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
@@ -103,27 +102,6 @@ def withdraw_settled(conn: Connection, op_keys: Sequence[str], now: datetime) ->
 
 
 # Read --------------------------------------------------------------------------------------------
-
-@dataclass(frozen=True, slots=True)
-class ProbedRow:
-    """A ledger row as `probe_rows` reads it: the state machine's view (`row`), and the two
-    bookkeeping columns that view leaves out, which an undo of `settle_waiting` puts back."""
-
-    row: LedgerRow
-    finished_at: datetime | None
-    updated_at: datetime
-
-
-def probe_rows(conn: Connection, op_keys: Sequence[str]) -> dict[str, ProbedRow]:
-    """op_key → its ledger row, for the keys among `op_keys` that have one (one primary-key probe
-    for the batch; no lock)."""
-    if not op_keys:
-        return {}
-    stmt = select(*ROW_COLUMNS, L.c.finished_at, L.c.updated_at).where(any_of(conn, L.c.op_key, op_keys))
-    rows: Iterable[Sequence[Any]] = conn.execute(stmt)
-    n = len(ROW_COLUMNS)
-    return {row[0]: ProbedRow(LedgerRow(*row[:n]), row[n], row[n + 1]) for row in rows}
-
 
 def read_rows(conn: Connection, op_keys: Iterable[str]) -> dict[str, LedgerRow]:
     """op_key → its ledger row, for the keys that have one."""
@@ -341,23 +319,15 @@ def bring_forward(conn: Connection, op_keys: Sequence[str], now: datetime) -> li
     return [LedgerRow(*row) for row in conn.execute(stmt)]
 
 
-def settles_waiting(probed: ProbedRow, now: datetime) -> bool:
-    """Whether `settle_waiting` takes the row as probed: `pending`, due by `now`, unclaimed, unfinished."""
-    row = probed.row
-    return (row.state == states.PENDING and row.due_at <= now and row.claim_owner is None
-            and row.claim_until is None and probed.finished_at is None)
-
-
 def settle_waiting(conn: Connection, op_keys: Sequence[str], now: datetime) -> dict[str, LedgerRow]:
     """pending → applied in one move: the rows among `op_keys` still `pending`, due by `now`,
-    unclaimed and unfinished (`settles_waiting`) are written as a claim of them finished `applied`
-    in this transaction at `now` leaves them (`claim` then `finish`): one more attempt, finished
-    and updated at `now`, no claim. Returns them as moved (op_key → the row after the move).
+    unclaimed and unfinished are written as a claim of them finished `applied` in this transaction
+    at `now` leaves them (`claim` then `finish`): one more attempt, finished and updated at `now`,
+    no claim. Returns them as moved (op_key → the row after the move).
 
-    The conditions are re-checked in the UPDATE, so a row another transaction claimed, finished or
-    moved meanwhile is left out (and one it is moving makes this wait for it, as a claim does).
-    Every column but `updated_at` keeps or derives its prior value from the row returned
-    (`restore_waiting` undoes the move exactly with the `updated_at` probed)."""
+    The conditions are checked in the UPDATE, so a row another transaction claimed, finished or
+    moved is left out (and one it is moving makes this wait for it, as a claim does). The portable
+    form of `settling.settle`'s move."""
     if not op_keys:
         return {}
     states.check(states.PENDING, states.APPLIED)
@@ -371,22 +341,21 @@ def settle_waiting(conn: Connection, op_keys: Sequence[str], now: datetime) -> d
     return {row[0]: LedgerRow(*row) for row in conn.execute(stmt)}
 
 
-def restore_waiting(conn: Connection, prior: Mapping[str, datetime], now: datetime) -> int:
-    """Undo `settle_waiting` for the rows it moved in this transaction (at `now`, so no one else
-    has seen the move) whose effect then changed nothing: op_key → the `updated_at` it had before.
-    The row is `pending` again, one attempt lower, unfinished and unclaimed, as it was (the move
-    required those); not a transition of the state machine, an undo of one never committed.
-    Returns how many were restored."""
-    if not prior:
+def restore_waiting(conn: Connection, op_keys: Sequence[str], now: datetime) -> int:
+    """Undo `settle_waiting` for the rows among `op_keys` it moved in this transaction (at `now`, so
+    no one else has seen the move) whose effect then changed nothing: `pending` again, one attempt
+    lower, unfinished and unclaimed, as they were (the move required those), `updated_at` left at
+    `now` (the careful path claims them next, in this transaction). Not a transition of the state
+    machine, an undo of one never committed. Returns how many were restored."""
+    if not op_keys:
         return 0
     stmt = (
         update(L)
-        .where(L.c.op_key == bindparam("k"), L.c.state == states.APPLIED, L.c.finished_at == now,
+        .where(any_of(conn, L.c.op_key, op_keys), L.c.state == states.APPLIED, L.c.finished_at == now,
                L.c.updated_at == now)
-        .values(state=states.PENDING, attempt=L.c.attempt - 1, finished_at=None,
-                updated_at=bindparam("prior_updated_at"))
+        .values(state=states.PENDING, attempt=L.c.attempt - 1, finished_at=None)
     )
-    return conn.execute(stmt, [{"k": k, "prior_updated_at": at} for k, at in prior.items()]).rowcount
+    return conn.execute(stmt).rowcount
 
 
 def release_dead_letters(conn: Connection, selection: Selection, limit: int, replay_id: str,

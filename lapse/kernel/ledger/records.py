@@ -26,7 +26,7 @@ from lapse.kernel.ledger.keys import (
     InvalidOpKey,
     new_correlation_id,
     op_key,
-    parse_op_key,
+    op_key_parts,
 )
 from lapse.kernel.ledger.rows import LedgerRow
 from lapse.kernel.text import one_line
@@ -117,26 +117,48 @@ class ExpiryEvent:
         key = record.get("op_key")
         if not isinstance(key, str):
             raise InvalidField({"op_key": _missing_or_type(key, "a string")})
-        kind, subject = parse_op_key(key)
-        problems = field_problems(record, now or datetime.now(UTC))
-        if problems:
-            raise InvalidField(problems)
-        if kind != record["kind"] or subject != record["subject_id"]:
+        parts = op_key_parts(key)  # raises InvalidOpKey, saying why
+        now = now or datetime.now(UTC)
+        if not _plainly_valid(record, now):  # the common case in one pass; the details only when needed
+            problems = field_problems(record, now)
+            if problems:
+                raise InvalidField(problems)
+        kind, subject = record["kind"], record["subject_id"]
+        if parts.kind != kind or parts.subject_id != subject:  # a generation after the subject is the key's own
             raise InvalidOpKey(f"op key {one_line(key, 80, escape=True)!r} does not match kind/subject_id of the event")
-        return cls(
-            op_key=key,
-            kind=kind,
-            tenant=record["tenant"],
-            subject_id=subject,
-            due_at=record["due_at"],
-            correlation_id=record["correlation_id"],
-            source=record["source"],
-            attempt=record.get("attempt", 0),
-            replay_id=record.get("replay_id"),
-            produced_at=record.get("produced_at"),
-            attributes=dict(record.get("attributes") or {}),
-            traceparent=traceparent,
-        )
+        attributes = record.get("attributes")
+        return cls(key, kind, record["tenant"], subject, record["due_at"], record["correlation_id"],
+                   record["source"], record.get("attempt", 0), record.get("replay_id"), record.get("produced_at"),
+                   dict(attributes) if attributes else {}, traceparent)
+
+
+def _plainly_valid(record: Mapping[str, Any], now: datetime) -> bool:
+    """True only when `field_problems` would find nothing: every text field a string within its
+    limit (`FIELD_LIMITS`, spelled out), no forbidden character in any of them (one search over all
+    of them), both times aware and within the window, the attempt within its cap, no attributes.
+    False says nothing: the caller asks `field_problems`, which names what is wrong. Decoding's hot
+    path, written for speed: a value that is not a string fails the join."""
+    get: Any = record.get  # values of any type: a wrong one fails the join below
+    op_key, kind, tenant, subject = get("op_key"), get("kind"), get("tenant"), get("subject_id")
+    correlation, source, replay = get("correlation_id"), get("source"), get("replay_id")
+    try:
+        texts = "".join((op_key, kind, tenant, subject, correlation, source, "" if replay is None else replay))
+        if not (0 < len(op_key) <= MAX_OP_KEY and 0 < len(kind) <= 64 and 0 < len(tenant) <= 64
+                and 0 < len(subject) <= 128 and 0 < len(correlation) <= 64 and 0 < len(source) <= 16
+                and (replay is None or 0 < len(replay) <= 64)):
+            return False
+    except TypeError:
+        return False
+    if FORBIDDEN_CHARACTERS.search(texts) is not None or get("attributes"):
+        return False
+    due, produced, attempt = get("due_at"), get("produced_at"), get("attempt", 0)
+    latest = now + LATEST_DUE_AHEAD
+    if type(due) is not datetime or due.tzinfo is None or not EARLIEST_DUE <= due <= latest:
+        return False
+    if produced is not None and (type(produced) is not datetime or produced.tzinfo is None
+                                 or not EARLIEST_DUE <= produced <= latest):
+        return False
+    return type(attempt) is int and 0 <= attempt <= ATTEMPT_CAP
 
 
 def field_problems(record: Mapping[str, Any], now: datetime) -> dict[str, str]:
