@@ -37,7 +37,8 @@ def empty_url(request, tmp_path) -> str:
 
 
 # Columns migrations added after the previous layout: NULL in every upgraded row.
-ADDED_SINCE = {ledger_transitions: {"event_topic", "event_partition", "event_offset"}}  # 0008
+ADDED_SINCE = {ledger_transitions: {"event_topic", "event_partition", "event_offset"},  # 0008
+               cleanup_ledger: {"traceparent"}}  # 0020
 
 
 def legacy_tables() -> dict[Table, Table]:
