@@ -61,6 +61,12 @@ def changed_ids(p: Pipeline) -> Counter[int]:
     return Counter(rid for rid, _, _ in changes(p.engine))
 
 
+def all_changed(p: Pipeline, ids: list[int]) -> bool:
+    """Whether every one of `ids` changed (the changes read once, not once an id)."""
+    seen = changed_ids(p)
+    return all(seen[i] for i in ids)
+
+
 def ledger_of(p: Pipeline, kind: str) -> Counter[tuple[str, int]]:
     with p.engine.connect() as conn:
         return Counter((state, attempt) for state, attempt in conn.execute(
@@ -130,7 +136,7 @@ def test_a_pause_stops_every_effect_within_5s_and_a_resume_applies_each_held_row
         # One tenant of the kind: t2 paused mid-backlog, t1 goes on.
         t1, t2 = seed(p, rows // 5, tenant="t1"), seed(p, rows // 5, tenant="t2")
         tenant_paused_at = pause_mid_backlog(p, t1 + t2, "t2")
-        eventually(lambda: all(changed_ids(p)[i] for i in t1), timeout_s=300, interval_s=1.0,
+        eventually(lambda: all_changed(p, t1), timeout_s=300, interval_s=1.0,
                    what="tenant t1's rows released while t2 is paused")
         time.sleep(max(0.0, (tenant_paused_at + timedelta(seconds=8) - db_now(p)).total_seconds()))
         assert late_changes(p, tenant_paused_at, set(t2)) == []
