@@ -235,7 +235,8 @@ def commit_offsets(consumer: Consumer, owned: set[tuple[str, int]], messages: li
             if pending is not None:
                 pending.merge(offsets)
                 offsets = pending.to_send(owned)
-            consumer.commit(offsets=offsets, asynchronous=True)
+            if offsets:
+                consumer.commit(offsets=offsets, asynchronous=True)
         else:
             consumer.commit(offsets=offsets, asynchronous=False)
     return offsets

@@ -48,11 +48,13 @@ class PendingCommits:
             self.offsets[key] = max(self.offsets.get(key, -1), tp.offset)
 
     def to_send(self, owned: set[tuple[str, int]]) -> list[TopicPartition]:
-        """Every pending offset of a partition in `owned`, stamped as sent now."""
+        """Every pending offset of a partition in `owned`, stamped as sent now (and awaiting its
+        answer, if there is any to send)."""
         self.sent_at = time.monotonic()
-        if self.offsets:
+        offsets = [TopicPartition(t, p, o) for (t, p), o in sorted(self.offsets.items()) if (t, p) in owned]
+        if offsets:
             self.unanswered.append(self.sent_at)
-        return [TopicPartition(t, p, o) for (t, p), o in sorted(self.offsets.items()) if (t, p) in owned]
+        return offsets
 
     def due(self) -> bool:
         """Whether offsets wait whose last commit has gone unanswered or was refused for a while."""

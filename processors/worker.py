@@ -107,9 +107,8 @@ class CleanupWorker:
         self.outage = Outage("processor", log, settings=settings)
         self.closing = False  # set once close() has made its last commit
         self.failed: Collected[BatchResult] | None = None  # a batch that failed, until the loop rewinds it
-        # Partitions paused while commits stalled that a rebalance took and may have given back
-        # paused: resumed once assigned (`_resume_held`).
-        self.held_back: set[tuple[str, int]] = set()
+        # Owned partitions paused while commits stall (`_hold_while_commits_stall`); None between stalls.
+        self.held_back: set[tuple[str, int]] | None = None
 
     def _on_commit(self, err: KafkaError | None, partitions: list[TopicPartition]) -> None:
         """The broker's answer to an offset commit sent without waiting (served inside consume): a
@@ -131,6 +130,9 @@ class CleanupWorker:
         assigned = {(p.topic, p.partition) for p in partitions}
         self.owned |= assigned
         self._catch_up(assigned)
+        if self.held_back is not None:  # assigned while commits stall: read once they are accepted
+            self.held_back |= assigned
+            self.consumer.pause(partitions)
         log.info("partitions assigned", extra={"partitions": sorted(p.partition for p in partitions)})
 
     def _catch_up(self, assigned: set[tuple[str, int]]) -> None:
@@ -169,10 +171,14 @@ class CleanupWorker:
         self._give_up(lost)
 
     def _give_up(self, partitions: set[tuple[str, int]]) -> None:
-        # librdkafka keeps a partition paused across a rebalance: one whose circuit is open is
-        # resumed as it goes, or, given back to this worker, it would never be read again.
-        if paused := [TopicPartition(*tp) for tp in partitions if self.circuit.is_open(tp)]:
+        # librdkafka keeps a partition paused across a rebalance: one paused here (its circuit open,
+        # or held while commits stall) is resumed as it goes, or, given back to this worker later,
+        # it would never be read again.
+        held = self.held_back if self.held_back is not None else set()
+        if paused := [TopicPartition(*tp) for tp in sorted(partitions)
+                      if self.circuit.is_open(tp) or tp in held]:
             self.consumer.resume(paused)
+        held -= partitions
         for tp in partitions:  # a later owner moves on: our offsets must not be committed again
             self.next_offset.pop(tp, None)
         self.pending.forget(partitions)
@@ -215,8 +221,6 @@ class CleanupWorker:
                 self._close_circuits()
                 self._resend_commits()
                 messages = self._consume()
-                if self.held_back:
-                    self._resume_held()
                 if messages:
                     last_activity = time.monotonic()
                 try:
@@ -261,7 +265,9 @@ class CleanupWorker:
                 self._resend_commits()
                 more += self._consume()  # serves the answers and any rebalance meanwhile
         finally:
-            self._resume_held()
+            held, self.held_back = self.held_back or set(), None
+            if ready := [TopicPartition(t, p) for t, p in sorted(held) if not self.circuit.is_open((t, p))]:
+                self.consumer.resume(ready)
         kept = [m for m in [*messages, *more] if partition_of(m) in self.owned]
         if not more and len(kept) == len(messages):
             return messages, decoded
@@ -272,14 +278,6 @@ class CleanupWorker:
                 raise
             self._retry_later(kept, exc)
             return [], ([], {}, [])
-
-    def _resume_held(self) -> None:
-        """Resume the partitions a stall paused that this worker owns now (again), but for those
-        whose circuit is open; the rest are resumed once a rebalance gives them back."""
-        ready = {tp for tp in self.held_back if tp in self.owned and not self.circuit.is_open(tp)}
-        if ready:
-            self.consumer.resume([TopicPartition(t, p) for t, p in sorted(ready)])
-        self.held_back -= ready | {tp for tp in self.held_back if self.circuit.is_open(tp)}
 
     def _rethrow_failure(self, behind: list[Message]) -> bool:
         """If the batch in flight failed: raise its error, or (for an outage) rewind it together

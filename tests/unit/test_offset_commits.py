@@ -79,3 +79,15 @@ def test_commits_answered_one_by_one_never_stall_a_steady_stream():
         pending.merge([TopicPartition(*A, offset + 5)])  # the next batch's, before the answer
         pending.answered(None, sent)
         assert not pending.stalled(after_s=0)
+
+
+def test_nothing_sent_awaits_no_answer():
+    """A send with no owned partition's offset awaits no answer: it never makes commits stall
+    (nor shifts which answer is taken for which commit)."""
+    pending = PendingCommits()
+    pending.merge([TopicPartition(*A, 10)])
+    assert pending.to_send({B}) == []
+    assert not pending.stalled(after_s=0)
+    offsets = pending.to_send({A})
+    pending.answered(None, offsets)
+    assert not pending.stalled(after_s=0) and _sent(pending) == {}
