@@ -80,6 +80,21 @@ def any_of(conn: Connection, column: ColumnElement[Any], values: Sequence[Any],
     return column.in_(list(values))
 
 
+def any_of_bound(conn: Connection, column: ColumnElement[Any], name: str,
+                 element_type: TypeEngine[Any] | None = None) -> ColumnElement[bool]:
+    """`any_of` with the batch's values bound at execution as `name` (`batch_values`), for a
+    statement built and compiled once and run for every batch."""
+    if conn.dialect.name == "postgresql":
+        array = postgresql.ARRAY(_unbounded(element_type if element_type is not None else column.type))
+        return column == any_(cast(bindparam(name, type_=Text), array))
+    return column.in_(bindparam(name, expanding=True))
+
+
+def batch_values(conn: Connection, values: Sequence[Any]) -> Any:
+    """`values` as an `any_of_bound` parameter takes them."""
+    return _array_literal(values) if conn.dialect.name == "postgresql" else list(values)
+
+
 def run_prepared(conn: Connection, sql: str, params: Mapping[str, Any]) -> list[tuple[Any, ...]]:
     """Run `sql` (PostgreSQL, psycopg's `%(name)s` placeholders) in `conn`'s transaction on its
     psycopg connection, past SQLAlchemy: prepared by the server on first use, every parameter sent

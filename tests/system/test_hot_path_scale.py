@@ -31,6 +31,7 @@ from tests.fixtures.workers import running_workers
 
 LEDGER_ROWS, HISTORY_ROWS, EVENTS, BATCH = 10_000_000, 3_000_000, 20_000, 500
 BUSINESS_ROWS = 200_000
+DRAINS = 2  # the best of two drains at each size: one minute of a busy machine moves one by more
 RELEASE = "release-reservation"
 # The tables no batch statement may read whole (the business table is the demo's reservations).
 WATCHED = {"lapse_ledger", "lapse_transitions", "lapse_outbox", "reservations"}
@@ -70,17 +71,18 @@ def _drain(p: Pipeline) -> float:
     start = datetime.now(UTC)
     produce(p, [expiry_event(i) for i in ids])
 
-    def done() -> bool:
+    def done() -> bool:  # along the settled rows' finish-time index: cheap on the big ledger too
         with p.engine.connect() as conn:
             return conn.execute(select(func.count()).where(cleanup_ledger.c.state == "applied",
-                                                           cleanup_ledger.c.created_at >= start)).scalar() == EVENTS
+                                                           cleanup_ledger.c.finished_at >= start)).scalar() == EVENTS
 
     with running_workers(p.settings):
         eventually(done, timeout_s=600, interval_s=0.05, what=f"{EVENTS} events applied")
         seen = datetime.now(UTC)
     with p.engine.connect() as conn:
         first = conn.execute(select(func.min(cleanup_ledger.c.created_at))
-                             .where(cleanup_ledger.c.created_at >= start)).scalar_one()
+                             .where(cleanup_ledger.c.state == "applied", cleanup_ledger.c.finished_at >= start)
+                             ).scalar_one()
     return EVENTS / (seen - first).total_seconds()
 
 
@@ -140,7 +142,7 @@ def test_one_worker_on_ten_million_ledger_rows(kafka_bootstrap, pg_url, unique):
         with seeder.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
             conn.exec_driver_sql("VACUUM ANALYZE reservations")
         empty_plans = _plans(p)
-        empty_rate = _drain(p)
+        empty_rate = max(_drain(p) for _ in range(DRAINS))
         started = time.monotonic()
         names = {"ledger": qualified_name(seeder, cleanup_ledger),
                  "transitions": qualified_name(seeder, ledger_transitions), "outbox": qualified_name(seeder, outbox)}
@@ -153,7 +155,7 @@ def test_one_worker_on_ten_million_ledger_rows(kafka_bootstrap, pg_url, unique):
                 conn.exec_driver_sql(f"VACUUM ANALYZE {table}")
         seeded = time.monotonic() - started
         big_plans = _plans(p)
-        big_rate = _drain(p)
+        big_rate = max(_drain(p) for _ in range(DRAINS))
     finally:
         p.engine.dispose()
         seeder.dispose()

@@ -168,8 +168,10 @@ def _stages(envs: StageEnvironments, plan: BenchPlan, progress: Callable[[str], 
         raise StageFailed(f"lapse with one worker at batch {plan.default_batch} has no rate to offer half of "
                           f"for the latency stage: {one['reason']}")
     rate = one["events_per_s"] / 2
-    count = max(20, min(n - 1, int(rate * plan.latency_seconds)))
-    warmup = max(0, min(n - 1 - count, int(rate * LATENCY_WARMUP_S)))
+    # The warm-up first: with every event measured, the worker's start (connections, statements
+    # not yet prepared) and the producer's landed in the figures.
+    warmup = max(0, min((n - 1) // 3, int(rate * LATENCY_WARMUP_S)))
+    count = max(20, min(n - 1 - warmup, int(rate * plan.latency_seconds)))
     progress(f"latency at {rate:.0f} events/s offered, {count} events after {warmup} to warm up")
     out["latency"] = _in(envs, "latency", lambda s: latency.run_latency(s, rate, count, warmup),
                          batch_size=plan.default_batch)

@@ -17,7 +17,7 @@ from sqlalchemy import Column, ColumnElement, Connection, Select, Table, case, f
 from sqlalchemy.sql.elements import Label, NamedColumn
 from sqlalchemy.sql.util import find_tables
 
-from lapse.kernel.batch_sql import any_of
+from lapse.kernel.batch_sql import any_of, any_of_bound, batch_values
 from lapse.kernel.brakes import Budget
 from lapse.kernel.kinds.generations import Generation
 from lapse.kernel.kinds.limits import Limits
@@ -268,12 +268,22 @@ class CleanupKind:
         has no business row (yet)."""
         if not subjects:
             return {}
-        eligible = case((self.still_eligible, true()), else_=false())
-        stmt = select(self.id_column, self.tenant_column, self.due_column, eligible, *self._generation_columns()
-                      ).where(any_of(conn, self.id_column, self._ids(subjects), self.id_column.type))
-        rows = {str(row[0]): row for row in conn.execute(stmt)}
+        stmt = self._statements.get(("subject_rows", conn.dialect.name))
+        if stmt is None:
+            eligible = case((self.still_eligible, true()), else_=false())
+            stmt = select(self.id_column, self.tenant_column, self.due_column, eligible, *self._generation_columns()
+                          ).where(any_of_bound(conn, self.id_column, "ids", self.id_column.type))
+            self._statements[("subject_rows", conn.dialect.name)] = stmt
+        found = conn.execute(stmt, {"ids": batch_values(conn, self._ids(subjects))}).all()
+        rows = {str(row[0]): row for row in found}
         return {key: SubjectRow(str(row[1]), row[2], bool(row[3]) and same)
                 for key, row, same in self._asked(subjects, rows, 4)}
+
+    @cached_property
+    def _statements(self) -> dict[tuple[str, str], Any]:
+        """The statements every batch runs, built once per dialect (their values bound at execution):
+        SQLAlchemy then compiles each once, not once a batch."""
+        return {}
 
     def full_rows(self, conn: Connection, subjects: list[Any]) -> dict[str, tuple[SubjectRow, dict[str, Any]]]:
         """The business rows of `subjects` as `subject_rows` reads them, each with every column's

@@ -17,9 +17,9 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Column, ColumnElement, Connection, Delete, Table, Update, and_, delete, select, update
+from sqlalchemy import Column, ColumnElement, Connection, Delete, Table, Update, and_, bindparam, delete, select, update
 
-from lapse.kernel.batch_sql import any_of, pairs_of
+from lapse.kernel.batch_sql import any_of, any_of_bound, batch_values, pairs_of
 from lapse.kernel.kinds.columns import NOW, now_for
 from lapse.kernel.kinds.generations import Generation
 
@@ -69,6 +69,7 @@ class RowsEffect:
     values: Mapping[Column[Any], Any] = field(default_factory=dict)
     deletes: bool = False
     generation: Generation | None = None
+    built: dict[str, Update | Delete] = field(default_factory=dict, repr=False)  # per dialect (`__call__`)
 
     def where(self, now: datetime) -> ColumnElement[bool]:
         """The effect's condition on a row at `now`, the batch's ids aside."""
@@ -88,7 +89,18 @@ class RowsEffect:
     def __call__(self, conn: Connection, ids: list[Any], now: datetime) -> set[str]:
         if not ids:
             return set()
-        return _keys(conn.execute(self.statement(conn, ids, now)), self.generation)
+        if self.generation is not None:
+            return _keys(conn.execute(self.statement(conn, ids, now)), self.generation)
+        stmt = self.built.get(conn.dialect.name)
+        if stmt is None:  # built once, its values bound at execution: compiled once, not once a batch
+            where = and_(any_of_bound(conn, self.id_column, "lapse_ids", self.id_column.type), self.eligible,
+                         self.due_column <= bindparam("lapse_now", type_=self.due_column.type))
+            stmt = delete(self.table) if self.deletes else update(self.table).values(
+                {column.name: bindparam(f"lapse_set_{column.name}", type_=column.type) for column in self.values})
+            stmt = self.built[conn.dialect.name] = stmt.where(where).returning(self.id_column)
+        params = {"lapse_ids": batch_values(conn, ids), "lapse_now": now,
+                  **{f"lapse_set_{name}": value for name, value in self.set_values(now).items()}}
+        return _keys(conn.execute(stmt, params).all(), None)
 
 
 def update_rows(table: Table, id_column: Column[Any], due_column: Column[Any],
