@@ -3,17 +3,19 @@ and the checks that a consumer group committed all of it."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import time
+from collections.abc import Callable, Iterable
 from dataclasses import replace
 from datetime import datetime
 
-from confluent_kafka import TopicPartition
+from confluent_kafka import ConsumerGroupState, TopicPartition
 
 from lapse.devtools.demo_kinds import RELEASE
 from lapse.kernel.codec import Codec
 from lapse.kernel.kafka_clients import DeliveryTracker, make_admin, make_consumer, make_producer
-from lapse.kernel.ledger import ExpiryEvent, expiry_event
+from lapse.kernel.ledger import ExpiryEvent, expiry_event, expiry_record
 from lapse.kernel.logs import get_logger
+from lapse.kernel.schema_names import EXPIRY_EVENT
 from lapse.kernel.settings import Settings
 from lapse.kernel.topology import load_topology
 from lapse.producers import emit_events
@@ -97,3 +99,39 @@ def committed_offsets(settings: Settings, topic: str, group: str) -> dict[int, i
 def committed_all(settings: Settings, topic: str, group: str) -> bool:
     """True when `group` committed the end of every partition of `topic`."""
     return committed_offsets(settings, topic, group) == end_offsets(settings, topic)
+
+
+def encoded_records(settings: Settings, events: Iterable[ExpiryEvent], now: datetime) -> list[tuple[bytes, bytes]]:
+    """Each event as the (key, value) the sweep produces, encoded ahead of a timed produce."""
+    codec = Codec.from_settings(settings)
+    return [(e.op_key.encode(), codec.encode(EXPIRY_EVENT, expiry_record(e, now))) for e in events]
+
+
+def produce_encoded(settings: Settings, topic: str, records: Iterable[tuple[bytes, bytes]]) -> None:
+    """Produce records encoded beforehand (`encoded_records`), all acknowledged on return."""
+    producer = make_producer(settings, **{"linger.ms": 20, "batch.size": 1_000_000})
+    for key, value in records:
+        while True:
+            try:
+                producer.produce(topic, key=key, value=value)
+                break
+            except BufferError:  # the local queue is full: let it drain
+                producer.poll(0.05)
+    if producer.flush(60):
+        raise RuntimeError(f"records not acknowledged by the broker on {topic}")
+
+
+def wait_group_stable(settings: Settings, group: str, members: int, alive: Callable[[], bool],
+                      timeout_s: float = 60.0) -> None:
+    """Wait until `group` is stable with `members` members, each assigned a partition."""
+    admin = make_admin(settings)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if not alive():
+            raise RuntimeError(f"a member of {group} exited before the group was stable")
+        found = admin.describe_consumer_groups([group])[group].result(10)
+        if (found.state == ConsumerGroupState.STABLE and len(found.members) == members
+                and all(m.assignment.topic_partitions for m in found.members)):
+            return
+        time.sleep(0.1)
+    raise RuntimeError(f"{group} not stable with {members} members in {timeout_s:.0f}s")

@@ -2,7 +2,8 @@
 targets, and the text table.
 
 Every ratio compares Lapse with ONE worker at the default batch size, except `lapse_2w_vs_1w`
-(the best of the runs with two or more workers over one, all at the default batch) and
+(the best of the runs with two or more workers over one, all at the default batch, each count of
+workers joined before its events were produced) and
 `batch_vs_db_bound` (the batch transaction alone, no Kafka, over the database's lower bound for
 the same writes). The limit is what one worker could do if it were nothing but the consumer and
 the database's lower bound in a row: per event, the consumer alone's time plus the bound's. A
@@ -50,7 +51,10 @@ def summarize(out: dict[str, Any], default_batch: int) -> dict[str, Any]:
     one = _lapse_at(out["lapse"], 1, default_batch)
     if one is None:
         raise ValueError(f"no Lapse run with one worker at batch {default_batch}")
-    more = [counted_rate(r) for r in out["lapse"] if r["workers"] >= 2 and r["batch_size"] == default_batch]
+    # Workers side by side: the runs where they joined before the events came, over the same for one.
+    joined = [r for r in out["lapse"] if r.get("joined_first") and r["batch_size"] == default_batch]
+    more = [counted_rate(r) for r in joined if r["workers"] >= 2]
+    joined_one = next((counted_rate(r) for r in joined if r["workers"] == 1), None)
     one_rate = counted_rate(one)
     limit = limit_rate(out["consumer"].get("events_per_s"), counted_rate(out.get("db_bound")))
     alone = next((r for r in out["transaction_alone"] if r["batch_size"] == default_batch), None)
@@ -62,7 +66,7 @@ def summarize(out: dict[str, Any], default_batch: int) -> dict[str, Any]:
         "lapse_vs_batched_naive": _ratio(one_rate, counted_rate(out.get("batched_naive"))),
         "lapse_vs_naive": _ratio(one_rate, counted_rate(out.get("naive"))),
         "lapse_vs_faust": _ratio(one_rate, counted_rate(out.get("faust"))),
-        "lapse_2w_vs_1w": _ratio(max((r for r in more if r), default=None), one_rate),
+        "lapse_2w_vs_1w": _ratio(max((r for r in more if r), default=None), joined_one),
         "relay_vs_lapse": _ratio(_relay_rate(out.get("relay")), one_rate),
     }
     figures = {**ratios, "reconciler_rows_per_s": out["reconciler_scan"]["rows_per_s"],
@@ -87,7 +91,9 @@ def _relay_rate(relay: dict[str, Any] | None) -> float | None:
 
 
 def _lapse_at(runs: list[dict[str, Any]], workers: int, batch: int) -> dict[str, Any] | None:
-    return next((r for r in runs if r["workers"] == workers and r["batch_size"] == batch), None)
+    """The run of `workers` at `batch` from a backlog waiting at the start (not joined first)."""
+    return next((r for r in runs if r["workers"] == workers and r["batch_size"] == batch
+                 and not r.get("joined_first")), None)
 
 
 def table(result: dict[str, Any]) -> str:
@@ -105,7 +111,8 @@ def table(result: dict[str, Any]) -> str:
     for r in result["lapse"]:
         note = (f"start-up {r['startup_s']}s, offsets committed: {r['offsets_committed']}; "
                 if "startup_s" in r else "") + _checked(r)
-        rows.append((f"lapse: {r['workers']} worker(s), batch {r['batch_size']}", r["events"],
+        joined = ", joined first" if r.get("joined_first") else ""
+        rows.append((f"lapse: {r['workers']} worker(s), batch {r['batch_size']}{joined}", r["events"],
                      r["events_per_s"], note))
     labels = {"quix": "quix streams peer: batching sink, set-based SQL", "naive": "naive: txn + sync commit per msg",
               "faust": "faust: agent, one event at a time", "batched_naive": "batched naive: executemany per batch"}

@@ -135,11 +135,17 @@ def _stages(envs: StageEnvironments, plan: BenchPlan, progress: Callable[[str], 
         _checked(envs, f"txn{b}", lambda s: limits.batch_transaction_alone(s, events), events,
                  {"batch_size": b}, expiry_topic=False) for b in plan.batch_sizes]
 
-    runs = []
+    progress(f"lapse: 1 worker, batch {plan.default_batch}")
+    runs = [_checked(envs, "lapse1w", partial(lapse_stage.run_lapse, events=n, workers=1), events,
+                     {"workers": 1, "batch_size": plan.default_batch})]
+    # Workers side by side: each count joins the group and takes its share before the events arrive
+    # (with the backlog waiting, the first to join starts alone and a rebalance stops it mid-run).
     for workers in sorted({1, 2, plan.workers}):
-        progress(f"lapse: {workers} worker(s), batch {plan.default_batch}")
-        runs.append(_checked(envs, f"lapse{workers}w", partial(lapse_stage.run_lapse, events=n, workers=workers),
-                             events, {"workers": workers, "batch_size": plan.default_batch}))
+        progress(f"lapse: {workers} worker(s) joined first, batch {plan.default_batch}")
+        runs.append(_checked(envs, f"lapse{workers}wj", partial(lapse_stage.run_lapse_joined, events=events,
+                                                                  workers=workers),
+                             events, {"workers": workers, "batch_size": plan.default_batch, "joined_first": True},
+                             produced_by_stage=True))
     for b in plan.batch_sizes:
         if b != plan.default_batch:
             progress(f"lapse: 1 worker, batch {b}")
@@ -199,14 +205,15 @@ def _in(envs: StageEnvironments, stage: str, fn: Callable[[Settings], T], **envi
 
 def _checked(envs: StageEnvironments, stage: str, fn: Callable[[Settings], dict[str, Any]],
              events: list[ExpiryEvent], identity: dict[str, Any] | None = None, *,
-             expiry_topic: bool = True) -> dict[str, Any]:
+             expiry_topic: bool = True, produced_by_stage: bool = False) -> dict[str, Any]:
     """Run a cleanup stage on `events` in its own environment (its batch size from `identity`; the
-    events produced to its expiry topic unless it reads none), then check its end state there. A
-    stage that fails is reported unverified with the reason, not raised: its figure does not count
-    and the run goes on."""
+    events produced to its expiry topic first, unless it reads none or produces them itself), then
+    check its end state there. A stage that fails is reported unverified with the reason, not
+    raised: its figure does not count and the run goes on."""
     identity = identity or {}
     try:
-        with envs.stage(stage, events=events if expiry_topic else (), expiry_topic=expiry_topic,
+        produced = events if expiry_topic and not produced_by_stage else ()
+        with envs.stage(stage, events=produced, expiry_topic=expiry_topic,
                         batch_size=identity.get("batch_size")) as settings:
             result = fn(settings)
             return {**result, **verify_end_state(settings, events)}
@@ -218,7 +225,7 @@ def _checked(envs: StageEnvironments, stage: str, fn: Callable[[Settings], dict[
 
 
 def _lapse_one_worker(runs: list[dict[str, Any]], batch: int) -> dict[str, Any]:
-    return next(r for r in runs if r["workers"] == 1 and r["batch_size"] == batch)
+    return next(r for r in runs if r["workers"] == 1 and r["batch_size"] == batch and not r.get("joined_first"))
 
 
 def machine() -> dict[str, Any]:

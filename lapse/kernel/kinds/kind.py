@@ -13,7 +13,7 @@ from functools import cached_property
 from typing import Any, NamedTuple
 
 from pydantic import BaseModel
-from sqlalchemy import Column, ColumnElement, Connection, Select, Table, case, false, func, select, true, tuple_
+from sqlalchemy import Column, ColumnElement, Connection, Select, Table, and_, case, false, func, select, true, tuple_
 from sqlalchemy.sql.elements import Label, NamedColumn
 from sqlalchemy.sql.util import find_tables
 
@@ -21,7 +21,7 @@ from lapse.kernel.batch_sql import any_of, any_of_bound, batch_values
 from lapse.kernel.brakes import Budget
 from lapse.kernel.kinds.generations import Generation
 from lapse.kernel.kinds.limits import Limits
-from lapse.kernel.kinds.statements import due_rows
+from lapse.kernel.kinds.statements import due_rows, on_each_row
 from lapse.kernel.ledger import GENERATION_MARK, has_row_not_waiting_past, op_key
 
 FULL_TENANT, FULL_ELIGIBLE = "lapse_full_tenant", "lapse_full_eligible"  # labels of `full_rows`' extras
@@ -252,8 +252,8 @@ class CleanupKind:
         """Subjects still eligible (and of their generation) whose due time is now in the future (a
         hold was extended after its event was produced): subject key → the new due time."""
         stmt = select(self.id_column, self.due_column, *self._generation_columns()).where(
-            any_of(conn, self.id_column, self._ids(subjects), self.id_column.type), self.still_eligible,
-            self.due_column > now)
+            any_of(conn, self.id_column, self._ids(subjects), self.id_column.type),
+            on_each_row(and_(self.still_eligible, self.due_column > now)))
         rows = {str(row[0]): row for row in conn.execute(stmt)}
         return {key: row[1] for key, row, same in self._asked(subjects, rows, 2) if same}
 

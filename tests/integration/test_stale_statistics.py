@@ -1,0 +1,66 @@
+"""A batch's statements on the business table find their rows by the batch's ids whatever the
+table's statistics say. Analyzed while none of its rows were held, the table's statistics count no
+held row; a plain `status = 'held' AND expires_at <= now` then made the planner read the batch
+along the sweep's partial index of held rows, through every due row (`statements.on_each_row`)."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from sqlalchemy import event as sa_event
+from sqlalchemy import update
+
+from lapse.devtools.demo_data import add_reservations
+from lapse.devtools.demo_kinds import load_demo_kinds
+from lapse.devtools.demo_tables import reservations
+from lapse.kernel.batch_sql import any_of
+from lapse.kernel.kinds.statements import due_rows
+
+RELEASE = "release-reservation"
+
+
+def _indexes(plan: Any) -> set[str]:
+    if isinstance(plan, list):
+        return {name for item in plan for name in _indexes(item)}
+    if not isinstance(plan, dict):
+        return set()
+    own = {plan["Index Name"]} if "Index Name" in plan else set()
+    return own | {name for child in plan.get("Plans", []) + ([plan["Plan"]] if "Plan" in plan else [])
+                  for name in _indexes(child)}
+
+
+def _explained(conn, statement: str, parameters: Any) -> set[str]:
+    with conn.connection.driver_connection.cursor() as cur:  # planned with its own values, as sent
+        cur.execute("EXPLAIN (FORMAT JSON) " + statement, parameters)
+        return _indexes(cur.fetchone()[0])
+
+
+def test_the_effect_finds_its_rows_by_id_while_statistics_count_no_held_row(pipeline):
+    now = datetime.now(UTC)
+    with pipeline.engine.begin() as conn:
+        add_reservations(conn, 20_000, status="paid", expires_at=now - timedelta(days=1))
+    with pipeline.engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+        conn.exec_driver_sql("ANALYZE reservations")
+    with pipeline.engine.begin() as conn:  # held rows the statistics do not know of yet
+        ids = add_reservations(conn, 5_000, expires_at=now - timedelta(minutes=5))
+    kind = load_demo_kinds(pipeline.engine)[RELEASE]
+    batch = ids[-500:]
+    sent: list[tuple[str, Any]] = []
+    with pipeline.engine.connect() as conn:
+        sa_event.listen(conn, "before_cursor_execute", lambda *a: sent.append((a[2], a[3])))
+        with conn.begin() as trans:
+            assert kind.apply_in_db is not None
+            assert len(kind.apply_in_db(conn, batch, now)) == 500
+            (statement, parameters), = sent
+            used = _explained(conn, statement, parameters)
+            # The same condition as a plain WHERE: along the partial index of held rows (the hazard is real).
+            plain = update(reservations).where(any_of(conn, reservations.c.id, batch), due_rows(
+                reservations.c.status == "held", reservations.c.expires_at, now)).values(status="released")
+            compiled = plain.compile(conn)
+            trans.rollback()
+        with conn.begin():
+            unguarded = _explained(conn, str(compiled), compiled.params)
+    assert used == {"reservations_pkey"}, json.dumps(sorted(used))
+    assert "ix_reservations_held_due" in unguarded, sorted(unguarded)
