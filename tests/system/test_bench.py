@@ -73,6 +73,8 @@ def test_quick_bench_reports_every_stage_and_cleans_up(kafka_bootstrap, tmp_path
     assert out["transaction_alone"][0]["verified"] is True, out["transaction_alone"][0]["reason"]
     assert out["db_bound"]["events"] == 200 and out["quix"]["events"] == 200
     assert out["consumer"]["events"] == 200 and isinstance(out["consumer"]["events_per_s"], RATE)
+    assert out["decode"]["events"] == 200 and out["decode"]["ratio"] == round(
+        out["decode"]["decode_us"] / out["decode"]["fastavro_us"], 2)
     # One worker from a waiting backlog (the figure every ratio takes), then one and two joined first.
     assert [(r["workers"], r.get("joined_first", False)) for r in out["lapse"]] == [(1, False), (1, True), (2, True)]
     for run in out["lapse"]:
@@ -99,7 +101,8 @@ def test_quick_bench_reports_every_stage_and_cleans_up(kafka_bootstrap, tmp_path
     assert (fair["backlog"], fair["small_rows"], fair["repeats"]) == (1000, 400, 1)
     assert isinstance(fair["ratio"], RATE) and isinstance(fair["backlog_rows_per_s"], RATE)
     assert set(out["targets_met"]) >= {"lapse_vs_limit", "lapse_vs_quix", "batch_vs_db_bound", "lapse_2w_vs_1w",
-                                       "relay_vs_lapse", "latency_p99_ms", "console_page_ms", "fairness_ratio"}
+                                       "relay_vs_lapse", "latency_p99_ms", "decode_vs_fastavro", "console_page_ms",
+                                       "fairness_ratio"}
     assert not {"lapse_vs_naive", "lapse_vs_faust", "lapse_vs_batched_naive"} & set(out["targets_met"])
     assert all(isinstance(v, bool) for v in out["targets_met"].values())
     assert {"date", "cpus", "python"} <= set(out["machine"])
@@ -201,7 +204,7 @@ def test_an_unverified_stage_has_no_ratio_and_misses_its_target():
                 **({"joined_first": True} if joined else {})}
 
     out = {"lapse": [run(1, 1000.0), run(1, 1100.0, True), run(2, 1650.0, True), run(3, 1760.0, True)],
-           "consumer": {"events_per_s": 4000.0},
+           "consumer": {"events_per_s": 4000.0}, "decode": {"ratio": 1.4},
            "db_bound": {"events_per_s": 2000.0, "verified": True, "reason": None},
            "transaction_alone": [{**run(1, 1800.0), "batch_size": 500}],
            "quix": {"events_per_s": 500.0, "verified": True, "reason": None},
@@ -222,7 +225,8 @@ def test_an_unverified_stage_has_no_ratio_and_misses_its_target():
     assert result["unverified"] == ["faust", "batched_naive", "relay"]
     met = result["targets_met"]
     assert met["lapse_vs_limit"] and met["lapse_vs_quix"] and met["batch_vs_db_bound"] and met["lapse_2w_vs_1w"]
-    assert met["latency_p99_ms"] and met["console_page_ms"] and not met["relay_vs_lapse"] and not met["fairness_ratio"]
+    assert met["latency_p99_ms"] and met["decode_vs_fastavro"]
+    assert met["console_page_ms"] and not met["relay_vs_lapse"] and not met["fairness_ratio"]
     out["relay"]["verified"] = True
     assert summarize(out, 500)["relay_vs_lapse"] == 2.5 and summarize(out, 500)["targets_met"]["relay_vs_lapse"]
     out["db_bound"]["verified"] = False  # no bound: no limit, and no ratio against it counts

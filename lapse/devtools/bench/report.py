@@ -21,6 +21,7 @@ TARGETS = {  # ratio or figure → the least it should be (latency: the most, P9
     "relay_vs_lapse": 2.0, "reconciler_rows_per_s": 100_000.0, "audit_records_per_s": 100_000.0,
 }
 P99_TARGET_MS = 250.0
+DECODE_TARGET = 1.5  # decode and validation over fastavro's own read of the same bodies, at most
 CONSOLE_PAGE_TARGET_MS = 300.0  # the slowest console page's median render, at most
 RATIOS = ("lapse_vs_limit", "lapse_vs_quix", "batch_vs_db_bound", "lapse_vs_consumer", "lapse_vs_batched_naive",
           "lapse_vs_naive", "lapse_vs_faust", "lapse_2w_vs_1w", "relay_vs_lapse")
@@ -73,6 +74,7 @@ def summarize(out: dict[str, Any], default_batch: int) -> dict[str, Any]:
                "audit_records_per_s": out["audit_replay"]["records_per_s"]}
     targets = {k: (figures[k] is not None and figures[k] >= v) for k, v in TARGETS.items()}
     targets["latency_p99_ms"] = out["latency"]["p99_ms"] <= P99_TARGET_MS
+    targets["decode_vs_fastavro"] = out["decode"]["ratio"] <= DECODE_TARGET
     targets["console_page_ms"] = out["console_pages"]["worst_ms"] <= CONSOLE_PAGE_TARGET_MS
     targets["fairness_ratio"] = bool(out["fairness"]["met"])
     stages = [*(f"lapse {r['workers']}w b{r['batch_size']}" for r in out["lapse"] if not r.get("verified")),
@@ -101,6 +103,9 @@ def table(result: dict[str, Any]) -> str:
     rows = [("stage", "events", "rate/s", "note")]
     k = result["consumer"]
     rows.append(("limit: consumer alone", k["events"], k["events_per_s"], "consume + decode, no database"))
+    d = result["decode"]
+    rows.append(("decode + validation", d["events"], round(1e6 / d["decode_us"], 1),
+                 f"{d['decode_us']} µs an event, {d['ratio']}x fastavro's own {d['fastavro_us']} µs"))
     b = result["db_bound"]
     rows.append(("limit: database lower bound", b["events"], b["events_per_s"],
                  f"{b.get('method', '')}; " + _checked(b)))

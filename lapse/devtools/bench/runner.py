@@ -128,6 +128,7 @@ def _stages(envs: StageEnvironments, plan: BenchPlan, progress: Callable[[str], 
     progress("the limit: the consumer alone (no database), the database's lower bound (no Kafka)")
     out["consumer"] = _in(envs, "consumer", lambda s: limits.consumer_limit(s, n), events=events,
                           batch_size=plan.default_batch)
+    out["decode"] = limits.decode_cost(envs.settings("decode"), events)
     out["db_bound"] = _checked(envs, "bound", lambda s: bound.database_bound(s, events), events,
                                {"batch_size": plan.default_batch}, expiry_topic=False)
     progress("the batch transaction alone (apply_batch, no Kafka)")

@@ -62,6 +62,15 @@ def op_key_parts(key: str) -> OpKey:
     return OpKey(match["kind"], match["subject"], match["generation"])
 
 
+def op_key_names(key: str) -> tuple[str, str]:
+    """The kind and subject id an op key names (its generation aside), without making an `OpKey`:
+    decoding's hot path. InvalidOpKey when malformed."""
+    match = OP_KEY_RE.match(key) if len(key) <= MAX_OP_KEY else None
+    if not match:
+        raise _malformed(key)
+    return match["kind"], match["subject"]
+
+
 def parse_op_key(key: str) -> tuple[str, str]:
     """The kind and subject id of an op key (its generation aside); InvalidOpKey when malformed."""
     kind, subject, _ = op_key_parts(key)

@@ -26,7 +26,7 @@ from lapse.kernel.ledger.keys import (
     InvalidOpKey,
     new_correlation_id,
     op_key,
-    op_key_parts,
+    op_key_names,
 )
 from lapse.kernel.ledger.rows import LedgerRow
 from lapse.kernel.text import one_line
@@ -117,14 +117,14 @@ class ExpiryEvent:
         key = record.get("op_key")
         if not isinstance(key, str):
             raise InvalidField({"op_key": _missing_or_type(key, "a string")})
-        parts = op_key_parts(key)  # raises InvalidOpKey, saying why
+        named = op_key_names(key)  # raises InvalidOpKey, saying why
         now = now or datetime.now(UTC)
         if not _plainly_valid(record, now):  # the common case in one pass; the details only when needed
             problems = field_problems(record, now)
             if problems:
                 raise InvalidField(problems)
         kind, subject = record["kind"], record["subject_id"]
-        if parts.kind != kind or parts.subject_id != subject:  # a generation after the subject is the key's own
+        if named != (kind, subject):  # a generation after the subject is the key's own
             raise InvalidOpKey(f"op key {one_line(key, 80, escape=True)!r} does not match kind/subject_id of the event")
         attributes = record.get("attributes")
         return cls(key, kind, record["tenant"], subject, record["due_at"], record["correlation_id"],
