@@ -51,7 +51,7 @@ def test_killing_one_of_three_brokers_loses_nothing(three_brokers, pg_url, uniqu
 REDELIVERED_AT_MOST = 0.05
 
 
-# In `make scale` for its time (40–55 s with three brokers). The fault that once left a partition's
+# In `make scale` for its time (40 to 55 s with three brokers). The fault that once left a partition's
 # offset uncommitted under the suite's load (a partition held for a stall, taken and given back by
 # rebalances, never resumed) is tested in tests/integration/test_commit_stall.py.
 @pytest.mark.scale
