@@ -51,16 +51,9 @@ def has_row_not_waiting_past(kind_name: str, subject_column: ColumnElement[Any],
     someone is on: any row but a `pending` one still waiting past `now` (an event's own far-off due
     time, or a subject that did not exist when its event came). The sweep negates it on due rows:
     no ledger row yet, or one waiting past its subject's due time, both need an event. Retries keep
-    their backoff.
-
-    A correlated scalar subquery, not EXISTS: PostgreSQL turns a NOT EXISTS into an anti-join, which
-    on a ledger whose statistics count few rows (a fresh or never-analyzed one) it runs as a nested
-    loop rescanning the kind's every ledger row for each business row (10,000 due rows: seconds a
-    page); a scalar subquery stays one index probe per business row (docs/performance.md)."""
-    probe = (select(literal(1)).where(_subject_is(kind_name, subject_column, generation),
-                                      or_(L.c.state != states.PENDING, L.c.due_at <= now))
-             .limit(1).scalar_subquery())
-    return probe.is_not(None)
+    their backoff."""
+    return exists().where(_subject_is(kind_name, subject_column, generation),
+                          or_(L.c.state != states.PENDING, L.c.due_at <= now))
 
 
 def waits_past(kind_name: str, subject_column: ColumnElement[Any], now: datetime,
