@@ -170,7 +170,7 @@ def run_redrive(engine: Engine, plan: RedrivePlan, *, reason: str, actor: str, e
     recorded = None
     with engine.begin() as conn:
         now = database_now(conn)
-        events = {e.position: replace(e.event, source=SOURCE, replay_id=redrive_id) for e in plan.sendable if e.event}
+        events = {e.position: e.event._replace(source=SOURCE, replay_id=redrive_id) for e in plan.sendable if e.event}
         created = set(insert_pending(conn, list(events.values()), now))
         writes = LedgerWrites(actor, now)
         for item in plan.sendable:

@@ -8,7 +8,7 @@ it at least once; a copy that arrives early is handed back, a stale one is absor
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from datetime import datetime
 
 from lapse.kernel.delays import delay_record
@@ -31,7 +31,7 @@ def wake_up(scope: BatchScope, event: ExpiryEvent, due_at: datetime, attempt: in
     """Put `event` back, due at `due_at`, on the smallest delay tier covering the wait (through
     the outbox, so the wake-up commits with the ledger change that schedules it)."""
     topic, headers = delay_record(scope.topics, due_at, scope.now)
-    scope.writes.expiry(topic, replace(event, due_at=due_at, attempt=attempt, source=source),
+    scope.writes.expiry(topic, event._replace(due_at=due_at, attempt=attempt, source=source),
                         {key: value.decode() for key, value in headers})
 
 

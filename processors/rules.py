@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -188,7 +188,7 @@ def set_aside_forged(scope: BatchScope, events: Mapping[str, ExpiryEvent],
     for key, (event, reason, tenant) in mismatched.items():
         row = rows.get(key)
         if row is not None and row.tenant == event.tenant:
-            kept[key] = replace(event, tenant=tenant)
+            kept[key] = event._replace(tenant=tenant)
             log.warning("tenant corrected from the business row for work recorded before it was checked",
                         extra={"op_key": key, "correlation_id": event.correlation_id})
         else:
@@ -252,9 +252,9 @@ def classify_unclaimed(scope: BatchScope, unique: Mapping[str, ExpiryEvent], cla
         elif row.state == CLAIMED:
             result.conflicts.append(key)
             # A claimed row always has its lease end; the due time only keeps the type whole.
-            result.backed_off.append(replace(event, due_at=row.claim_until or row.due_at))
+            result.backed_off.append(event._replace(due_at=row.claim_until or row.due_at))
         else:
-            result.not_due.append(replace(event, due_at=row.due_at))
+            result.not_due.append(event._replace(due_at=row.due_at))
 
 
 def claimed_by_kind(scope: BatchScope, unique: Mapping[str, ExpiryEvent], claimed: set[str]

@@ -7,7 +7,6 @@ Work that is not due yet goes to the delay tier that covers the wait, with its `
 
 from __future__ import annotations
 
-from dataclasses import replace
 from datetime import datetime
 
 from sqlalchemy import Connection
@@ -93,7 +92,7 @@ def schedule_cleanup(
     conn = _connection(conn_or_session, settings)
     with publish_span(PUBLISH, traceparent_of(traceparent), {"lapse.op_key": event.op_key,
                                                              "lapse.kind": name}) as carried:
-        event = replace(event, traceparent=carried)
+        event = event._replace(traceparent=carried)
         now = now or database_now(conn)  # due now or through a delay tier: the database's clock decides
         if not insert_pending(conn, [event], now):
             return False

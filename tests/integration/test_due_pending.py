@@ -160,7 +160,7 @@ def run_world(engine, kinds, world: dict[str, Any], picks, *, fast: bool) -> dic
 
 def arbitrary_event(subject: int | str, due_later: bool, attempt: int, tenant: str, replay: bool) -> ExpiryEvent:
     event = release_event(subject, due_later=due_later, attempt=attempt, tenant=tenant)
-    return replace(event, replay_id=f"r-{subject}") if replay else event
+    return event._replace(replay_id=f"r-{subject}") if replay else event
 
 
 picks_strategy = st.lists(st.one_of(

@@ -6,7 +6,6 @@ Time is a fake clock; external effects use the filesystem object store (delete-i
 from __future__ import annotations
 
 import random
-from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -220,7 +219,7 @@ def test_final_attempt_failure_is_dead_lettered_with_its_history(engine, store):
         deliver(engine, [ev], flaky, clock=clock)
         clock.now = row(engine, ev.op_key)["due_at"] + timedelta(seconds=1)
         r = row(engine, ev.op_key)
-        ev = replace(ev, due_at=r["due_at"], attempt=r["attempt"])
+        ev = ev._replace(due_at=r["due_at"], attempt=r["attempt"])
     r = row(engine, ev.op_key)
     assert (r["state"], r["attempt"], r["last_failure_class"]) == ("dead_letter", cap, "exhausted")
     assert f"{cap} attempts failed" in r["last_failure"]

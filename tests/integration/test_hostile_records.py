@@ -9,7 +9,7 @@ from __future__ import annotations
 import hashlib
 import random
 from collections.abc import Iterator
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
 import pytest
@@ -117,8 +117,8 @@ def test_an_event_whose_dead_letter_the_ledger_refuses_goes_to_the_dlq_as_its_ra
     rid, other, third = seed(pipeline, 3)
     now = datetime.now(UTC)
     good = expiry_event(rid)
-    nul = replace(expiry_event(other), correlation_id="c\x00")  # (a tenant that is not the row's is poison first)
-    overflow = replace(expiry_event(third), attempt=2**31 - 1)
+    nul = expiry_event(other)._replace(correlation_id="c\x00")  # (a tenant that is not the row's is poison first)
+    overflow = expiry_event(third)._replace(attempt=2**31 - 1)
     big = random.Random(7).randbytes(1_040_000)
     records = [Hostile(codec.encode("expiry_event", expiry_record(good, now)), good.op_key.encode()),
                Hostile(big, nul.op_key.encode()),

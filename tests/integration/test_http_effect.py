@@ -94,7 +94,7 @@ def run_until_terminal(engine, kind: CleanupKind, events: list[ExpiryEvent], rou
                 return
             clock.now = max(r["due_at"] for r in waiting) + timedelta(seconds=1)
             by_key = {e.op_key: e for e in events}
-            events = [replace(by_key[r["op_key"]], due_at=r["due_at"], attempt=r["attempt"]) for r in waiting]
+            events = [by_key[r["op_key"]]._replace(due_at=r["due_at"], attempt=r["attempt"]) for r in waiting]
     finally:
         runner.close()
     raise AssertionError(f"not terminal after {rounds} rounds: {[r['op_key'] for r in waiting]}")

@@ -127,7 +127,7 @@ def next_delivery(engine, event: ExpiryEvent, clock: Clock) -> ExpiryEvent:
     """The wake-up the ledger scheduled, delivered when due (the clock moved there)."""
     r = row(engine, event.op_key)
     clock.now = max(r["due_at"], clock.now + timedelta(seconds=1))  # a delivery takes a moment
-    return replace(event, due_at=r["due_at"], attempt=r["attempt"], source="retry")
+    return event._replace(due_at=r["due_at"], attempt=r["attempt"], source="retry")
 
 
 def test_429s_defer_by_retry_after_until_the_deadline_then_dead_letter_with_the_history(engine, store):
@@ -141,7 +141,7 @@ def test_429s_defer_by_retry_after_until_the_deadline_then_dead_letter_with_the_
         assert done.retried == [event.op_key], n
         assert (r["state"], r["attempt"], r["due_at"]) == ("retry_scheduled", 0, clock.now + timedelta(seconds=60))
         clock.now = r["due_at"]
-        event = replace(event, due_at=r["due_at"], source="retry")
+        event = event._replace(due_at=r["due_at"], source="retry")
     assert clock.now == T0 + timedelta(seconds=600)
     _, done = deliver(engine, kinds, event, script, clock)  # the first 429 at the deadline ends it
     assert done.dead_lettered == [event.op_key]
@@ -167,7 +167,7 @@ def test_a_replay_starts_a_new_deadline(engine, store):
     clock.now += timedelta(days=2)  # an operator replays it much later
     with engine.begin() as conn:
         (released,) = release_dead_letters(conn, Selection(op_keys=(event.op_key,)), 1, "r-1", clock.now)
-    replayed = replace(event, due_at=released.due_at, attempt=0, replay_id="r-1", source="replay")
+    replayed = event._replace(due_at=released.due_at, attempt=0, replay_id="r-1", source="replay")
     _, done = deliver(engine, kinds, replayed, script, clock)  # its first 429: deferred, not dead
     assert done.retried == [event.op_key]
     r = row(engine, event.op_key)

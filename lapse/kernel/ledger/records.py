@@ -16,9 +16,10 @@ from __future__ import annotations
 import hashlib
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from types import MappingProxyType
+from typing import Any, NamedTuple
 
 from lapse.kernel.ledger.keys import (
     MAX_OP_KEY,
@@ -50,6 +51,11 @@ LATEST_DUE_AHEAD = timedelta(days=20 * 366)
 # values at most that many characters, no forbidden characters.
 ATTRIBUTE_LIMITS = {"count": 32, "name": 64, "value": 1024}
 
+# The attributes of an event that carries none (immutable: it is every such event's default).
+NO_ATTRIBUTES: Mapping[str, str] = MappingProxyType({})
+
+_make_tuple = tuple.__new__
+
 # Where a consumed record came from: (topic, partition, offset).
 Position = tuple[str, int, int]
 
@@ -74,12 +80,12 @@ def millis(ts: datetime) -> int:
 IDENTITY = ("op_key", "kind", "tenant", "subject_id")
 
 
-@dataclass(frozen=True, slots=True)
-class ExpiryEvent:
+class ExpiryEvent(NamedTuple):
     """One unit of cleanup work as carried on `lapse.expiry` (the Avro ExpiryEvent, decoded).
 
     Made by `expiry_event` (or `event_for_row`) when work is emitted, by `from_record` when a
-    consumed record is decoded."""
+    consumed record is decoded. A named tuple, not a frozen dataclass: as immutable, and made in
+    a seventh of the time, which decoding's hot path pays once an event (docs/performance.md)."""
 
     op_key: str
     kind: str
@@ -91,7 +97,7 @@ class ExpiryEvent:
     attempt: int
     replay_id: str | None
     produced_at: datetime | None = None
-    attributes: Mapping[str, str] = field(default_factory=dict)
+    attributes: Mapping[str, str] = NO_ATTRIBUTES
     # The operation's W3C trace context, carried in the records' `traceparent` header (not the body).
     traceparent: str | None = None
 
@@ -119,40 +125,60 @@ class ExpiryEvent:
             raise InvalidField({"op_key": _missing_or_type(key, "a string")})
         named = op_key_names(key)  # raises InvalidOpKey, saying why
         now = now or datetime.now(UTC)
-        if not _plainly_valid(record, now):  # the common case in one pass; the details only when needed
+        if not _plainly_valid(record, named, latest_due(now)):  # the common case in one pass
             problems = field_problems(record, now)
             if problems:
                 raise InvalidField(problems)
-        kind, subject = record["kind"], record["subject_id"]
-        if named != (kind, subject):  # a generation after the subject is the key's own
-            raise InvalidOpKey(f"op key {one_line(key, 80, escape=True)!r} does not match kind/subject_id of the event")
+            kind, subject = record["kind"], record["subject_id"]
+            if named != (kind, subject):  # a generation after the subject is the key's own
+                raise InvalidOpKey(f"op key {one_line(key, 80, escape=True)!r} does not match kind/subject_id "
+                                   "of the event")
         attributes = record.get("attributes")
-        return cls(key, kind, record["tenant"], subject, record["due_at"], record["correlation_id"],
-                   record["source"], record.get("attempt", 0), record.get("replay_id"), record.get("produced_at"),
-                   dict(attributes) if attributes else {}, traceparent)
+        # Every field given: the tuple made directly, without the generated `__new__`'s call.
+        return _make_tuple(cls, (key, named[0], record["tenant"], named[1], record["due_at"], record["correlation_id"],
+                                 record["source"], record.get("attempt", 0), record.get("replay_id"),
+                                 record.get("produced_at"), dict(attributes) if attributes else NO_ATTRIBUTES,
+                                 traceparent))
 
 
-def _plainly_valid(record: Mapping[str, Any], now: datetime) -> bool:
-    """True only when `field_problems` would find nothing: every text field a string within its
-    limit (`FIELD_LIMITS`, spelled out), no forbidden character in any of them (one search over all
-    of them), both times aware and within the window, the attempt within its cap, no attributes.
-    False says nothing: the caller asks `field_problems`, which names what is wrong. Decoding's hot
-    path, written for speed: a value that is not a string fails the join."""
+# The latest due time accepted at the last `now` asked about: one addition a batch, not one an
+# event (every event of a batch is decoded at the batch's `now`).
+_latest_memo: tuple[datetime, datetime] = (EARLIEST_DUE, EARLIEST_DUE + LATEST_DUE_AHEAD)
+
+
+def latest_due(now: datetime) -> datetime:
+    """The latest due (and production) time an event decoded at `now` may carry."""
+    global _latest_memo
+    memo = _latest_memo
+    if memo[0] is not now:
+        memo = _latest_memo = (now, now + LATEST_DUE_AHEAD)
+    return memo[1]
+
+
+def _plainly_valid(record: Mapping[str, Any], named: tuple[str, str], latest: datetime) -> bool:
+    """True only when `field_problems` would find nothing and kind/subject_id are the ones the op
+    key names (`named`, so they are within their limits and their characters are the key's):
+    every other text field a string within its limit (`FIELD_LIMITS`, spelled out), no forbidden
+    character in any of them (one search over all of them), both times aware and no later than
+    `latest`, the attempt within its cap, no attributes. False says nothing: the caller asks
+    `field_problems`, which names what is wrong. Decoding's hot path, written for speed: a value
+    that is not a string fails the join."""
     get: Any = record.get  # values of any type: a wrong one fails the join below
-    op_key, kind, tenant, subject = get("op_key"), get("kind"), get("tenant"), get("subject_id")
-    correlation, source, replay = get("correlation_id"), get("source"), get("replay_id")
+    if get("kind") != named[0] or get("subject_id") != named[1] or get("attributes"):
+        return False
+    tenant, correlation, source, replay = get("tenant"), get("correlation_id"), get("source"), get("replay_id")
     try:
-        texts = "".join((op_key, kind, tenant, subject, correlation, source, "" if replay is None else replay))
-        if not (0 < len(op_key) <= MAX_OP_KEY and 0 < len(kind) <= 64 and 0 < len(tenant) <= 64
-                and 0 < len(subject) <= 128 and 0 < len(correlation) <= 64 and 0 < len(source) <= 16
+        texts = "".join((tenant, correlation, source, "" if replay is None else replay))
+        if not (0 < len(tenant) <= 64 and 0 < len(correlation) <= 64 and 0 < len(source) <= 16
                 and (replay is None or 0 < len(replay) <= 64)):
             return False
     except TypeError:
         return False
-    if FORBIDDEN_CHARACTERS.search(texts) is not None or get("attributes"):
+    # Printable text holds no forbidden character (each is a control or a surrogate), and the test
+    # is a fraction of the search's cost; text that is not printable is searched.
+    if not texts.isprintable() and FORBIDDEN_CHARACTERS.search(texts) is not None:
         return False
     due, produced, attempt = get("due_at"), get("produced_at"), get("attempt", 0)
-    latest = now + LATEST_DUE_AHEAD
     if type(due) is not datetime or due.tzinfo is None or not EARLIEST_DUE <= due <= latest:
         return False
     if produced is not None and (type(produced) is not datetime or produced.tzinfo is None
