@@ -11,8 +11,10 @@ from collections.abc import Mapping
 from datetime import datetime
 from typing import Any
 
+from lapse.kernel.batch_sql import batch_values
 from lapse.kernel.kinds import CleanupKind, SubjectRow
-from lapse.kernel.ledger import ExpiryEvent, record_settled, settle
+from lapse.kernel.kinds.statements import RowsEffect, fused_effect
+from lapse.kernel.ledger import ExpiryEvent, Written, record_settled, settle, settle_and_apply
 from lapse.processors.scope import BatchScope
 
 
@@ -24,10 +26,12 @@ def apply_fast_path(scope: BatchScope, unique: Mapping[str, ExpiryEvent], extra:
     holds each kind's business rows as the batch read them (`rules.subjects_present`).
 
     1. Keep the in-database work whose business row is present, of its tenant, eligible and due.
-    2. Write its ledger rows settled (`applied`), before the effect (`settle`: waiting rows moved,
+    2. A kind whose effect can be part of one statement with its ledger writes (a declared effect
+       on PostgreSQL: `fused_effect`) takes steps 3 to 5 in that statement (`settle_and_apply`).
+    3. Write its ledger rows settled (`applied`), before the effect (`settle`: waiting rows moved,
        first deliveries inserted; a row in any other state is left out).
-    3. Run the effect on the rows written.
-    4. Record the changed ones; undo the unchanged ones and leave them to the careful path.
+    4. Run the effect on the rows written.
+    5. Record the changed ones; undo the unchanged ones and leave them to the careful path.
     """
     # Step 1: the business rows.
     by_kind: dict[str, list[ExpiryEvent]] = {}
@@ -36,34 +40,48 @@ def apply_fast_path(scope: BatchScope, unique: Mapping[str, ExpiryEvent], extra:
             by_kind.setdefault(event.kind, []).append(event)
     candidates = {name: ready(scope, scope.kinds[name], batch, present.get(name, {}))
                   for name, batch in by_kind.items()}
-    events = [e for batch in candidates.values() for e, _ in batch]
-    if not events:
+    if not any(candidates.values()):
         return set()
-    # Step 2: ledger rows first.
-    written = settle(scope.conn, events, extra, scope.now)
-    # Step 3: the effect, on the rows written.
-    applied: list[tuple[ExpiryEvent, int]] = []
-    withdrawn: list[str] = []
-    restored: list[str] = []
+    written: dict[str, Written] = {}
+    changed: set[str] = set()  # op keys whose effect changed their business row
+    applied: list[tuple[ExpiryEvent, int]] = []  # of those, the ones step 5 records
+    # Step 2: one statement for each kind that can have one.
+    rest: dict[str, list[tuple[ExpiryEvent, Any]]] = {}
     for name, batch in candidates.items():
-        ours = [(e, subject) for e, subject in batch if e.op_key in written]
         apply = scope.kinds[name].apply_in_db
-        if not ours or apply is None:
+        fused = fused_effect(apply, scope.conn) if isinstance(apply, RowsEffect) and batch else None
+        if fused is None:
+            rest[name] = batch
             continue
-        changed = apply(scope.conn, [subject for _, subject in ours], scope.now)
-        for event, _ in ours:
-            row = written[event.op_key]
-            if event.subject_key in changed:
-                applied.append((event, row.attempt))
-            else:
-                (withdrawn if row.fresh else restored).append(event.op_key)
-    # Step 4: record the changed, undo the unchanged.
-    record_settled(scope.conn, scope.writes, applied, withdrawn, restored)
-    for event, _ in applied:
-        scope.result.applied.append(event.op_key)
-        if written[event.op_key].fresh:
-            scope.result.duplicates += scope.writes.duplicates.pop(event.op_key, 0)
-    return {event.op_key for event, _ in applied}
+        ours, keys = settle_and_apply(scope.conn, scope.writes, [e for e, _ in batch],
+                                      batch_values(scope.conn, [subject for _, subject in batch]), extra,
+                                      fused.sql, fused.subject_type, fused.params(scope.now))
+        written.update(ours)
+        changed |= keys
+    # Step 3: ledger rows first.
+    events = [e for batch in rest.values() for e, _ in batch]
+    if events:
+        written.update(settled := settle(scope.conn, events, extra, scope.now))
+        # Step 4: the effect, on the rows written.
+        for name, batch in rest.items():
+            ours_rest = [(e, subject) for e, subject in batch if e.op_key in settled]
+            apply = scope.kinds[name].apply_in_db
+            if not ours_rest or apply is None:
+                continue
+            done = apply(scope.conn, [subject for _, subject in ours_rest], scope.now)
+            for event, _ in ours_rest:
+                if event.subject_key in done:
+                    changed.add(event.op_key)
+                    applied.append((event, settled[event.op_key].attempt))
+    # Step 5: record the changed, undo the unchanged.
+    unchanged = [key for key in written if key not in changed]
+    record_settled(scope.conn, scope.writes, applied, [k for k in unchanged if written[k].fresh],
+                   [k for k in unchanged if not written[k].fresh])
+    for key in (key for key in written if key in changed):  # in the batch's order
+        scope.result.applied.append(key)
+        if written[key].fresh:
+            scope.result.duplicates += scope.writes.duplicates.pop(key, 0)
+    return changed
 
 
 def ready(scope: BatchScope, kind: CleanupKind, batch: list[ExpiryEvent], present: Mapping[str, SubjectRow]

@@ -64,6 +64,11 @@ def _unbounded(type_: TypeEngine[Any]) -> TypeEngine[Any]:
     return type_
 
 
+def array_of(element_type: TypeEngine[Any]) -> postgresql.ARRAY[Any]:
+    """The PostgreSQL array type a batch of `element_type` values is cast to (`_unbounded`)."""
+    return postgresql.ARRAY(_unbounded(element_type))
+
+
 def any_of(conn: Connection, column: ColumnElement[Any], values: Sequence[Any],
            element_type: TypeEngine[Any] | None = None) -> ColumnElement[bool]:
     """`column = ANY(CAST(:literal AS type[]))` on PostgreSQL, `column IN (…)` elsewhere. Planned
@@ -74,7 +79,7 @@ def any_of(conn: Connection, column: ColumnElement[Any], values: Sequence[Any],
     once the table held a few thousand rows: PITFALLS.md.) The cast is to the column's type
     without its length or precision, so no value is shortened or rounded into another one."""
     if conn.dialect.name == "postgresql":
-        array = postgresql.ARRAY(_unbounded(element_type if element_type is not None else column.type))
+        array = array_of(element_type if element_type is not None else column.type)
         literal = bindparam(None, _array_literal(values), type_=Text)
         return column == any_(cast(literal, array))
     return column.in_(list(values))
@@ -85,7 +90,7 @@ def any_of_bound(conn: Connection, column: ColumnElement[Any], name: str,
     """`any_of` with the batch's values bound at execution as `name` (`batch_values`), for a
     statement built and compiled once and run for every batch."""
     if conn.dialect.name == "postgresql":
-        array = postgresql.ARRAY(_unbounded(element_type if element_type is not None else column.type))
+        array = array_of(element_type if element_type is not None else column.type)
         return column == any_(cast(bindparam(name, type_=Text), array))
     return column.in_(bindparam(name, expanding=True))
 

@@ -13,7 +13,7 @@ from typing import Any
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from sqlalchemy import insert, select
+from sqlalchemy import insert, select, update
 
 from lapse.devtools.demo_tables import reservations
 from lapse.kernel.database import make_engine
@@ -27,6 +27,7 @@ from tests.fixtures.fast_path import (
     RELEASE,
     TENANT,
     assert_each_applied_once,
+    batch_statements,
     counted_statements,
     engine_for,
     key,
@@ -211,6 +212,45 @@ def test_a_business_row_that_changes_before_the_effect_goes_to_the_careful_path(
     assert outcomes == [(key(RELEASE, 1), "applied"), (key(RELEASE, 2), "skipped")]
 
 
+def test_rows_paid_before_the_one_statement_go_to_the_careful_path(pg_url):
+    """PostgreSQL's one statement (ledger rows, effect, records): a payment committed after the
+    batch read the business rows leaves the effect nothing to change, for a first delivery (its
+    row withdrawn) and for a waiting row (put back `pending`); the careful path then records both
+    skipped, once, and the rest of the batch is applied."""
+    engine = make_engine(pg_url)
+    release = demo_kinds(engine)[RELEASE]
+    with engine.begin() as conn:
+        conn.execute(insert(reservations), [reservation(rid) for rid in (1, 2, 3)])
+        conn.execute(insert(cleanup_ledger), [ledger_row(RELEASE, 3, "pending")])
+    calls: list[str] = []
+
+    def parse_after_a_payment(subject_id: str) -> Any:
+        """Parse as the kind does; once the read has parsed each event's subject, the next call (the
+        fast path's own, after the read) has reservations 2 and 3 paid first."""
+        calls.append(subject_id)
+        if len(calls) == 4:
+            with engine.begin() as rival:
+                rival.execute(update(reservations).where(reservations.c.id.in_([2, 3])).values(status="paid"))
+        return release.parse_subject(subject_id)
+
+    kinds = {RELEASE: replace(release, parse_subject=parse_after_a_payment)}
+    statements = batch_statements(engine, kinds, [release_event(r) for r in (1, 2, 3)], fast=True, applied=1)
+    assert len(calls) > 4  # paid between the read and the one statement
+    assert any("UPDATE reservations" in s and "INSERT INTO" in s for s in statements)  # the one statement ran
+    with engine.connect() as conn:
+        state = {r.op_key: (r.state, r.attempt) for r in conn.execute(select(cleanup_ledger))}
+        steps = sorted(conn.execute(select(ledger_transitions.c.op_key, ledger_transitions.c.from_state,
+                                           ledger_transitions.c.to_state)).all())
+        outcomes = sorted((k, p["status"]) for k, p in conn.execute(select(outbox.c.key, outbox.c.payload)))
+        status = conn.execute(select(reservations.c.status).order_by(reservations.c.id)).scalars().all()
+    assert status == ["released", "paid", "paid"]
+    assert state == {key(RELEASE, 1): ("applied", 1), key(RELEASE, 2): ("skipped", 1),
+                     key(RELEASE, 3): ("skipped", 2)}
+    assert steps == [(key(RELEASE, 1), "pending", "applied"), (key(RELEASE, 2), "pending", "skipped"),
+                     (key(RELEASE, 3), "pending", "skipped")]
+    assert outcomes == [(key(RELEASE, 1), "applied"), (key(RELEASE, 2), "skipped"), (key(RELEASE, 3), "skipped")]
+
+
 def test_a_batch_of_first_deliveries_takes_a_fixed_few_statements(db_url):
     """N due first deliveries: the same few statements whatever N, and one write of the ledger
     (each row inserted once, already applied); the careful path takes more and writes each row three
@@ -223,12 +263,13 @@ def test_a_batch_of_first_deliveries_takes_a_fixed_few_statements(db_url):
     assert len(small) == len(large)
     # The batch's own and the pauses read once; SQLite writes transitions and outbox apart.
     assert sum("lapse_pauses" in statement for statement in large) == 1
-    # PostgreSQL: the business rows, the pauses, the ledger rows, the effect, transitions and
-    # outcomes. SQLite moves waiting rows and inserts first deliveries apart (no rows are moved here).
-    assert len(large) == (5 if db_url.startswith("postgresql") else 7)
+    # PostgreSQL: the business rows, the pauses, then one statement for the ledger rows, the effect,
+    # transitions and outcomes. SQLite writes the ledger rows, runs the effect and records each
+    # apart, and moves waiting rows and inserts first deliveries apart (no rows are moved here).
+    assert len(large) == (3 if db_url.startswith("postgresql") else 7)
     writes = ledger_writes(large)
     if db_url.startswith("postgresql"):
-        assert len(writes) == 1 and "INSERT INTO" in writes[0]
+        assert len(writes) == 1 and "INSERT INTO" in writes[0] and "UPDATE reservations" in writes[0]
     else:
         assert [w.split()[0] for w in writes] == ["UPDATE", "INSERT"]
     assert len(ledger_writes(careful)) == 3

@@ -19,8 +19,10 @@ from lapse.devtools.demo_tables import reservations
 from lapse.kernel.batch_sql import any_of
 from lapse.kernel.database import qualified_name
 from lapse.kernel.kinds.statements import due_rows
+from lapse.kernel.ledger import expiry_event
 from lapse.kernel.ledger.queries import in_flight
 from lapse.kernel.models import cleanup_ledger
+from lapse.processors import BatchScope, apply_batch
 
 RELEASE = "release-reservation"
 
@@ -68,6 +70,35 @@ def test_the_effect_finds_its_rows_by_id_while_statistics_count_no_held_row(pipe
             unguarded = _explained(conn, str(compiled), compiled.params)
     assert used == {"reservations_pkey"}, json.dumps(sorted(used))
     assert "ix_reservations_held_due" in unguarded, sorted(unguarded)
+
+
+def test_the_one_statement_finds_its_rows_by_id_while_statistics_count_no_held_row(pipeline):
+    """The fast path's one statement on PostgreSQL (ledger rows, the effect, records) reads the
+    business table by its primary key alone in the same state: the effect's ids come from the
+    rows it wrote, and its condition is checked on each."""
+    now = datetime.now(UTC)
+    with pipeline.engine.begin() as conn:
+        add_reservations(conn, 20_000, status="paid", expires_at=now - timedelta(days=1))
+    with pipeline.engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+        conn.exec_driver_sql("ANALYZE reservations")
+    with pipeline.engine.begin() as conn:
+        ids = add_reservations(conn, 5_000, expires_at=now - timedelta(minutes=5), tenant="t1")
+    kinds = load_demo_kinds(pipeline.engine)
+    events = [expiry_event(RELEASE, rid, "t1", now - timedelta(minutes=5), source="sweep") for rid in ids[-500:]]
+    sent: list[tuple[str, Any]] = []
+    with pipeline.engine.connect() as conn:
+        sa_event.listen(conn, "before_cursor_execute", lambda *a: sent.append((a[2], a[3])))
+        with conn.begin() as trans:
+            scope = BatchScope(conn, kinds=kinds, topics=pipeline.settings.topology, worker="w", now=now,
+                               lease=timedelta(seconds=30))
+            assert len(apply_batch(scope, events).applied) == 500
+            (statement, parameters), = [(s, p) for s, p in sent if "UPDATE reservations" in s]
+            assert "INSERT INTO" in statement  # the one statement, not the effect alone
+            used = _explained(conn, statement, parameters)
+            trans.rollback()
+    # The business table's indexes only (the ledger's are the ledger's statements' own matter).
+    assert {name for name in used if not name.startswith(("lapse_", "ix_lapse"))} == {"reservations_pkey"}, \
+        json.dumps(sorted(used))
 
 
 def test_the_sweeps_window_finds_its_keys_by_key_while_the_ledger_statistics_count_none(pipeline):

@@ -12,10 +12,10 @@ values they run with.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import Any, NamedTuple
 
 from sqlalchemy import (
     BindParameter,
@@ -26,16 +26,18 @@ from sqlalchemy import (
     Table,
     Update,
     and_,
+    any_,
     bindparam,
     case,
     delete,
     false,
+    literal_column,
     select,
     true,
     update,
 )
 
-from lapse.kernel.batch_sql import any_of, any_of_bound, batch_values, pairs_of
+from lapse.kernel.batch_sql import any_of, any_of_bound, array_of, batch_values, pairs_of
 from lapse.kernel.kinds.columns import NOW, now_for
 from lapse.kernel.kinds.generations import Generation
 
@@ -95,7 +97,8 @@ class RowsEffect:
     values: Mapping[Column[Any], Any] = field(default_factory=dict)
     deletes: bool = False
     generation: Generation | None = None
-    built: dict[str, Update | Delete] = field(default_factory=dict, repr=False)  # per dialect (`__call__`)
+    # Per dialect (`__call__`), and as `fused_effect` made it.
+    built: dict[str, Any] = field(default_factory=dict, repr=False)
 
     def where(self, now: datetime) -> ColumnElement[bool]:
         """The effect's condition on a row at `now`, the batch's ids aside."""
@@ -128,6 +131,54 @@ class RowsEffect:
         params = {"lapse_ids": batch_values(conn, ids), "lapse_now": now,
                   **{f"lapse_set_{name}": value for name, value in self.set_values(now).items()}}
         return _keys(conn.execute(stmt, params).all(), None)
+
+
+class FusedEffect(NamedTuple):
+    """A declared effect as a part of one larger statement (`ledger.settle_and_apply`): `sql`, an
+    UPDATE or DELETE of the rows whose ids are `ARRAY(SELECT subject FROM lapse_settled)` (still
+    eligible and due at `lapse_now`) returning each changed id; `subject_type`, the array type of
+    those ids; `constants`, the parameters its conditions carry; `convert`, what SQLAlchemy would
+    do to a parameter's value before sending it (by name); `effect`, what it was made of."""
+
+    sql: str
+    subject_type: str
+    constants: Mapping[str, Any]
+    convert: Mapping[str, Callable[[Any], Any]]
+    effect: RowsEffect
+
+    def params(self, now: datetime) -> dict[str, Any]:
+        """Its parameters at `now`, converted as SQLAlchemy would convert them."""
+        values = {"lapse_now": now,
+                  **{f"lapse_set_{name}": value for name, value in self.effect.set_values(now).items()}}
+        convert = self.convert
+        return {**self.constants, **{name: convert[name](value) if name in convert else value
+                                     for name, value in values.items()}}
+
+
+def fused_effect(effect: RowsEffect, conn: Connection) -> FusedEffect | None:
+    """`effect` as a `FusedEffect` on PostgreSQL, built and compiled once; None where it cannot be
+    one (another database, a generation, a parameter SQLAlchemy would expand into several), and
+    the effect then runs as a statement of its own."""
+    if effect.generation is not None or conn.dialect.name != "postgresql":
+        return None
+    if "fused" in effect.built:
+        return effect.built["fused"]  # type: ignore[no-any-return]
+    due = due_rows(effect.eligible, effect.due_column, bindparam("lapse_now", type_=effect.due_column.type))
+    ids = effect.id_column == any_(literal_column("ARRAY(SELECT subject FROM lapse_settled)"))
+    stmt = delete(effect.table) if effect.deletes else update(effect.table).values(
+        {column.name: bindparam(f"lapse_set_{column.name}", type_=column.type) for column in effect.values})
+    compiled = stmt.where(ids, on_each_row(due)).returning(effect.id_column).compile(dialect=conn.dialect)
+    convert = {compiled.bind_names[bind]: process for bind in compiled.binds.values()
+               if (process := bind.type.bind_processor(conn.dialect)) is not None}
+    fused = None
+    if not any(bind.expanding for bind in compiled.binds.values()) and "POSTCOMPILE" not in compiled.string:
+        constants = {name: convert[name](value) if name in convert else value
+                     for name, value in compiled.params.items()
+                     if name != "lapse_now" and not name.startswith("lapse_set_")}
+        fused = FusedEffect(compiled.string, str(array_of(effect.id_column.type).compile(dialect=conn.dialect)),
+                            constants, convert, effect)
+    effect.built["fused"] = fused
+    return fused
 
 
 def update_rows(table: Table, id_column: Column[Any], due_column: Column[Any],

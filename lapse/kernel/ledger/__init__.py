@@ -98,7 +98,7 @@ from lapse.kernel.ledger.rows import (
     StateKindCount,
     TransitionCount,
 )
-from lapse.kernel.ledger.settling import Written, record_settled, settle
+from lapse.kernel.ledger.settling import Written, record_settled, settle, settle_and_apply
 from lapse.kernel.ledger.states import (
     ALLOWED,
     APPLIED,
@@ -212,6 +212,7 @@ __all__ = [
     "renew_leases",
     "restore_waiting",
     "settle",
+    "settle_and_apply",
     "settle_waiting",
     "settled_row",
     "stuck_cursor",
