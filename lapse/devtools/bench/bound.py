@@ -20,6 +20,7 @@ from typing import Any
 from lapse.devtools.bench.lean import driver_connection
 from lapse.devtools.demo_tables import reservations
 from lapse.kernel.database import engine_from_settings, qualified_name
+from lapse.kernel.heap import set_aside_startup_heap
 from lapse.kernel.ledger import ExpiryEvent, millis
 from lapse.kernel.models import cleanup_ledger, ledger_transitions, outbox
 from lapse.kernel.schema_names import CLEANUP_OUTCOME
@@ -130,6 +131,7 @@ def database_bound(settings: Settings, events: Sequence[ExpiryEvent], worker: st
         with conn.cursor() as cur:
             cur.execute(sql.create_batch)
             conn.commit()
+            set_aside_startup_heap()  # the heap as a worker's is once it started
             started = time.perf_counter()
             for start in range(0, len(events), batch_size):
                 rows = [batch_row(e, settings.topology.expiry, i % 4, i)

@@ -16,6 +16,7 @@ from confluent_kafka import KafkaError, KafkaException
 from lapse.devtools.demo_kinds import load_demo_kinds
 from lapse.kernel.codec import CONFLUENT_MAGIC, SINGLE_OBJECT_HEADER_LEN, Codec
 from lapse.kernel.database import engine_from_settings
+from lapse.kernel.heap import set_aside_startup_heap
 from lapse.kernel.kafka_clients import make_consumer
 from lapse.kernel.ledger import ExpiryEvent, expiry_record
 from lapse.kernel.schema_names import EXPIRY_EVENT
@@ -32,6 +33,7 @@ def batch_transaction_alone(settings: Settings, events: Sequence[ExpiryEvent],
     engine = engine_from_settings(settings)
     kinds = load_demo_kinds(engine)
     try:
+        set_aside_startup_heap()  # the heap as a worker's is once it started
         started = time.perf_counter()
         for start in range(0, len(events), batch_size):
             with engine.begin() as conn:

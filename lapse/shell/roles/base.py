@@ -18,6 +18,7 @@ from sqlalchemy import Engine
 
 from lapse.kernel.clock_watch import ClockWatch
 from lapse.kernel.database import engine_from_settings
+from lapse.kernel.heap import set_aside_startup_heap
 from lapse.kernel.kafka_clients import make_producer
 from lapse.kernel.kafka_logs import leave_connection_failures_to_caller
 from lapse.kernel.kinds import CleanupKind, load_kinds
@@ -211,6 +212,7 @@ def run_role(role: Role[R]) -> R | None:
             return None
         if role.bounded:
             return role.run_once()
+        set_aside_startup_heap()  # a service: what it holds from its start, out of the collector's passes
         role.clock_watch.start(watched)
         return role.run()
     finally:
