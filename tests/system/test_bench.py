@@ -17,6 +17,7 @@ from lapse.devtools.bench.end_state import verify_end_state
 from lapse.devtools.bench.events import reservation_event
 from lapse.devtools.bench.lean import LeanSql, apply_many, apply_one, driver_connection
 from lapse.devtools.bench.report import summarize
+from lapse.devtools.bench.runner import fastest_run
 from lapse.devtools.demo_tables import reservations
 from lapse.kernel.database import engine_from_settings, qualified_name
 from lapse.kernel.models import cleanup_ledger, ledger_transitions, outbox
@@ -72,6 +73,7 @@ def test_quick_bench_reports_every_stage_and_cleans_up(kafka_bootstrap, tmp_path
     assert isinstance(out["transaction_alone"][0]["events_per_s"], RATE)
     assert out["transaction_alone"][0]["verified"] is True, out["transaction_alone"][0]["reason"]
     assert out["db_bound"]["events"] == 200 and out["quix"]["events"] == 200
+    assert len(out["db_bound"]["runs_events_per_s"]) == 1  # a quick run runs each compared stage once
     assert out["consumer"]["events"] == 200 and isinstance(out["consumer"]["events_per_s"], RATE)
     assert out["decode"]["events"] == 200 and out["decode"]["ratio"] == round(
         out["decode"]["decode_us"] / out["decode"]["fastavro_us"], 2)
@@ -196,6 +198,16 @@ def test_end_state_verification_names_what_is_missing(lean_db):
         c.execute(text("UPDATE reservations SET status = 'held' WHERE id = 3"))
     result = verify_end_state(settings, events)
     assert result["verified"] is False and result["reason"].startswith("1 of 10 reservations not released")
+
+
+def test_a_compared_stage_counts_its_fastest_verified_run():
+    def run(rate: float | None, verified: bool = True) -> dict:
+        return {"events_per_s": rate, "verified": verified, "reason": None if verified else "boom"}
+
+    best = fastest_run([run(900.0), run(1200.0, verified=False), run(1000.0)])
+    assert (best["events_per_s"], best["runs_events_per_s"]) == (1000.0, [900.0, 1200.0, 1000.0])
+    failed = fastest_run([run(None, verified=False), run(800.0, verified=False)])
+    assert (failed["verified"], failed["reason"], failed["runs_events_per_s"]) == (False, "boom", [None, 800.0])
 
 
 def test_an_unverified_stage_has_no_ratio_and_misses_its_target():

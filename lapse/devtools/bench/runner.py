@@ -48,6 +48,10 @@ log = get_logger("bench")
 PARTITIONS = 4
 LATENCY_WARMUP_S = 2.0  # of load at the latency stage's rate before its measured events
 BASELINE_CAP = 3000
+# The stages whose rates make the ratios (the bound, the batch transaction, one Lapse worker, the
+# peer) each run this many times and count their fastest verified run, every run's rate kept: on
+# this kind of machine one busy minute moves a run by more than the differences measured.
+BEST_OF = 2
 
 T = TypeVar("T")
 
@@ -65,12 +69,14 @@ class BenchPlan:
     quix_python: Path = quix_stage.DEFAULT_PYTHON  # the Python of the Quix Streams peer's environment
     fairness_backlog: int = 100_000
     fairness_repeats: int = 3
+    best_of: int = BEST_OF
 
     @classmethod
     def quick(cls, events: int = 300, workers: int = 2, batch_sizes: tuple[int, ...] = (100,)) -> BenchPlan:
         """A plan small enough for a smoke test: every stage runs, on a few hundred events."""
         return cls(events, workers, tuple(batch_sizes), scan_rows=20_000, latency_seconds=1.0,
-                   baseline_cap=min(events, 200), console_rows=20_000, fairness_backlog=1000, fairness_repeats=1)
+                   baseline_cap=min(events, 200), console_rows=20_000, fairness_backlog=1000, fairness_repeats=1,
+                   best_of=1)
 
     @property
     def default_batch(self) -> int:
@@ -129,16 +135,19 @@ def _stages(envs: StageEnvironments, plan: BenchPlan, progress: Callable[[str], 
     out["consumer"] = _in(envs, "consumer", lambda s: limits.consumer_limit(s, n), events=events,
                           batch_size=plan.default_batch)
     out["decode"] = limits.decode_cost(envs.settings("decode"), events)
-    out["db_bound"] = _checked(envs, "bound", lambda s: bound.database_bound(s, events), events,
-                               {"batch_size": plan.default_batch}, expiry_topic=False)
+    out["db_bound"] = fastest_run([
+        _checked(envs, f"bound{i}", lambda s: bound.database_bound(s, events), events,
+                 {"batch_size": plan.default_batch}, expiry_topic=False) for i in range(plan.best_of)])
     progress("the batch transaction alone (apply_batch, no Kafka)")
-    out["transaction_alone"] = [
-        _checked(envs, f"txn{b}", lambda s: limits.batch_transaction_alone(s, events), events,
-                 {"batch_size": b}, expiry_topic=False) for b in plan.batch_sizes]
+    out["transaction_alone"] = [fastest_run([
+        _checked(envs, f"txn{b}_{i}", lambda s: limits.batch_transaction_alone(s, events), events,
+                 {"batch_size": b}, expiry_topic=False) for i in range(plan.best_of)]) for b in plan.batch_sizes]
 
     progress(f"lapse: 1 worker, batch {plan.default_batch}")
-    runs = [_checked(envs, "lapse1w", partial(lapse_stage.run_lapse, events=n, workers=1), events,
-                     {"workers": 1, "batch_size": plan.default_batch})]
+    # The first run's stage is "lapse1w": the audit replay below reads its expiry topic.
+    runs = [fastest_run([_checked(envs, "lapse1w" if i == 0 else f"lapse1w_{i}",
+                               partial(lapse_stage.run_lapse, events=n, workers=1), events,
+                               {"workers": 1, "batch_size": plan.default_batch}) for i in range(plan.best_of)])]
     # Workers side by side: each count joins the group and takes its share before the events arrive
     # (with the backlog waiting, the first to join starts alone and a rebalance stops it mid-run).
     for workers in sorted({1, 2, plan.workers}):
@@ -158,8 +167,9 @@ def _stages(envs: StageEnvironments, plan: BenchPlan, progress: Callable[[str], 
     out["relay"] = _in(envs, "relay", lambda s: relay_stage.run_relay(s, events, PARTITIONS), expiry_topic=False)
 
     progress(f"the Quix Streams peer on {n} events")
-    out["quix"] = _checked(envs, "quix", lambda s: quix_stage.run_quix(s, n, plan.quix_python, PARTITIONS), events,
-                           {"batch_size": quix_stage.PARTITION_BATCH})
+    out["quix"] = fastest_run([
+        _checked(envs, f"quix{i}", lambda s: quix_stage.run_quix(s, n, plan.quix_python, PARTITIONS), events,
+                 {"batch_size": quix_stage.PARTITION_BATCH}) for i in range(plan.best_of)])
     m = min(n, plan.baseline_cap)
     progress(f"naive consumer on {m} events")
     out["naive"] = _checked(envs, "naive", lambda s: naive.run_naive(s, m), events[:m])
@@ -196,6 +206,13 @@ def _stages(envs: StageEnvironments, plan: BenchPlan, progress: Callable[[str], 
     out["console_pages"] = _in(envs, "console", lambda s: console_pages.console_pages(s, plan.console_rows, progress),
                                events=events)  # the cleanup group's lag is read on a topic with records
     return summarize(out, plan.default_batch)
+
+
+def fastest_run(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """The fastest verified of a stage's runs (else its first), with every run's rate (`runs_events_per_s`)."""
+    verified = [r for r in runs if r.get("verified") and r.get("events_per_s")]
+    best = max(verified, key=lambda r: r["events_per_s"]) if verified else runs[0]
+    return {**best, "runs_events_per_s": [r.get("events_per_s") for r in runs]}
 
 
 def _in(envs: StageEnvironments, stage: str, fn: Callable[[Settings], T], **environment: Any) -> T:
