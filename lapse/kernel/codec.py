@@ -134,6 +134,9 @@ class Codec:
         self._by_fingerprint = {
             fp: _ReadPlan(s.stem, s.parsed, self._reader_for(s)) for fp, s in store.by_fingerprint.items()
         }
+        # The same by a single-object record's whole header (marker and fingerprint): one lookup
+        # decides a well-formed record's plan; the checks that name what is wrong run on a miss.
+        self._by_header = {SINGLE_OBJECT_MAGIC + fp: plan for fp, plan in self._by_fingerprint.items()}
         # Registry schemas are accepted only as one of these: Parsing Canonical Form -> read plan of
         # that local (current or history) schema. Comparing the canonical form, not only its CRC-64
         # fingerprint, means a schema crafted to collide with a local fingerprint is still refused.
@@ -212,6 +215,9 @@ class Codec:
         return _read(projected, data, offset)
 
     def _plan(self, data: bytes) -> tuple[_ReadPlan, int]:
+        plan = self._by_header.get(data[:SINGLE_OBJECT_HEADER_LEN]) if type(data) is bytes else None
+        if plan is not None:
+            return plan, SINGLE_OBJECT_HEADER_LEN
         if not data:
             raise DecodeError("empty", "empty record value")
         first = data[0]

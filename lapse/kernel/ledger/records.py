@@ -125,20 +125,20 @@ class ExpiryEvent(NamedTuple):
             raise InvalidField({"op_key": _missing_or_type(key, "a string")})
         named = op_key_names(key)  # raises InvalidOpKey, saying why
         now = now or datetime.now(UTC)
-        if not _plainly_valid(record, named, latest_due(now)):  # the common case in one pass
-            problems = field_problems(record, now)
-            if problems:
-                raise InvalidField(problems)
-            kind, subject = record["kind"], record["subject_id"]
-            if named != (kind, subject):  # a generation after the subject is the key's own
-                raise InvalidOpKey(f"op key {one_line(key, 80, escape=True)!r} does not match kind/subject_id "
-                                   "of the event")
+        event = _plain_event(cls, record, key, named, latest_due(now), traceparent)  # the common case
+        if event is not None:
+            return event
+        problems = field_problems(record, now)
+        if problems:
+            raise InvalidField(problems)
+        kind, subject = record["kind"], record["subject_id"]
+        if named != (kind, subject):  # a generation after the subject is the key's own
+            raise InvalidOpKey(f"op key {one_line(key, 80, escape=True)!r} does not match kind/subject_id "
+                               "of the event")
         attributes = record.get("attributes")
-        # Every field given: the tuple made directly, without the generated `__new__`'s call.
-        return _make_tuple(cls, (key, named[0], record["tenant"], named[1], record["due_at"], record["correlation_id"],
-                                 record["source"], record.get("attempt", 0), record.get("replay_id"),
-                                 record.get("produced_at"), dict(attributes) if attributes else NO_ATTRIBUTES,
-                                 traceparent))
+        return cls(key, kind, record["tenant"], subject, record["due_at"], record["correlation_id"], record["source"],
+                   record.get("attempt", 0), record.get("replay_id"), record.get("produced_at"),
+                   dict(attributes) if attributes else NO_ATTRIBUTES, traceparent)
 
 
 # The latest due time accepted at the last `now` asked about: one addition a batch, not one an
@@ -155,36 +155,41 @@ def latest_due(now: datetime) -> datetime:
     return memo[1]
 
 
-def _plainly_valid(record: Mapping[str, Any], named: tuple[str, str], latest: datetime) -> bool:
-    """True only when `field_problems` would find nothing and kind/subject_id are the ones the op
-    key names (`named`, so they are within their limits and their characters are the key's):
-    every other text field a string within its limit (`FIELD_LIMITS`, spelled out), no forbidden
-    character in any of them (one search over all of them), both times aware and no later than
-    `latest`, the attempt within its cap, no attributes. False says nothing: the caller asks
-    `field_problems`, which names what is wrong. Decoding's hot path, written for speed: a value
-    that is not a string fails the join."""
+def _plain_event(cls: type[ExpiryEvent], record: Mapping[str, Any], key: str, named: tuple[str, str],
+                 latest: datetime, traceparent: str | None) -> ExpiryEvent | None:
+    """The event of `record`, made in one pass, when `field_problems` would find nothing and
+    kind/subject_id are the ones its op key `key` names (`named`, so they are within their limits
+    and their characters are the key's): every other text field a string within its limit
+    (`FIELD_LIMITS`, spelled out), no forbidden character in any of them, both times aware and no
+    later than `latest`, the attempt within its cap, no attributes. None says nothing: the caller
+    asks `field_problems`, which names what is wrong. Decoding's hot path, written for speed: a
+    value that is not a string fails the join."""
     get: Any = record.get  # values of any type: a wrong one fails the join below
     if get("kind") != named[0] or get("subject_id") != named[1] or get("attributes"):
-        return False
+        return None
     tenant, correlation, source, replay = get("tenant"), get("correlation_id"), get("source"), get("replay_id")
     try:
         texts = "".join((tenant, correlation, source, "" if replay is None else replay))
         if not (0 < len(tenant) <= 64 and 0 < len(correlation) <= 64 and 0 < len(source) <= 16
                 and (replay is None or 0 < len(replay) <= 64)):
-            return False
+            return None
     except TypeError:
-        return False
+        return None
     # Printable text holds no forbidden character (each is a control or a surrogate), and the test
     # is a fraction of the search's cost; text that is not printable is searched.
     if not texts.isprintable() and FORBIDDEN_CHARACTERS.search(texts) is not None:
-        return False
+        return None
     due, produced, attempt = get("due_at"), get("produced_at"), get("attempt", 0)
     if type(due) is not datetime or due.tzinfo is None or not EARLIEST_DUE <= due <= latest:
-        return False
+        return None
     if produced is not None and (type(produced) is not datetime or produced.tzinfo is None
                                  or not EARLIEST_DUE <= produced <= latest):
-        return False
-    return type(attempt) is int and 0 <= attempt <= ATTEMPT_CAP
+        return None
+    if type(attempt) is not int or not 0 <= attempt <= ATTEMPT_CAP:
+        return None
+    # Every field given: the tuple made directly, without the generated `__new__`'s call.
+    return _make_tuple(cls, (key, named[0], tenant, named[1], due, correlation, source, attempt, replay, produced,
+                             NO_ATTRIBUTES, traceparent))
 
 
 def field_problems(record: Mapping[str, Any], now: datetime) -> dict[str, str]:
