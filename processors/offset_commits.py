@@ -9,8 +9,10 @@ between batches until they are accepted (`due`); while they are refused or unans
 delivers again at most the batches done since the last accepted commit. A revoked or lost
 partition's pending offsets are forgotten, never sent while another member owns it; if a lost
 partition is given back, the work done for it before is durable, so its offset is committed then,
-forward only (never below the group's), before anything is read from it again. Why it is safe:
-docs/design/processing.md, "The commit order".
+forward only (never below the group's), before anything is read from it again. Commits sent while
+the coordinator moves may reach the new one out of order, an older after a newer, and the broker
+keeps the last it wrote: an acceptance older than one accepted before sends the newer again
+(`accepted`). Why it is safe: docs/design/processing.md, "The commit order".
 """
 
 from __future__ import annotations
@@ -40,6 +42,10 @@ class PendingCommits:
         # Next offsets of work done for partitions lost before their commit was accepted: if the
         # group gives one back, its offset is committed then (`set_aside`, `given_back`).
         self.aside: dict[tuple[str, int], int] = {}
+        # The newest offset the broker accepted per owned partition: an older one accepted after it
+        # moved the group's offset back.
+        self.acknowledged: dict[tuple[str, int], int] = {}
+        self.moved_back = 0  # acceptances that put a partition's offset back, for logs and tests
 
     def merge(self, offsets: Iterable[TopicPartition]) -> None:
         """Add a batch's offsets (the newest per partition wins)."""
@@ -78,17 +84,28 @@ class PendingCommits:
         self.accepted(partitions)
 
     def accepted(self, partitions: list[TopicPartition]) -> None:
-        """Offsets the broker accepted: each partition drops what they covered."""
+        """Offsets the broker accepted: each partition drops what they covered. An offset older than
+        one accepted before (a commit sent earlier, written later) put the group's offset back: the
+        newer one is pending again."""
         for tp in partitions:
             key = (tp.topic, tp.partition)
-            if tp.error is None and self.offsets.get(key, tp.offset + 1) <= tp.offset:
+            if tp.error is not None:
+                continue
+            newest = self.acknowledged.get(key, -1)
+            if tp.offset < newest:
+                self.offsets[key] = max(self.offsets.get(key, -1), newest)
+                self.moved_back += 1
+                continue
+            self.acknowledged[key] = tp.offset
+            if self.offsets.get(key, tp.offset + 1) <= tp.offset:
                 del self.offsets[key]
         self._settle()
 
     def forget(self, partitions: Iterable[tuple[str, int]]) -> None:
-        """Partitions given up: their offsets must never be sent again."""
+        """Partitions given up: their offsets must never be sent again (the next owner commits its own)."""
         for key in partitions:
             self.offsets.pop(key, None)
+            self.acknowledged.pop(key, None)
         self._settle()
 
     def _settle(self) -> None:

@@ -115,7 +115,11 @@ class CleanupWorker:
         refusal is logged, and its offsets stay pending, sent again until accepted."""
         if err is not None:
             log.warning("offset commit refused: sent again", extra={"error": err.str()})
+        moved_back = self.pending.moved_back
         self.pending.answered(err, partitions)
+        if self.pending.moved_back > moved_back:
+            log.warning("an older offset commit was accepted after a newer one: the newer is sent again",
+                        extra={"partitions": self.pending.moved_back - moved_back})
 
     def _resend_commits(self) -> None:
         """Send again, without waiting, the offsets whose commit went unanswered or was refused."""

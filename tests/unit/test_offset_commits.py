@@ -91,3 +91,31 @@ def test_nothing_sent_awaits_no_answer():
     offsets = pending.to_send({A})
     pending.answered(None, offsets)
     assert not pending.stalled(after_s=0) and _sent(pending) == {}
+
+
+def test_an_older_commit_accepted_after_a_newer_one_sends_the_newer_again():
+    """While the coordinator moves, commits queued before may reach the new one after newer ones
+    (seen in the coordinator-kill test: 2440 written, then 1471 and 1971): the broker keeps the last
+    it wrote, so the newest offset is pending until it is accepted after the older ones."""
+    pending = PendingCommits(resend_after_s=0)
+    pending.merge([TopicPartition(*A, 1471)])
+    older = pending.to_send({A})
+    pending.merge([TopicPartition(*A, 2440), TopicPartition(*B, 9)])
+    newer = pending.to_send({A, B})
+    pending.answered(None, newer)
+    assert _sent(pending) == {}
+    pending.answered(None, older)  # written after the newer one: the group's offset went back
+    assert pending.moved_back == 1 and pending.due() and _sent(pending) == {A: 2440}
+    pending.answered(None, [TopicPartition(*A, 2440)])
+    assert _sent(pending) == {}
+
+
+def test_a_partition_given_up_forgets_what_the_broker_accepted():
+    """The next owner's commits are its own: given back later, an older acceptance is no regression."""
+    pending = PendingCommits()
+    pending.merge([TopicPartition(*A, 50)])
+    pending.answered(None, pending.to_send({A}))
+    pending.forget([A])
+    pending.merge([TopicPartition(*A, 20)])  # read again from the group's offset after a rebalance
+    pending.answered(None, pending.to_send({A}))
+    assert _sent(pending) == {}
