@@ -33,18 +33,18 @@ from sqlalchemy import Engine
 from lapse.kernel.clock import Clock, engine_now
 from lapse.kernel.codec import Codec
 from lapse.kernel.kafka_clients import DeliveryTracker
-from lapse.kernel.kinds import CleanupKind
+from lapse.kernel.kinds import CleanupKind, EligibleRow
 from lapse.kernel.ledger import (
     PENDING,
     LedgerWrites,
     bring_forward,
     event_for_row,
-    expiry_event,
     in_flight,
     insert_pending,
 )
 from lapse.kernel.logs import get_logger
 from lapse.kernel.settings import Settings
+from lapse.kernel.text import one_line
 from lapse.kernel.tracing import SWEEP, span
 from lapse.producers.emit import emit_events
 from lapse.producers.fair_pages import FairPages
@@ -56,6 +56,7 @@ WAITED_PAST_DUE = "brought forward by the sweep: the business row is due"
 AHEAD_S = 2.0  # a kind's window: about this long of the processors' pace in flight
 STALLED_S = 2.0  # a pass whose windows are full and make no progress this long ends (the next one goes on)
 ROOM_POLL_S = 0.1  # how often a pass with full windows looks for room
+LOGGED_UNKEYABLE = 10  # rows set aside for their ids logged one by one per pass; the rest are counted
 
 
 @dataclass
@@ -65,6 +66,7 @@ class SweepReport:
     emitted: int = 0
     by_kind: dict[str, int] = field(default_factory=dict)
     stalled: bool = False  # ended with work left because the processors made no room
+    unkeyable: int = 0  # due rows set aside: their ids cannot form an op key
 
 
 class EmitWindow:
@@ -121,11 +123,14 @@ def sweep_page(engine: Engine, producer: Producer, codec: Codec, settings: Setti
     kind's pass."""
     kind, now = pages.kind, pages.now
     with engine.begin() as conn:
-        rows = pages.next_page(conn, limit)
-        if not rows:
-            return []
-        events = [expiry_event(kind.name, r.subject_id, r.tenant, r.due_at, source=source,
-                               generation=r.generation) for r in rows]
+        while True:  # a page whose ids all cannot form an op key is passed over, not the pass's end
+            rows = pages.next_page(conn, limit)
+            if not rows:
+                return []
+            events, aside = kind.events_of(rows, source=source)
+            set_aside_unkeyable(kind, aside, report)
+            if events:
+                break
         created = set(insert_pending(conn, events, now))
         moved = bring_forward(conn, [e.op_key for e in events if e.op_key not in created], now)
         writes = LedgerWrites(ACTOR, now)
@@ -144,6 +149,16 @@ def sweep_page(engine: Engine, producer: Producer, codec: Codec, settings: Setti
     report.by_kind[kind.name] = report.by_kind.get(kind.name, 0) + len(fresh)
     log.info("sweep page emitted", extra={"kind": kind.name, "emitted": len(fresh)})
     return [e.op_key for e in fresh]
+
+
+def set_aside_unkeyable(kind: CleanupKind, aside: list[tuple[EligibleRow, str]], report: SweepReport) -> None:
+    """Count the due rows whose ids cannot form an op key; log the first few of a pass, one line each."""
+    for row, reason in aside:
+        if report.unkeyable < LOGGED_UNKEYABLE:
+            log.warning("due row set aside: its id cannot form an op key", extra={
+                "kind": kind.name, "subject_id": one_line(row.subject_id, 200, escape=True),
+                "error": one_line(reason, 300, escape=True)})
+        report.unkeyable += 1
 
 
 def sweep_once(engine: Engine, producer: Producer, codec: Codec, settings: Settings,

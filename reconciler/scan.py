@@ -36,7 +36,6 @@ from lapse.kernel.ledger import (
     LedgerWrites,
     bring_forward,
     event_for_row,
-    expiry_event,
     insert_pending,
     mark_stuck,
     stuck_cursor,
@@ -44,6 +43,7 @@ from lapse.kernel.ledger import (
 from lapse.kernel.logs import get_logger
 from lapse.kernel.rate_limit import TokenBucket
 from lapse.kernel.settings import Settings
+from lapse.kernel.text import one_line
 from lapse.producers import emit_events
 from lapse.reconciler import queries
 from lapse.reconciler.release import release_parked_work
@@ -56,6 +56,7 @@ NO_LEDGER = "no_ledger"
 WAITING_PAST_DUE = queries.WAITING_PAST_DUE  # a due row whose pending ledger row waits past now
 NEW_GENERATION = queries.NEW_GENERATION  # a subject that lapsed again: no row for its current generation
 ANOMALY_REASONS = {APPLIED: "applied_but_eligible", SKIPPED: "skipped_but_eligible"}
+UNKEYABLE = "unkeyable_id"  # an eligible row whose id (or generation) cannot form an op key
 # The ledger states the reconciler re-emits when stuck, with the reason it reports for each.
 STUCK_REASONS = {PENDING: "stuck_pending", CLAIMED: "stuck_claimed", RETRY_SCHEDULED: "stuck_retry"}
 MAX_ANOMALY_KEYS = 100
@@ -169,8 +170,15 @@ class Reconciler:
                         report: ReconcileReport) -> None:
         """Record and emit the work of eligible rows with no ledger row (`reason`: none at all, or
         none for the row's current generation while an earlier one has one)."""
-        events = [expiry_event(kind.name, r.subject_id, r.tenant, r.due_at, source=SOURCE, generation=r.generation)
-                  for r in rows]
+        events, aside = kind.events_of(rows, source=SOURCE)
+        for row, why in aside:  # a business row the pipeline cannot name: an anomaly, never the pass's end
+            report.count(report.anomalies, UNKEYABLE)
+            if report.anomalies[UNKEYABLE] <= MAX_ANOMALY_KEYS:
+                log.warning("eligible row set aside: its id cannot form an op key", extra={
+                    "kind": kind.name, "subject_id": one_line(row.subject_id, 200, escape=True),
+                    "error": one_line(why, 300, escape=True)})
+        if not events:
+            return
         self.bucket.acquire(len(events))
         with self.engine.begin() as conn:
             created = set(insert_pending(conn, events, now))

@@ -22,7 +22,14 @@ from lapse.kernel.brakes import Budget
 from lapse.kernel.kinds.generations import Generation
 from lapse.kernel.kinds.limits import Limits
 from lapse.kernel.kinds.statements import due_rows, on_each_row
-from lapse.kernel.ledger import GENERATION_MARK, has_row_not_waiting_past, op_key
+from lapse.kernel.ledger import (
+    GENERATION_MARK,
+    ExpiryEvent,
+    InvalidOpKey,
+    expiry_event,
+    has_row_not_waiting_past,
+    op_key,
+)
 
 FULL_TENANT, FULL_ELIGIBLE = "lapse_full_tenant", "lapse_full_eligible"  # labels of `full_rows`' extras
 
@@ -302,6 +309,20 @@ class CleanupKind:
                 columns[self.generation.name] if self.generation else None)
         return {key: (SubjectRow(tenant, columns[self.due_column.name], ok and same), columns)
                 for key, (tenant, ok, columns, _), same in self._asked(subjects, rows, 3)}
+
+    def events_of(self, rows: Sequence[EligibleRow], *, source: str
+                  ) -> tuple[list[ExpiryEvent], list[tuple[EligibleRow, str]]]:
+        """The events of due `rows`, and the rows set aside with why: an id (or generation) a
+        team's table holds that cannot form an op key (a space, a colon, too long) is no work the
+        pipeline can name, and must not stop the rows after it."""
+        events, aside = [], []
+        for r in rows:
+            try:
+                events.append(expiry_event(self.name, r.subject_id, r.tenant, r.due_at, source=source,
+                                           generation=r.generation))
+            except InvalidOpKey as exc:
+                aside.append((r, str(exc)))
+        return events, aside
 
     def to_eligible(self, row: Sequence[Any]) -> EligibleRow:
         """A row of `eligible_page` (id, tenant, due time and, for a kind with one, generation)."""

@@ -42,7 +42,9 @@ def sweep(settings: Settings, once: bool, as_json: bool) -> None:
         report = run_role(SweepRole(settings, once=once))
     if report is not None:
         emit(asdict(report), as_json,
-             lambda r: f"swept {r['pages']} pages: {r['found']} due, {r['emitted']} events emitted")
+             lambda r: f"swept {r['pages']} pages: {r['found']} due, {r['emitted']} events emitted"
+                       + (f"; {r['unkeyable']} due rows set aside, their ids cannot form an op key"
+                          if r["unkeyable"] else ""))
 
 
 @main.command()
