@@ -20,12 +20,13 @@ from aiosmtpd.smtp import AuthResult, LoginPassword
 from click.testing import CliRunner
 from sqlalchemy import text
 
+from lapse.devtools.brokers import free_port, free_ports
 from lapse.devtools.brokers.secured import Certificates, make_certificates
 from lapse.kernel.database import engine_from_settings
 from lapse.kernel.settings import load_settings
 from lapse.shell.app import main
 from tests.fixtures.db import admin_url
-from tests.fixtures.private_postgres import as_server_owner, free_port, pg_bindir
+from tests.fixtures.private_postgres import as_server_owner, pg_bindir
 
 KEY_PASSWORD = "pg-client-key-3d1e"
 SMTP_USER, SMTP_PASSWORD = "reports", "smtp-pass-a81f"
@@ -70,7 +71,7 @@ def clusters(certs: Certificates) -> Iterator[Clusters]:
         if os.geteuid() == 0:
             shutil.chown(tls_data / name, "postgres", "postgres")
     subprocess.run(as_server_owner(["cp", "-a", str(tls_data), str(plain_data)]), check=True)
-    ports = Clusters(free_port(), free_port())
+    ports = Clusters(*free_ports(2))
     started: list[Path] = []
     try:
         for data, port, tls in ((tls_data, ports.tls_port, True), (plain_data, ports.plain_port, False)):

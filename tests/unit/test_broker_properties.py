@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from lapse.devtools.brokers import UnsafeProperty
+from lapse.devtools.brokers import UnsafeProperty, free_ports
 from lapse.devtools.brokers.apache import properties_text
 
 NAMES = st.text(st.sampled_from("abz.-_09=: \n\\#"), min_size=1, max_size=12)
@@ -35,3 +35,10 @@ def test_every_property_reads_back_as_written_or_is_refused(properties: dict[str
 def test_a_value_that_would_change_the_file_is_refused_naming_its_property(value: str) -> None:
     with pytest.raises(UnsafeProperty, match=r"^log\.dirs = .* cannot go into a properties file"):
         properties_text({"node.id": "1", "log.dirs": value})
+
+
+def test_ports_picked_together_are_distinct():
+    """A broker's listener and controller ports are picked together: asked one after the other, the
+    OS once handed out the same port twice and the broker refused to start."""
+    ports = free_ports(64)
+    assert len(set(ports)) == 64 and all(1024 <= p <= 65535 for p in ports)

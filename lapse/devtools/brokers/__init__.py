@@ -12,10 +12,10 @@ properties file would not read back as written (a newline in a data dir) is an `
 from lapse.devtools.brokers.apache import ApacheKafkaCluster, ApacheKafkaServer, UnsafeProperty
 from lapse.devtools.brokers.embedded import EmbeddedBroker
 from lapse.devtools.brokers.prerequisites import find_java, find_kafka_jars, find_tansu
-from lapse.devtools.brokers.processes import free_port, terminate_process
+from lapse.devtools.brokers.processes import free_port, free_ports, terminate_process
 from lapse.devtools.brokers.unavailable import BrokerUnavailable
 
 __all__ = [
     "ApacheKafkaCluster", "ApacheKafkaServer", "BrokerUnavailable", "EmbeddedBroker",
-    "UnsafeProperty", "find_java", "find_kafka_jars", "find_tansu", "free_port", "terminate_process",
+    "UnsafeProperty", "find_java", "find_kafka_jars", "find_tansu", "free_port", "free_ports", "terminate_process",
 ]

@@ -14,7 +14,7 @@ from typing import Any, Self
 
 from lapse.devtools.brokers.lifecycle import BrokerProcess, LocalBroker
 from lapse.devtools.brokers.prerequisites import find_java, find_kafka_jars
-from lapse.devtools.brokers.processes import free_port, launch_process, summarize_output, wait_for_brokers
+from lapse.devtools.brokers.processes import free_ports, launch_process, summarize_output, wait_for_brokers
 from lapse.devtools.brokers.unavailable import BrokerUnavailable
 
 _LOG4J2 = """\
@@ -143,8 +143,10 @@ class ApacheKafkaServer(BrokerProcess):
 
     def prepare(self) -> None:
         """Pick ports, check the config, find java and jars, write the config, format the log dir once."""
-        self.port = self.port or free_port()
-        self.controller_port = self.controller_port or free_port()
+        port, controller_port = free_ports(2)
+        self.port = self.port or port
+        if not self.controller_port:  # never the listener's own port, given or picked
+            self.controller_port = controller_port if controller_port != self.port else port
         # Checked before anything is made (a secured node makes its certificates in the data dir as
         # it lists its properties): a value that cannot be written leaves nothing behind.
         properties_text({"log.dirs": str(self.data_dir / "logs")})
@@ -211,7 +213,8 @@ class ApacheKafkaCluster(LocalBroker):
         super().__init__(base_dir, "lapse-kafka-cluster-")
         self.start_timeout = start_timeout
         ids = range(1, n + 1)
-        ports = {i: (free_port(), free_port()) for i in ids}
+        picked = free_ports(2 * n)
+        ports = {i: (picked[2 * k], picked[2 * k + 1]) for k, i in enumerate(ids)}
         voters = ",".join(f"{i}@127.0.0.1:{ports[i][1]}" for i in ids)
         cluster_id = random_cluster_id()
         self.nodes = [

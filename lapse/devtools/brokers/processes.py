@@ -18,10 +18,21 @@ _RUNNING: set[subprocess.Popen[bytes]] = set()
 
 def free_port() -> int:
     """A loopback TCP port free right now (the OS picks it)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]  # (host, port) for AF_INET
-        return port
+    return free_ports(1)[0]
+
+
+def free_ports(count: int) -> list[int]:
+    """`count` distinct loopback TCP ports free right now. Each socket stays bound until all are
+    picked: asked one after another, the OS may hand out a closed one's port again (a broker's two
+    listeners once got the same port, and the broker refused to start)."""
+    socks = [socket.socket(socket.AF_INET, socket.SOCK_STREAM) for _ in range(count)]
+    try:
+        for sock in socks:
+            sock.bind(("127.0.0.1", 0))
+        return [int(sock.getsockname()[1]) for sock in socks]  # (host, port) for AF_INET
+    finally:
+        for sock in socks:
+            sock.close()
 
 
 def summarize_output(text: str, lines: int) -> str:
